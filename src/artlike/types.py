@@ -1,0 +1,238 @@
+"""The wire protocol between the artlike client and server: requests, responses and NDJSON stream events.
+
+Both sides import these pydantic models, so a field is defined once. Everything here is plain data
+(pydantic only): the client library must import without torch or vLLM.
+
+HTTP surface (server):
+    POST   /v1/trainable_models                      RegisterModelRequest -> ModelInfo (201 new, 200 same)
+    GET    /v1/trainable_models                      -> {"data": [ModelInfo]}
+    GET    /v1/trainable_models/{name}               -> ModelInfo
+    GET    /v1/trainable_models/{name}/steps         -> {"data": [StepInfo]}
+    DELETE /v1/trainable_models/{name}/steps?keep=K  -> {"deleted": [int], "data": [StepInfo]}
+    GET    /v1/trajectories/{trajectory_id}          -> TrajectoryRecord
+    POST   /_train_model                             TrainRequest -> NDJSON stream of TrainEvent
+    /v1/... and /t/{trajectory_id}/v1/...            the OpenAI surface (chat/completions, completions, models)
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+STREAM_VERSION = 1
+"""Version of the `/_train_model` NDJSON stream; sent in the `start` line and the X-Artlike-Stream-Version header."""
+
+MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+"""Trainable model names: safe as a directory name, no '@' (reserved for `name@step`) and no '/'."""
+TRAJECTORY_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$"
+_MODEL_NAME_RE = re.compile(MODEL_NAME_PATTERN)
+_TRAJECTORY_ID_RE = re.compile(TRAJECTORY_ID_PATTERN)
+
+ModelName = Annotated[str, Field(pattern=MODEL_NAME_PATTERN)]
+TrajectoryId = Annotated[str, Field(pattern=TRAJECTORY_ID_PATTERN)]
+
+DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def is_valid_model_name(name: str) -> bool:
+    return _MODEL_NAME_RE.fullmatch(name) is not None
+
+
+def is_valid_trajectory_id(trajectory_id: str) -> bool:
+    return _TRAJECTORY_ID_RE.fullmatch(trajectory_id) is not None
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# ---------------------------------------------------------------------------------------------- models
+
+
+class LoraConfig(_Strict):
+    rank: int = Field(8, ge=1, le=256)
+    alpha: float = Field(16.0, gt=0)
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    target_modules: list[str] = Field(default_factory=lambda: list(DEFAULT_LORA_TARGETS), min_length=1)
+
+
+class RegisterModelRequest(_Strict):
+    name: ModelName
+    base_model: str = Field(min_length=1, description="Must be the base model the server serves.")
+    lora: LoraConfig = Field(default_factory=LoraConfig)
+
+
+class StepInfo(BaseModel):
+    step: int
+    served_name: str  # "name@N": the exact vLLM model name of this step
+    created_at: float
+    loaded: bool  # currently loaded in the engine (older steps load on demand)
+
+
+class ModelInfo(BaseModel):
+    name: str
+    base_model: str
+    lora: LoraConfig
+    latest_step: int
+    served_name: str  # "name@latest"
+    created_at: float
+    steps: list[StepInfo] = Field(default_factory=list)
+
+
+# ------------------------------------------------------------------------------------- completion log
+
+
+class CompletionRecord(BaseModel):
+    """One completion (one choice) recorded through a trajectory URL, token-exact."""
+
+    id: int
+    trajectory_id: str
+    request_id: str  # the OpenAI response id; n>1 gives several records with one request_id
+    choice_index: int
+    endpoint: Literal["chat.completions", "completions"]
+    model: str  # the name the caller asked for
+    served_model: str  # the exact engine name that served it ("name@N" or the base model)
+    step: int | None  # adapter step served; None for the base model
+    request: dict[str, Any]  # the caller's request body, as sent
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    logprobs: list[float]  # sampling logprob of each output token, same length as output_token_ids
+    finish_reason: str | None
+    created_at: float
+    latency_seconds: float
+
+
+class TrajectoryRecord(BaseModel):
+    trajectory_id: str
+    completions: list[CompletionRecord]
+
+
+# ------------------------------------------------------------------------------------------- training
+
+
+class TrainConfig(_Strict):
+    """GRPO options; the defaults are DESIGN §5."""
+
+    learning_rate: float = Field(1e-5, gt=0, le=1.0)
+    epochs: int = Field(1, ge=1, le=100)
+    gradient_steps_per_epoch: int = Field(1, ge=1, le=1024, description="Optimizer steps per pass over the batch.")
+    micro_batch_tokens: int = Field(4096, ge=64, le=1_048_576, description="Token budget of one forward/backward.")
+    max_grad_norm: float | None = Field(1.0, gt=0)
+    epsilon_low: float = Field(0.2, ge=0.0, le=1.0)
+    epsilon_high: float = Field(0.28, ge=0.0, le=10.0)
+    kl_beta: float = Field(0.0, ge=0.0)
+    loss_aggregation: Literal["token", "sequence"] = "token"
+    scale_rewards: bool = True  # False: Dr. GRPO (advantages not divided by the group std)
+    mask_truncated: bool = False  # drop completions that hit max_tokens (finish_reason "length")
+    weight_decay: float = Field(0.0, ge=0.0)
+
+
+class TrajectoryRef(_Strict):
+    """A trajectory recorded by the server (its completions went through /t/{trajectory_id}/v1)."""
+
+    trajectory_id: TrajectoryId
+    reward: float
+    metrics: dict[str, float] = Field(default_factory=dict)
+
+    @field_validator("reward")
+    @classmethod
+    def _finite(cls, value: float) -> float:
+        if value != value or value in (float("inf"), float("-inf")):
+            raise ValueError("reward must be a finite number")
+        return value
+
+
+class OfflineTrajectory(_Strict):
+    """A trajectory the server never saw: chat messages whose assistant turns are trained.
+
+    Assistant messages may carry `token_ids` (the sampled ids) and `logprobs` (their behaviour logprobs);
+    without token ids the server tokenizes the content, without logprobs the ratio starts at 1 (on-policy).
+    """
+
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    tools: list[dict[str, Any]] | None = None
+    reward: float
+    metrics: dict[str, float] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _has_assistant_turn(self) -> OfflineTrajectory:
+        if not any(m.get("role") == "assistant" for m in self.messages):
+            raise ValueError("an offline trajectory needs at least one assistant message to train on")
+        return self
+
+
+class TrainGroup(_Strict):
+    trajectories: list[TrajectoryRef | OfflineTrajectory] = Field(min_length=1)
+
+
+class TrainRequest(_Strict):
+    model: ModelName
+    groups: list[TrainGroup] = Field(min_length=1)
+    config: TrainConfig = Field(default_factory=TrainConfig)
+
+
+# ------------------------------------------------------------------------------------- stream events
+
+
+class StartEvent(BaseModel):
+    type: Literal["start"] = "start"
+    version: int = STREAM_VERSION
+    model: str
+    from_step: int
+    num_gradient_steps: int
+    trajectories: int
+    groups: int
+    groups_skipped: int  # groups whose rewards were all equal: zero advantage, no signal
+    sequences: int
+    trainable_tokens: int
+    reward_mean: float
+    reward_std: float
+
+
+class StatusEvent(BaseModel):
+    """What the job is doing between steps (loading, saving, swapping), and a heartbeat while it waits."""
+
+    type: Literal["status"] = "status"
+    stage: str
+    message: str = ""
+    elapsed_seconds: float = 0.0
+
+
+class StepEvent(BaseModel):
+    type: Literal["step"] = "step"
+    gradient_step: int
+    num_gradient_steps: int
+    loss: float
+    policy_loss: float
+    kl: float
+    entropy: float
+    grad_norm: float
+    clip_fraction: float
+    learning_rate: float
+    tokens: int
+    seconds: float
+    # mean |logπθ - logπ_behaviour| over trainable tokens: engine/trainer drift plus staleness
+    logprob_mismatch: float = 0.0
+
+
+class DoneEvent(BaseModel):
+    type: Literal["done"] = "done"
+    model: str  # "name@N": the step now served under the alias
+    step: int
+    adapter_path: str | None
+    train_seconds: float
+    swap_seconds: float
+    trained: bool = True  # False when nothing was trainable (reason says why)
+    reason: str | None = None
+
+
+class ErrorEvent(BaseModel):
+    type: Literal["error"] = "error"
+    message: str
+    code: str  # machine-readable: "trainer_crashed", "no_signal", "swap_failed", ...
+    served_step: int | None = None  # the step still served (the previous one)
+
+
+TrainEvent = Annotated[StartEvent | StatusEvent | StepEvent | DoneEvent | ErrorEvent, Field(discriminator="type")]
