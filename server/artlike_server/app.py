@@ -1,0 +1,153 @@
+"""The FastAPI app: builds the server's parts once, starts the engine, and includes every router.
+
+The proxy accepts connections at once; while the engine starts or restarts, inference routes answer 503
+with Retry-After and `/health` says what is happening. If the engine cannot start at all, `on_fatal` is
+called (the CLI stops uvicorn and exits non-zero) with the engine log's tail already logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from functools import cache
+from typing import Any
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+
+from .completion_log import CompletionLog
+from .engine.client import EngineClient
+from .engine.launch import EngineConfig
+from .engine.supervisor import EngineStartError, EngineState, EngineSupervisor
+from .errors import install_error_handlers
+from .metrics import Metrics
+from .middleware import ApiKeyMiddleware, BodySizeLimitMiddleware
+from .models.api_router import router as models_router
+from .models.manager import ModelManager
+from .models.store import ModelStore
+from .openai_api.api_router import router as openai_router
+from .settings import ServerSettings
+from .state import AppState, get_state
+from .training.api_router import router as training_router
+from .training.job import TrainingService
+from .training.trainer_client import TrainerProcess
+
+log = logging.getLogger(__name__)
+
+
+def engine_config(settings: ServerSettings, port: int) -> EngineConfig:
+    return EngineConfig(
+        model_path=settings.model_path,
+        served_model_name=settings.served_model_name,
+        port=port,
+        dtype=settings.engine_dtype,
+        max_lora_rank=settings.max_lora_rank,
+        max_loras=settings.max_loaded_adapters,
+        max_model_len=settings.max_model_len,
+        kv_cache_gib=settings.kv_cache_gib,
+        chat_template=str(settings.chat_template) if settings.chat_template else None,
+        tool_call_parser=settings.tool_call_parser,
+        extra_args=settings.engine_args,
+        log_path=settings.log_dir / "engine.log",
+        startup_timeout_s=settings.engine_startup_timeout_s,
+        device=settings.device,  # type: ignore[arg-type]
+    )
+
+
+def create_app(settings: ServerSettings, *, on_fatal: Callable[[BaseException], None] | None = None) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        state = _build_state(settings)
+        app.state.artlike = state
+        state.engine.on_ready.append(state.models.restore)
+        state.engine.on_ready.append(_sync_restart_metric(state))
+        starter = asyncio.create_task(_start_engine_then_trainer(state, on_fatal), name="engine-start")
+        try:
+            yield
+        finally:
+            starter.cancel()
+            await state.trainer.stop()
+            await state.engine.stop()
+            await state.engine_client.aclose()
+            state.log.close()
+
+    app = FastAPI(title="artlike", version="0.1.0", lifespan=lifespan)
+    install_error_handlers(app)
+    app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=settings.max_body_bytes)
+    app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key)
+    app.include_router(openai_router)
+    app.include_router(models_router)
+    app.include_router(training_router)
+    app.add_api_route("/health", health, methods=["GET"])
+    return app
+
+
+def _build_state(settings: ServerSettings) -> AppState:
+    from .engine.launch import free_port
+
+    settings.log_dir.mkdir(parents=True, exist_ok=True)
+    metrics = Metrics()
+    completion_log = CompletionLog(settings.data_dir / "completions.sqlite")
+    completion_log.open()
+    engine = EngineSupervisor(engine_config(settings, settings.engine_port or free_port()))
+    engine_client = EngineClient(engine.base_url)
+    store = ModelStore(settings.data_dir)
+    models = ModelManager(store, engine_client, settings.served_model_name,
+                          max_loaded=settings.max_loaded_adapters, on_swap=metrics.adapter_swapped)
+    trainer = TrainerProcess(settings.model_path, dtype=settings.trainer_dtype,
+                             gradient_checkpointing=settings.gradient_checkpointing,
+                             log_path=settings.log_dir / "trainer.log")
+    training = TrainingService(store, models, completion_log, trainer, metrics, _tokenizer_loader(settings))
+    return AppState(settings=settings, engine=engine, engine_client=engine_client, store=store, models=models,
+                    log=completion_log, metrics=metrics, trainer=trainer, training=training)
+
+
+def _tokenizer_loader(settings: ServerSettings) -> Callable[[], Any]:
+    @cache
+    def load() -> Any:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(settings.model_path)
+
+    return load
+
+
+def _sync_restart_metric(state: AppState) -> Callable[[], Any]:
+    async def sync() -> None:
+        state.metrics.set_engine_restarts(state.engine.restarts)
+
+    return sync
+
+
+async def _start_engine_then_trainer(state: AppState, on_fatal: Callable[[BaseException], None] | None) -> None:
+    try:
+        await state.engine.start()
+    except EngineStartError as error:
+        log.critical("the engine could not start: %s", error)
+        if on_fatal is not None:
+            on_fatal(error)
+        return
+    # The trainer loads its own copy of the base model; start it after the engine so the two start-ups
+    # don't compete for the same cores, and so the first /_train_model or register is fast.
+    try:
+        await state.trainer.start()
+    except Exception:
+        log.exception("the trainer did not start; training requests will retry starting it")
+
+
+async def health(request: Request) -> Response:
+    state = get_state(request)
+    engine_state = state.engine.state
+    body = {
+        "status": "ok" if engine_state == EngineState.READY else str(engine_state),
+        "engine": {"state": str(engine_state), "restarts": state.engine.restarts, "pid": state.engine.pid},
+        "trainer": {"running": state.trainer.is_running},
+        "models": len(state.store.all()),
+        "training": state.training.active(),
+    }
+    headers = {} if engine_state == EngineState.READY else {"Retry-After": str(round(state.engine.retry_after()))}
+    return Response(orjson.dumps(body), status_code=200 if engine_state == EngineState.READY else 503,
+                    media_type="application/json", headers=headers)

@@ -1,0 +1,118 @@
+"""`artlike serve`: the OpenAI-compatible proxy in front of a supervised vLLM engine, with training."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+import uvicorn
+
+from .default_model import DEFAULT_MODEL_ID, ensure_default_model
+from .engine.launch import detect_device
+from .engine.templates import builtin_chat_template
+from .settings import ServerSettings
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="artlike: serve a model and train it with RL.")
+
+
+@app.callback()
+def _root() -> None:
+    """artlike server commands."""
+
+
+@app.command()
+def serve(
+    model: Annotated[str | None, typer.Option(help="A Hugging Face model directory (or hub id where a hub is "
+                                              "reachable). Default: the embedded SmolLM2-135M-Instruct.")] = None,
+    served_model_name: Annotated[str | None, typer.Option(help="The base model's id in the API.")] = None,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    data_dir: Annotated[Path, typer.Option(help="Adapters, history, completion log, logs.")] = Path("~/.artlike"),
+    api_key: Annotated[str | None, typer.Option(envvar="ARTLIKE_API_KEY", help="Require this bearer token.")] = None,
+    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
+    dtype: Annotated[str, typer.Option(help="Engine dtype: bfloat16, float32, auto.")] = "bfloat16",
+    trainer_dtype: Annotated[str, typer.Option(help="Trainer dtype: auto, bfloat16, float32.")] = "auto",
+    max_loaded_adapters: Annotated[int, typer.Option(help="Latest K steps kept loaded in the engine.")] = 4,
+    max_lora_rank: int = 64,
+    max_model_len: int = 4096,
+    kv_cache_gib: Annotated[float, typer.Option(help="KV cache size on CPU (GiB).")] = 1.0,
+    chat_template: Annotated[str | None, typer.Option(
+        help="A Jinja chat template file, or 'tool-chatml' for the built-in tool-capable ChatML template.")] = None,
+    tool_call_parser: Annotated[str | None, typer.Option(
+        help="vLLM tool-call parser (e.g. hermes); turns on automatic tool choice.")] = None,
+    engine_arg: Annotated[list[str] | None, typer.Option(help="Extra vLLM argument (repeatable).")] = None,
+    engine_port: Annotated[int | None, typer.Option(help="Loopback port for vLLM (default: a free one).")] = None,
+    reject_seed: Annotated[bool | None, typer.Option(
+        help="Reject per-request `seed` with a 400 (default: on for CPU, where it can crash vLLM).")] = None,
+    gradient_checkpointing: bool = False,
+    log_level: str = "info",
+) -> None:
+    """Serve the OpenAI API with recording and training."""
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    resolved_device = detect_device() if device == "auto" else device
+    if model is None:
+        typer.echo("artlike: preparing the embedded default model (first run converts it once)...", err=True)
+        model_path = ensure_default_model()
+        name = served_model_name or DEFAULT_MODEL_ID
+    else:
+        local = Path(model).expanduser()
+        model_path = local.resolve() if local.is_dir() else Path(model)
+        name = served_model_name or (local.name if local.is_dir() else model)
+    template: Path | None = None
+    if chat_template is not None:
+        template = builtin_chat_template(chat_template) or Path(chat_template).expanduser().resolve()
+        if not template.is_file():
+            raise typer.BadParameter(f"no such chat template file: {template}", param_hint="--chat-template")
+    settings = ServerSettings(
+        model_path=model_path,
+        served_model_name=name,
+        data_dir=data_dir.expanduser().resolve(),
+        host=host,
+        port=port,
+        api_key=api_key or None,
+        reject_seed=(resolved_device == "cpu") if reject_seed is None else reject_seed,
+        device=resolved_device,
+        engine_dtype=dtype,
+        engine_port=engine_port,
+        max_loaded_adapters=max_loaded_adapters,
+        max_lora_rank=max_lora_rank,
+        max_model_len=max_model_len,
+        kv_cache_gib=kv_cache_gib,
+        chat_template=template,
+        tool_call_parser=tool_call_parser,
+        engine_args=tuple(engine_arg or ()),
+        trainer_dtype=trainer_dtype,
+        gradient_checkpointing=gradient_checkpointing,
+    )
+    raise typer.Exit(run(settings, log_level=log_level))
+
+
+def run(settings: ServerSettings, *, log_level: str = "info") -> int:
+    from .app import create_app
+
+    fatal: list[BaseException] = []
+    config = uvicorn.Config(None, host=settings.host, port=settings.port, log_level=log_level,  # type: ignore[arg-type]
+                            timeout_graceful_shutdown=10, access_log=False)
+    server = uvicorn.Server(config)
+
+    def on_fatal(error: BaseException) -> None:
+        fatal.append(error)
+        server.should_exit = True
+
+    config.app = create_app(settings, on_fatal=on_fatal)
+    typer.echo(f"artlike: serving {settings.served_model_name} on http://{settings.host}:{settings.port} "
+               f"(data in {settings.data_dir}); the engine is starting, /health says when it is ready", err=True)
+    server.run()
+    return 1 if fatal else 0
+
+
+def main(argv: list[str] | None = None) -> None:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    app(args=argv)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,169 @@
+"""The on-disk store of trainable models: one directory per model under `<data_dir>/models/`.
+
+    models/<name>/model.json          name, base model, LoRA config, creation time
+    models/<name>/steps/<N>/          a PEFT adapter directory (vLLM and PEFT load it as is)
+    models/<name>/history.jsonl       one JSON line per trained step
+    models/<name>/.staging/           where new steps are written before they are renamed into place
+
+Every write is atomic: files go through a temporary name + rename, a step directory is complete before
+it is renamed to `steps/<N>`, so a crash leaves either the old state or the new one, never half a step.
+Names are validated against `MODEL_NAME_PATTERN` before any path is built from them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+from artlike.types import LoraConfig, is_valid_model_name
+
+from ..errors import InvalidRequest, NotFound
+
+_ADAPTER_MARKER = "adapter_config.json"
+
+
+@dataclass(frozen=True)
+class StoredModel:
+    name: str
+    base_model: str
+    lora: LoraConfig
+    created_at: float
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class ModelStore:
+    def __init__(self, data_dir: Path) -> None:
+        self.root = data_dir / "models"
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def model_dir(self, name: str) -> Path:
+        if not is_valid_model_name(name):
+            raise InvalidRequest(f"invalid model name {name!r}", param="model", code="invalid_model_name")
+        return self.root / name
+
+    def get(self, name: str) -> StoredModel | None:
+        path = self.model_dir(name) / "model.json"
+        if not path.is_file():
+            return None
+        raw = orjson.loads(path.read_bytes())
+        return StoredModel(raw["name"], raw["base_model"], LoraConfig(**raw["lora"]), raw["created_at"])
+
+    def require(self, name: str) -> StoredModel:
+        model = self.get(name)
+        if model is None:
+            raise NotFound(f"model {name!r} is not registered", param="model", code="model_not_found")
+        return model
+
+    def all(self) -> list[StoredModel]:
+        models = (self.get(d.name) for d in sorted(self.root.iterdir()) if is_valid_model_name(d.name))
+        return [m for m in models if m is not None]
+
+    def create(self, name: str, base_model: str, lora: LoraConfig) -> StoredModel:
+        """Write model.json. Registration calls this last, after step 0 is in place: a model exists only
+        once it is complete."""
+        directory = self.model_dir(name)
+        directory.mkdir(parents=True, exist_ok=True)
+        model = StoredModel(name, base_model, lora, time.time())
+        record = {"name": name, "base_model": base_model, "lora": lora.model_dump(), "created_at": model.created_at}
+        write_atomic(directory / "model.json", orjson.dumps(record, option=orjson.OPT_INDENT_2))
+        return model
+
+    # ------------------------------------------------------------------------------------ steps
+
+    def steps(self, name: str) -> list[int]:
+        steps_dir = self.model_dir(name) / "steps"
+        if not steps_dir.is_dir():
+            return []
+        return sorted(
+            int(d.name) for d in steps_dir.iterdir() if d.name.isdigit() and (d / _ADAPTER_MARKER).is_file()
+        )
+
+    def latest_step(self, name: str) -> int | None:
+        steps = self.steps(name)
+        return steps[-1] if steps else None
+
+    def step_dir(self, name: str, step: int) -> Path:
+        return self.model_dir(name) / "steps" / str(step)
+
+    def step_created_at(self, name: str, step: int) -> float:
+        return (self.step_dir(name, step) / _ADAPTER_MARKER).stat().st_mtime
+
+    def new_staging_dir(self, name: str) -> Path:
+        staging = self.model_dir(name) / ".staging"
+        staging.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix="step-", dir=staging))
+
+    def commit_step(self, name: str, staging: Path, step: int) -> Path:
+        """Move a complete adapter directory into place as `steps/<step>` (one atomic rename)."""
+        if not (staging / _ADAPTER_MARKER).is_file():
+            raise RuntimeError(f"{staging} holds no PEFT adapter ({_ADAPTER_MARKER} missing)")
+        target = self.step_dir(name, step)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if target.exists():
+            raise RuntimeError(f"step {step} of {name!r} already exists")
+        _fsync_tree(staging)
+        os.rename(staging, target)
+        return target
+
+    def discard_staging(self, staging: Path) -> None:
+        shutil.rmtree(staging, ignore_errors=True)
+
+    def clear_staging(self, name: str) -> None:
+        """Remove leftovers of jobs that died mid-write (called at start-up)."""
+        shutil.rmtree(self.model_dir(name) / ".staging", ignore_errors=True)
+
+    def delete_step(self, name: str, step: int) -> None:
+        target = self.step_dir(name, step)
+        # Rename first so a crash mid-delete never leaves a half step that looks complete.
+        doomed = self.model_dir(name) / ".staging" / f"deleted-{step}-{time.monotonic_ns()}"
+        doomed.parent.mkdir(parents=True, exist_ok=True)
+        os.rename(target, doomed)
+        shutil.rmtree(doomed, ignore_errors=True)
+
+    # ---------------------------------------------------------------------------------- history
+
+    def append_history(self, name: str, entry: dict[str, Any]) -> None:
+        # One write() of one line in append mode: a crash leaves at most a torn last line, which
+        # read_history skips.
+        line = orjson.dumps(entry) + b"\n"
+        with open(self.model_dir(name) / "history.jsonl", "ab") as handle:
+            handle.write(line)
+            handle.flush()
+            os.fsync(handle.fileno())
+
+    def read_history(self, name: str) -> list[dict[str, Any]]:
+        path = self.model_dir(name) / "history.jsonl"
+        if not path.is_file():
+            return []
+        entries = []
+        for line in path.read_bytes().splitlines():
+            try:
+                entries.append(orjson.loads(line))
+            except orjson.JSONDecodeError:
+                continue  # a torn final line from a crash mid-append; every complete line is kept
+        return entries
+
+
+def _fsync_tree(directory: Path) -> None:
+    for path in directory.rglob("*"):
+        if path.is_file():
+            with open(path, "rb") as handle:
+                os.fsync(handle.fileno())

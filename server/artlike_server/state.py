@@ -1,0 +1,40 @@
+"""The objects one running server shares between its routes, built once by `app.create_app`."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from fastapi import Request
+
+if TYPE_CHECKING:
+    from .completion_log import CompletionLog
+    from .engine.client import EngineClient
+    from .engine.supervisor import EngineSupervisor
+    from .metrics import Metrics
+    from .models.manager import ModelManager
+    from .models.store import ModelStore
+    from .settings import ServerSettings
+    from .training.job import TrainingService
+    from .training.trainer_client import TrainerProcess
+
+
+@dataclass
+class AppState:
+    settings: ServerSettings
+    engine: EngineSupervisor
+    engine_client: EngineClient
+    store: ModelStore
+    models: ModelManager
+    log: CompletionLog
+    metrics: Metrics
+    trainer: TrainerProcess
+    training: TrainingService
+    # registrations are rare; one at a time keeps create-or-compare simple
+    registration_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+def get_state(request: Request) -> AppState:
+    state: AppState = request.app.state.artlike
+    return state

@@ -1,0 +1,280 @@
+"""One `/_train_model` job: validate, build the batch, train, commit the step, hot-swap, record history.
+
+Everything that can be rejected is checked in `prepare()` before any work starts, so a bad request gets a
+4xx and changes nothing. `start()` runs the job as its own asyncio task: the HTTP stream only listens,
+so a client that disconnects neither cancels the job nor corrupts anything. On any failure the staging
+directory is discarded and the previous step stays served.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import statistics
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from artlike.types import (
+    DoneEvent,
+    ErrorEvent,
+    OfflineTrajectory,
+    StartEvent,
+    StatusEvent,
+    StepEvent,
+    TrainConfig,
+    TrainRequest,
+    TrajectoryRef,
+)
+from pydantic import BaseModel
+
+from ..completion_log import CompletionLog
+from ..errors import Conflict, InvalidRequest, NotFound
+from ..metrics import Metrics
+from ..models.manager import ModelManager, served_name
+from ..models.store import ModelStore
+from .batch_file import write_batch
+from .grpo import group_advantages, is_zero_variance
+from .packing import count_gradient_steps
+from .sequences import TrainSequence, sequences_from_completions, sequences_from_offline
+from .trainer_client import TrainerCrashed, TrainerError, TrainerProcess, TrainerTimeout
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_SECONDS = 10.0
+_STREAM_END = None
+
+
+@dataclass
+class PreparedJob:
+    model: str
+    from_step: int
+    config: TrainConfig
+    sequences: list[TrainSequence]
+    trajectories: int
+    groups: int
+    groups_skipped: int
+    rewards: list[float]
+    metrics: dict[str, float]
+    num_gradient_steps: int
+
+    @property
+    def trainable_tokens(self) -> int:
+        return sum(s.num_trainable_tokens for s in self.sequences)
+
+
+@dataclass
+class RunningJob:
+    prepared: PreparedJob
+    started: float = field(default_factory=time.monotonic)
+    stage: str = "queued"
+    events: asyncio.Queue[BaseModel | None] = field(default_factory=asyncio.Queue)
+    task: asyncio.Task[None] | None = None
+
+    def emit(self, event: BaseModel) -> None:
+        self.events.put_nowait(event)
+
+    async def stream(self) -> AsyncIterator[BaseModel]:
+        """The job's events, with a `status` heartbeat whenever nothing happened for a while."""
+        while True:
+            try:
+                event = await asyncio.wait_for(self.events.get(), HEARTBEAT_SECONDS)
+            except TimeoutError:
+                yield StatusEvent(stage=self.stage, message="still working",
+                                  elapsed_seconds=round(time.monotonic() - self.started, 1))
+                continue
+            if event is _STREAM_END:
+                return
+            yield event
+
+
+class TrainingService:
+    def __init__(
+        self,
+        store: ModelStore,
+        models: ModelManager,
+        completion_log: CompletionLog,
+        trainer: TrainerProcess,
+        metrics: Metrics,
+        tokenizer: Callable[[], Any],
+    ) -> None:
+        self.store = store
+        self.models = models
+        self.completion_log = completion_log
+        self.trainer = trainer
+        self.metrics = metrics
+        self._tokenizer = tokenizer  # loaded lazily: only offline trajectories need it
+        self._active: dict[str, RunningJob] = {}
+
+    def is_training(self, model: str) -> bool:
+        return model in self._active
+
+    def active(self) -> list[str]:
+        return sorted(self._active)
+
+    # ------------------------------------------------------------------------------ checks
+
+    async def prepare(self, request: TrainRequest) -> PreparedJob:
+        self.store.require(request.model)
+        if self.is_training(request.model):
+            raise Conflict(f"model {request.model!r} is already training; wait for its job to finish",
+                           param="model", code="training_in_progress")
+        from_step = self.models.latest_step(request.model)
+        if from_step is None:
+            raise NotFound(f"model {request.model!r} has no servable step", param="model", code="model_not_found")
+
+        refs = [t for g in request.groups for t in g.trajectories if isinstance(t, TrajectoryRef)]
+        ids = [t.trajectory_id for t in refs]
+        if len(set(ids)) != len(ids):
+            dup = next(i for i in ids if ids.count(i) > 1)
+            raise InvalidRequest(f"trajectory {dup!r} appears more than once", param="groups",
+                                 code="duplicate_trajectory")
+        records = await self.completion_log.get_many(ids)
+        missing = [i for i in ids if not records.get(i)]
+        if missing:
+            shown = ", ".join(repr(i) for i in missing[:5]) + (" ..." if len(missing) > 5 else "")
+            raise NotFound(f"{len(missing)} trajectory id(s) have no recorded completions: {shown}",
+                           param="groups", code="trajectory_not_found")
+
+        sequences: list[TrainSequence] = []
+        skipped = 0
+        rewards: list[float] = []
+        metric_values: dict[str, list[float]] = {}
+        for group in request.groups:
+            group_rewards = [t.reward for t in group.trajectories]
+            rewards.extend(group_rewards)
+            for t in group.trajectories:
+                for key, value in t.metrics.items():
+                    metric_values.setdefault(key, []).append(value)
+            if is_zero_variance(group_rewards):
+                skipped += 1
+                continue
+            advantages = group_advantages(group_rewards, scale_rewards=request.config.scale_rewards)
+            for trajectory, advantage in zip(group.trajectories, advantages, strict=True):
+                if isinstance(trajectory, OfflineTrajectory):
+                    sequences.extend(sequences_from_offline(trajectory, self._tokenizer(), advantage))
+                else:
+                    sequences.extend(sequences_from_completions(
+                        records[trajectory.trajectory_id], advantage, mask_truncated=request.config.mask_truncated))
+        if skipped == len(request.groups):
+            raise InvalidRequest(
+                f"all {skipped} group(s) have equal rewards within the group, so every advantage is 0 and "
+                "there is nothing to learn; vary the rollouts (temperature, more samples per group) or the reward",
+                param="groups", code="no_signal")
+        sequences = [s for s in sequences if s.num_trainable_tokens > 0]
+        if not sequences:
+            raise InvalidRequest("no trainable tokens: every completion was masked (e.g. mask_truncated and all "
+                                 "completions hit max_tokens)", param="groups", code="no_trainable_tokens")
+        return PreparedJob(
+            model=request.model, from_step=from_step, config=request.config, sequences=sequences,
+            trajectories=sum(len(g.trajectories) for g in request.groups), groups=len(request.groups),
+            groups_skipped=skipped, rewards=rewards,
+            metrics={k: statistics.fmean(v) for k, v in metric_values.items()},
+            num_gradient_steps=count_gradient_steps(len(sequences), request.config),
+        )
+
+    # --------------------------------------------------------------------------------- run
+
+    def start(self, prepared: PreparedJob) -> RunningJob:
+        if self.is_training(prepared.model):  # re-checked: another request may have started meanwhile
+            raise Conflict(f"model {prepared.model!r} is already training", param="model",
+                           code="training_in_progress")
+        job = RunningJob(prepared)
+        self._active[prepared.model] = job
+        job.task = asyncio.create_task(self._run(job), name=f"train:{prepared.model}")
+        return job
+
+    async def _run(self, job: RunningJob) -> None:
+        p = job.prepared
+        staging: Path | None = None
+        try:
+            job.emit(StartEvent(
+                model=p.model, from_step=p.from_step, num_gradient_steps=p.num_gradient_steps,
+                trajectories=p.trajectories, groups=p.groups, groups_skipped=p.groups_skipped,
+                sequences=len(p.sequences), trainable_tokens=p.trainable_tokens,
+                reward_mean=statistics.fmean(p.rewards), reward_std=statistics.pstdev(p.rewards),
+            ))
+            staging = self.store.new_staging_dir(p.model)
+            batch_path = staging.with_suffix(".batch")
+            write_batch(batch_path, p.sequences)
+            job.stage = "training"
+            job.emit(StatusEvent(stage="training", message=f"{len(p.sequences)} sequences, "
+                                 f"{p.trainable_tokens} trainable tokens"))
+            steps: list[StepEvent] = []
+            train_started = time.perf_counter()
+            async for event in self.trainer.train(
+                model_name=p.model,
+                adapter_dir=self.store.step_dir(p.model, p.from_step),
+                out_dir=staging,
+                batch_path=batch_path,
+                config=p.config,
+            ):
+                if event.get("event") == "step":
+                    step = StepEvent(**{k: v for k, v in event.items() if k != "event"})
+                    steps.append(step)
+                    self.metrics.training_step(step.tokens, step.seconds)
+                    job.emit(step)
+            train_seconds = time.perf_counter() - train_started
+            batch_path.unlink(missing_ok=True)
+
+            job.stage = "swapping"
+            new_step = p.from_step + 1
+            adapter_path = self.store.commit_step(p.model, staging, new_step)
+            staging = None
+            swap_seconds = await self.models.publish(p.model, new_step)
+            self.store.append_history(p.model, _history_entry(p, new_step, steps, train_seconds, swap_seconds))
+            job.emit(DoneEvent(model=served_name(p.model, new_step), step=new_step, adapter_path=str(adapter_path),
+                               train_seconds=round(train_seconds, 3), swap_seconds=round(swap_seconds, 4)))
+        except (TrainerCrashed, TrainerError, TrainerTimeout) as error:
+            log.warning("training %s failed: %s", p.model, error)
+            job.emit(ErrorEvent(message=str(error), code=_error_code(error),
+                                served_step=self.models.latest_step(p.model)))
+        except Exception as error:  # a bug: log the traceback, tell the client, keep serving the old step
+            log.exception("training job for %s crashed", p.model)
+            job.emit(ErrorEvent(message=f"internal error: {type(error).__name__}: {error}", code="internal_error",
+                                served_step=self.models.latest_step(p.model)))
+        finally:
+            if staging is not None:
+                self.store.discard_staging(staging)
+                staging.with_suffix(".batch").unlink(missing_ok=True)
+            del self._active[p.model]
+            job.emit(_STREAM_END)  # type: ignore[arg-type]
+
+
+def _error_code(error: Exception) -> str:
+    return {TrainerCrashed: "trainer_crashed", TrainerTimeout: "trainer_timeout"}.get(type(error), "trainer_error")
+
+
+def _stats(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {}
+    return {"mean": statistics.fmean(values), "std": statistics.pstdev(values), "min": min(values),
+            "max": max(values)}
+
+
+def _history_entry(p: PreparedJob, step: int, steps: list[StepEvent], train_seconds: float,
+                   swap_seconds: float) -> dict[str, Any]:
+    return {
+        "step": step,
+        "from_step": p.from_step,
+        "time": time.time(),
+        "reward": _stats(p.rewards),
+        "trajectories": p.trajectories,
+        "groups": p.groups,
+        "groups_skipped": p.groups_skipped,
+        "sequences": len(p.sequences),
+        "trainable_tokens": p.trainable_tokens,
+        "gradient_steps": len(steps),
+        "loss": _stats([s.loss for s in steps]),
+        "kl": _stats([s.kl for s in steps]),
+        "entropy": _stats([s.entropy for s in steps]),
+        "grad_norm": _stats([s.grad_norm for s in steps]),
+        "clip_fraction": _stats([s.clip_fraction for s in steps]),
+        "logprob_mismatch": steps[0].logprob_mismatch if steps else None,
+        "metrics": p.metrics,
+        "config": p.config.model_dump(),
+        "train_seconds": round(train_seconds, 3),
+        "swap_seconds": round(swap_seconds, 4),
+    }
