@@ -20,10 +20,13 @@ from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from ..engine.client import EngineClient
 from ..errors import NotFound
 from .store import ModelStore
+
+if TYPE_CHECKING:
+    from ..engine.client import EngineClient
 
 log = logging.getLogger(__name__)
 

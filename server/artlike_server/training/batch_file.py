@@ -1,0 +1,84 @@
+"""The training batch on disk, handed from the server to the trainer worker: one safetensors file.
+
+Sequences are concatenated into flat arrays with offsets (safetensors holds only tensors and a str→str
+metadata map; no pickle). float32 keeps NaN, which marks unknown behaviour logprobs.
+
+    token_ids           int64   [total_tokens]
+    trainable           uint8   [total_tokens]
+    behaviour_logprobs  float32 [total_tokens]
+    offsets             int64   [num_sequences + 1]   sequence i is [offsets[i], offsets[i+1])
+    advantages          float64 [num_sequences]
+    group_indices       int64   [num_sequences]
+    metadata["trajectory_ids"]  JSON list of str
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import orjson
+from safetensors.numpy import load_file, save_file
+from safetensors import safe_open
+
+from artlike_server.training.sequences import TrainSequence
+
+FORMAT = "artlike-train-batch/1"
+
+
+class BatchFileError(ValueError):
+    """The batch file is not a valid training batch."""
+
+
+def write_batch(path: Path, sequences: Sequence[TrainSequence]) -> None:
+    """Write atomically (temporary file, then rename), so the worker never reads half a batch."""
+    lengths = np.array([s.num_tokens for s in sequences], dtype=np.int64)
+    offsets = np.concatenate([np.zeros(1, dtype=np.int64), np.cumsum(lengths, dtype=np.int64)])
+    tensors = {
+        "token_ids": np.array([t for s in sequences for t in s.token_ids], dtype=np.int64),
+        "trainable": np.array([m for s in sequences for m in s.trainable], dtype=np.uint8),
+        "behaviour_logprobs": np.array([x for s in sequences for x in s.behaviour_logprobs], dtype=np.float32),
+        "offsets": offsets,
+        "advantages": np.array([s.advantage for s in sequences], dtype=np.float64),
+        "group_indices": np.array([s.group_index for s in sequences], dtype=np.int64),
+    }
+    for name in ("trainable", "behaviour_logprobs"):
+        if len(tensors[name]) != len(tensors["token_ids"]):
+            raise BatchFileError(f"a sequence's {name} is not aligned with its token_ids")
+    metadata = {
+        "format": FORMAT,
+        "trajectory_ids": orjson.dumps([s.trajectory_id for s in sequences]).decode(),
+    }
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    save_file(tensors, str(tmp), metadata=metadata)
+    tmp.replace(path)
+
+
+def read_batch(path: Path) -> list[TrainSequence]:
+    with safe_open(str(path), framework="numpy") as handle:
+        metadata = handle.metadata() or {}
+    if metadata.get("format") != FORMAT:
+        raise BatchFileError(f"{path} is not a {FORMAT} file (format={metadata.get('format')!r})")
+    arrays = load_file(str(path))
+    offsets = arrays["offsets"].tolist()
+    trajectory_ids = orjson.loads(metadata["trajectory_ids"])
+    count = len(offsets) - 1
+    if not (len(arrays["advantages"]) == len(arrays["group_indices"]) == len(trajectory_ids) == count):
+        raise BatchFileError(f"{path}: per-sequence arrays disagree on the number of sequences")
+    token_ids = arrays["token_ids"].tolist()
+    trainable = arrays["trainable"].astype(bool).tolist()
+    logprobs = arrays["behaviour_logprobs"].astype(np.float64).tolist()
+    return [
+        TrainSequence(
+            token_ids=token_ids[offsets[i] : offsets[i + 1]],
+            trainable=trainable[offsets[i] : offsets[i + 1]],
+            behaviour_logprobs=logprobs[offsets[i] : offsets[i + 1]],
+            advantage=float(arrays["advantages"][i]),
+            trajectory_id=trajectory_ids[i],
+            group_index=int(arrays["group_indices"][i]),
+        )
+        for i in range(count)
+    ]

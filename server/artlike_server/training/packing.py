@@ -1,0 +1,64 @@
+"""How a training batch is cut: into optimizer steps (balanced by trainable tokens) and micro-batches.
+
+Micro-batches are right-padded [B, T_max] tensors, so their cost is B × T_max tokens, not the sum of the
+lengths. Right padding needs no attention mask under a causal mask (a real token never attends to the pads
+after it), which keeps SDPA on its fast causal path; packing several sequences into one row would instead
+need a block-diagonal mask and pay attention over the whole row (quadratic in the row length).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+def pack(lengths: Sequence[int], token_budget: int) -> list[list[int]]:
+    """Indices of sequences per micro-batch, first-fit-decreasing by length under a padded-token budget.
+
+    A micro-batch holds n sequences of max length L only while n × L <= token_budget; a sequence longer
+    than the budget gets a micro-batch of its own. Within a micro-batch indices are longest first.
+
+    >>> pack([100, 300, 200, 50], token_budget=400)
+    [[1], [2, 0], [3]]
+    """
+    if token_budget < 1:
+        raise ValueError(f"token_budget must be positive, got {token_budget}")
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    bins: list[list[int]] = []
+    for index in order:
+        for members in bins:
+            # Items arrive longest first, so a bin's first member is its padded length.
+            if (len(members) + 1) * lengths[members[0]] <= token_budget:
+                members.append(index)
+                break
+        else:
+            bins.append([index])
+    return bins
+
+
+def split_into_steps(trainable_tokens: Sequence[int], num_steps: int) -> list[list[int]]:
+    """Indices of sequences per optimizer step, each step getting about the same number of trainable tokens.
+
+    Longest-processing-time greedy: sequences by decreasing trainable tokens, each to the lightest step so
+    far. Never returns an empty step: with fewer sequences than steps, there are fewer steps. Indices inside
+    a step are in their original order.
+
+    >>> split_into_steps([5, 1, 4, 2], num_steps=2)
+    [[0, 1], [2, 3]]
+    """
+    if num_steps < 1:
+        raise ValueError(f"num_steps must be positive, got {num_steps}")
+    steps: list[list[int]] = [[] for _ in range(min(num_steps, len(trainable_tokens)))]
+    totals = [0] * len(steps)
+    for index in sorted(range(len(trainable_tokens)), key=lambda i: (-trainable_tokens[i], i)):
+        lightest = min(range(len(steps)), key=lambda s: (totals[s], s))
+        steps[lightest].append(index)
+        totals[lightest] += trainable_tokens[index]
+    return [sorted(step) for step in steps]
+
+
+def plan_optimizer_steps(
+    trainable_tokens: Sequence[int], *, epochs: int, steps_per_epoch: int
+) -> list[list[int]]:
+    """All optimizer steps of a job: `epochs` passes over the same split of the batch."""
+    per_epoch = split_into_steps(trainable_tokens, steps_per_epoch)
+    return [list(step) for _ in range(epochs) for step in per_epoch]

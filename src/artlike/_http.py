@@ -1,0 +1,255 @@
+"""The one place that talks HTTP to the artlike server: client construction, auth, timeouts, retries.
+
+Retries: 502/503/504 answers and connections that never reached the server are retried with exponential
+backoff (honouring Retry-After); read errors after the request went out are retried only for idempotent
+requests. Everything else maps to a typed error from `_errors`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import ssl
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import httpx
+import orjson
+
+from ._errors import APIConnectionError, APITimeoutError, error_from_response, parse_retry_after
+from ._version import __version__
+
+__all__ = ["RetryPolicy"]
+
+DEFAULT_TIMEOUT = httpx.Timeout(60.0, connect=10.0)
+# Many concurrent rollouts share one server: allow as many connections as the openai SDK does.
+CONNECTION_LIMITS = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
+RETRY_STATUSES = frozenset({502, 503, 504})
+IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
+# Failures where the request provably never reached the server: safe to retry for any method.
+_NOT_SENT_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How transient failures are retried. `sleep`/`sync_sleep` are injectable so tests do not wait.
+
+    Delay before retry n (0-based): the server's Retry-After when it sent one (capped at
+    `max_retry_after`), else `min(max_backoff, initial_backoff * 2**n)` shortened by up to `jitter`
+    (a fraction) so that many rollouts failing together do not come back together.
+    """
+
+    max_retries: int = 3
+    initial_backoff: float = 0.5
+    max_backoff: float = 8.0
+    max_retry_after: float = 60.0
+    jitter: float = 0.25
+    sleep: Callable[[float], Awaitable[None]] = field(default=asyncio.sleep, repr=False)
+    sync_sleep: Callable[[float], None] = field(default=time.sleep, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.max_retries < 0:
+            raise ValueError("max_retries must be >= 0")
+        if not 0.0 <= self.jitter < 1.0:
+            raise ValueError("jitter must be in [0, 1)")
+
+    def delay(self, attempt: int, retry_after: float | None) -> float:
+        if retry_after is not None:
+            return min(retry_after, self.max_retry_after)
+        backoff = min(self.max_backoff, self.initial_backoff * 2**attempt)
+        return backoff * (1.0 - self.jitter * random.random())
+
+
+def _retry_delay_for_response(policy: RetryPolicy, attempt: int, response: httpx.Response) -> float | None:
+    """Seconds to wait before trying again, or None: this answer is final."""
+    if response.status_code not in RETRY_STATUSES or attempt >= policy.max_retries:
+        return None
+    return policy.delay(attempt, parse_retry_after(response.headers.get("retry-after")))
+
+
+def _retry_delay_for_error(
+    policy: RetryPolicy, attempt: int, error: httpx.TransportError, idempotent: bool
+) -> float | None:
+    if attempt >= policy.max_retries or not (idempotent or isinstance(error, _NOT_SENT_ERRORS)):
+        return None
+    return policy.delay(attempt, None)
+
+
+def _connection_error(error: httpx.TransportError, request: httpx.Request) -> APIConnectionError:
+    kind = APITimeoutError if isinstance(error, httpx.TimeoutException) else APIConnectionError
+    return kind(f"{request.method} {request.url}: {type(error).__name__}: {error or 'no details'}")
+
+
+class Connection:
+    """httpx clients for one server (sync and async), with the API key, timeouts and retry policy.
+
+    The async client is bound to the event loop that created it, so a new one is built when called from
+    another loop (scripts that call `asyncio.run` more than once).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        api_key: str | None = None,
+        timeout: httpx.Timeout = DEFAULT_TIMEOUT,
+        retry: RetryPolicy | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+        sync_transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.api_key = api_key
+        self.timeout = timeout
+        self.retry = retry or RetryPolicy()
+        self._transport = transport
+        # httpx.MockTransport serves both kinds: let one injected transport cover the sync API too.
+        if sync_transport is None and isinstance(transport, httpx.BaseTransport):
+            sync_transport = transport
+        self._sync_transport = sync_transport
+        self._async_client: httpx.AsyncClient | None = None
+        self._async_client_loop: asyncio.AbstractEventLoop | None = None
+        self._sync_client: httpx.Client | None = None
+
+    @property
+    def headers(self) -> dict[str, str]:
+        headers = {"User-Agent": f"artlike-python/{__version__}"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        return headers
+
+    @cached_property
+    def ssl_context(self) -> ssl.SSLContext:
+        """Built once: creating a context costs ~30 ms, and every trajectory's openai client needs one."""
+        return httpx.create_ssl_context()
+
+    def async_client(self) -> httpx.AsyncClient:
+        loop = asyncio.get_running_loop()
+        if self._async_client is None or self._async_client_loop is not loop:
+            self._async_client = httpx.AsyncClient(
+                base_url=self.base_url, headers=self.headers, timeout=self.timeout, limits=CONNECTION_LIMITS,
+                transport=self._transport, verify=self.ssl_context,
+            )
+            self._async_client_loop = loop
+        return self._async_client
+
+    def sync_client(self) -> httpx.Client:
+        if self._sync_client is None:
+            self._sync_client = httpx.Client(
+                base_url=self.base_url, headers=self.headers, timeout=self.timeout, limits=CONNECTION_LIMITS,
+                transport=self._sync_transport, verify=self.ssl_context,
+            )
+        return self._sync_client
+
+    # ------------------------------------------------------------------------------------------- async
+
+    async def request(
+        self, method: str, path: str, *, json: Any = None, params: dict[str, Any] | None = None,
+        idempotent: bool | None = None,
+    ) -> httpx.Response:
+        """Send, retrying transient failures; the body is read. Raises a typed error for error statuses."""
+        async with self.stream(method, path, json=json, params=params, idempotent=idempotent) as response:
+            await response.aread()
+        return response
+
+    @asynccontextmanager
+    async def stream(
+        self, method: str, path: str, *, json: Any = None, params: dict[str, Any] | None = None,
+        idempotent: bool | None = None, timeout: httpx.Timeout | None = None,
+    ) -> AsyncIterator[httpx.Response]:
+        """An open, successful (2xx) response whose body is not read yet; closed on exit."""
+        client = self.async_client()
+        request = self._build(client, method, path, json, params, timeout)
+        retry_any_read = method in IDEMPOTENT_METHODS if idempotent is None else idempotent
+        attempt = 0
+        while True:
+            try:
+                response = await client.send(request, stream=True)
+            except httpx.TransportError as error:
+                delay = _retry_delay_for_error(self.retry, attempt, error, retry_any_read)
+                if delay is None:
+                    raise _connection_error(error, request) from error
+            else:
+                delay = _retry_delay_for_response(self.retry, attempt, response)
+                if delay is None:
+                    break
+                await response.aclose()
+            await self.retry.sleep(delay)
+            attempt += 1
+        try:
+            if response.is_error:
+                await response.aread()
+                raise error_from_response(response)
+            yield response
+        finally:
+            await response.aclose()
+
+    async def aclose(self) -> None:
+        if self._async_client is not None:
+            await self._async_client.aclose()
+            self._async_client = None
+        self.close()
+
+    # -------------------------------------------------------------------------------------------- sync
+
+    def request_sync(
+        self, method: str, path: str, *, json: Any = None, params: dict[str, Any] | None = None,
+        idempotent: bool | None = None,
+    ) -> httpx.Response:
+        with self.stream_sync(method, path, json=json, params=params, idempotent=idempotent) as response:
+            response.read()
+        return response
+
+    @contextmanager
+    def stream_sync(
+        self, method: str, path: str, *, json: Any = None, params: dict[str, Any] | None = None,
+        idempotent: bool | None = None, timeout: httpx.Timeout | None = None,
+    ) -> Iterator[httpx.Response]:
+        client = self.sync_client()
+        request = self._build(client, method, path, json, params, timeout)
+        retry_any_read = method in IDEMPOTENT_METHODS if idempotent is None else idempotent
+        attempt = 0
+        while True:
+            try:
+                response = client.send(request, stream=True)
+            except httpx.TransportError as error:
+                delay = _retry_delay_for_error(self.retry, attempt, error, retry_any_read)
+                if delay is None:
+                    raise _connection_error(error, request) from error
+            else:
+                delay = _retry_delay_for_response(self.retry, attempt, response)
+                if delay is None:
+                    break
+                response.close()
+            self.retry.sync_sleep(delay)
+            attempt += 1
+        try:
+            if response.is_error:
+                response.read()
+                raise error_from_response(response)
+            yield response
+        finally:
+            response.close()
+
+    def close(self) -> None:
+        if self._sync_client is not None:
+            self._sync_client.close()
+            self._sync_client = None
+
+    # ------------------------------------------------------------------------------------------ shared
+
+    @staticmethod
+    def _build(
+        client: httpx.Client | httpx.AsyncClient, method: str, path: str, json: Any,
+        params: dict[str, Any] | None, timeout: httpx.Timeout | None,
+    ) -> httpx.Request:
+        # orjson: fast, and it serialises what pydantic's model_dump(mode="json") produces.
+        content = None if json is None else orjson.dumps(json)
+        headers = None if content is None else {"Content-Type": "application/json"}
+        return client.build_request(
+            method, path, content=content, params=params, headers=headers,
+            timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
+        )
