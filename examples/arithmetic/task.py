@@ -1,0 +1,65 @@
+"""A small verifiable task: two-term integer arithmetic, the answer inside <answer></answer> tags.
+
+The 135M default model needs one worked example turn in the prompt to use the tags at all (DESIGN §8:
+with a system instruction alone it never did). The reward is checkable by code: 1 for the right number
+in the tags, a small credit for using the format with a wrong number, 0 for anything unparseable.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass
+
+SYSTEM_PROMPT = "You are a calculator. Give the result inside <answer></answer> tags."
+WORKED_EXAMPLE = [
+    {"role": "user", "content": "What is 12 + 7?"},
+    {"role": "assistant", "content": "<answer>19</answer>"},
+]
+FORMAT_CREDIT = 0.1
+_ANSWER = re.compile(r"<answer>\s*(-?\d+)\s*</answer>")
+
+
+@dataclass(frozen=True)
+class Problem:
+    a: int
+    b: int
+    op: str
+
+    @property
+    def question(self) -> str:
+        return f"What is {self.a} {self.op} {self.b}?"
+
+    @property
+    def answer(self) -> int:
+        return self.a + self.b if self.op == "+" else self.a - self.b
+
+    def messages(self) -> list[dict[str, str]]:
+        return [{"role": "system", "content": SYSTEM_PROMPT}, *WORKED_EXAMPLE,
+                {"role": "user", "content": self.question}]
+
+
+def problems(seed: int, count: int, *, max_operand: int = 20) -> list[Problem]:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(count):
+        a, b = rng.randint(0, max_operand), rng.randint(0, max_operand)
+        op = rng.choice("+-")
+        if op == "-" and b > a:
+            a, b = b, a  # keep results non-negative: easier for a 135M model
+        out.append(Problem(a, b, op))
+    return out
+
+
+def parse_answer(text: str) -> int | None:
+    match = _ANSWER.search(text)
+    return int(match.group(1)) if match else None
+
+
+def reward(problem: Problem, text: str) -> tuple[float, dict[str, float]]:
+    """Returns (reward, metrics). Unparseable output scores 0."""
+    answer = parse_answer(text)
+    correct = answer is not None and answer == problem.answer
+    formatted = answer is not None
+    value = 1.0 if correct else (FORMAT_CREDIT if formatted else 0.0)
+    return value, {"correct": float(correct), "formatted": float(formatted)}

@@ -1,0 +1,161 @@
+"""Run the rollouts of many trajectory groups concurrently, with a live progress bar and a failure policy.
+
+Policy, in order:
+- A rollout fails when its awaitable raises an `Exception` or returns a trajectory whose block raised
+  (`t.failed`). Failures are counted over all groups; past `max_exceptions` the failure that crossed the
+  limit is raised (with a note saying how many failed) and the remaining rollouts are cancelled.
+- Within the limit, failed trajectories are dropped (kept on `group.exceptions` for inspection).
+- A group left with fewer than `min_group_size` (default 2) trajectories is dropped, with a warning:
+  GRPO compares a trajectory with the rest of its group, so a lone trajectory has advantage 0 and
+  teaches nothing. The server also reports groups whose rewards are all equal (`groups_skipped`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import Awaitable, Iterable
+from inspect import iscoroutine
+
+from tqdm.auto import tqdm
+
+from ._trajectory import Trajectory, TrajectoryGroup
+
+__all__ = ["gather_trajectory_groups"]
+
+logger = logging.getLogger("artlike")
+
+_Outcome = tuple[int, int, Trajectory | Exception]  # (group index, position in group, result)
+
+
+def exception_budget(max_exceptions: int | float, total: int) -> int:
+    """How many failed rollouts are tolerated: an int is a count, a float in [0, 1] a fraction of `total`.
+
+    >>> exception_budget(0, 64), exception_budget(3, 64), exception_budget(0.1, 64)
+    (0, 3, 6)
+    """
+    if isinstance(max_exceptions, bool) or not isinstance(max_exceptions, int | float):
+        raise TypeError(f"max_exceptions must be an int (a count) or a float (a fraction), not {max_exceptions!r}")
+    if isinstance(max_exceptions, int):
+        if max_exceptions < 0:
+            raise ValueError(f"max_exceptions must be >= 0, got {max_exceptions}")
+        return max_exceptions
+    if not 0.0 <= max_exceptions <= 1.0:
+        raise ValueError(f"a fractional max_exceptions must be in [0, 1], got {max_exceptions}")
+    return math.floor(max_exceptions * total)
+
+
+async def gather_trajectory_groups(
+    groups: Iterable[TrajectoryGroup],
+    *,
+    concurrency: int | None = None,
+    max_exceptions: int | float = 0,
+    min_group_size: int = 2,
+    progress: bool = True,
+    description: str = "rollouts",
+) -> list[TrajectoryGroup]:
+    """Await every rollout of every group and return the groups with their finished trajectories.
+
+    `concurrency` caps how many rollouts run at once (None: all; awaitables that are already running
+    tasks are not held back). See the module docstring for `max_exceptions` and `min_group_size`.
+    """
+    if concurrency is not None and concurrency < 1:
+        raise ValueError(f"concurrency must be >= 1 or None, got {concurrency}")
+    groups = list(groups)
+    total = sum(len(group) for group in groups)
+    budget = exception_budget(max_exceptions, total)
+    limit = asyncio.Semaphore(concurrency) if concurrency is not None else None
+
+    slots: list[list[Trajectory | Exception]] = [[*group.trajectories] for group in groups]
+    jobs: list[tuple[int, int, Awaitable[Trajectory]]] = []
+    for index, group in enumerate(groups):
+        for awaitable in group.pending:
+            jobs.append((index, len(slots[index]), awaitable))
+            slots[index].append(RuntimeError("rollout did not finish"))  # replaced by the outcome below
+
+    bar = tqdm(total=total, desc=description, unit="traj", disable=not progress)
+    tracker = _Tracker(bar, budget, max_exceptions, total)
+    for group_slots in slots:
+        for item in group_slots[: len(group_slots)]:
+            if isinstance(item, Trajectory):
+                tracker.record(item)
+    tasks = [asyncio.ensure_future(_run(index, position, awaitable, limit)) for index, position, awaitable in jobs]
+    try:
+        for next_done in asyncio.as_completed(tasks):
+            index, position, outcome = await next_done
+            slots[index][position] = outcome
+            tracker.record(outcome)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        bar.close()
+    return _assemble(slots, min_group_size)
+
+
+async def _run(index: int, position: int, awaitable: Awaitable[Trajectory], limit: asyncio.Semaphore | None) -> _Outcome:
+    started = False
+    try:
+        if limit is not None:
+            await limit.acquire()
+        try:
+            started = True
+            result = await awaitable
+        finally:
+            if limit is not None:
+                limit.release()
+    except Exception as exc:  # a failed rollout is an outcome: counted by the policy, raised past the budget
+        return index, position, exc
+    finally:
+        if not started and iscoroutine(awaitable):
+            awaitable.close()  # cancelled while waiting for a slot: no "never awaited" warning
+    if not isinstance(result, Trajectory):
+        return index, position, TypeError(f"a rollout must return an artlike.Trajectory, got {type(result)!r}")
+    return index, position, result
+
+
+class _Tracker:
+    """Counts outcomes, keeps the progress bar's mean reward live, and enforces the failure budget."""
+
+    def __init__(self, bar: tqdm, budget: int, max_exceptions: int | float, total: int) -> None:
+        self.bar, self.budget, self.max_exceptions, self.total = bar, budget, max_exceptions, total
+        self.failures = 0
+        self.rewards: list[float] = []
+
+    def record(self, outcome: Trajectory | Exception) -> None:
+        error = outcome if isinstance(outcome, Exception) else outcome.exception
+        if error is not None:
+            self.failures += 1
+            if self.failures > self.budget:
+                error.add_note(
+                    f"artlike: {self.failures} of {self.total} rollouts failed, more than "
+                    f"max_exceptions={self.max_exceptions!r} allows"
+                )
+                raise error
+        elif isinstance(outcome, Trajectory) and outcome.reward is not None:
+            self.rewards.append(outcome.reward)
+        self.bar.update(1)
+        postfix = {"reward": f"{sum(self.rewards) / len(self.rewards):.3f}"} if self.rewards else {}
+        if self.failures:
+            postfix["failed"] = str(self.failures)
+        self.bar.set_postfix(postfix, refresh=False)
+
+
+def _assemble(slots: list[list[Trajectory | Exception]], min_group_size: int) -> list[TrajectoryGroup]:
+    groups: list[TrajectoryGroup] = []
+    dropped = 0
+    for group_slots in slots:
+        finished = [item for item in group_slots if isinstance(item, Trajectory) and not item.failed]
+        exceptions = [item for item in group_slots if isinstance(item, Exception)]
+        exceptions += [item.exception for item in group_slots if isinstance(item, Trajectory) and item.exception]
+        if len(finished) < min_group_size:
+            dropped += 1
+            continue
+        groups.append(TrajectoryGroup(finished, exceptions=exceptions))
+    if dropped:
+        logger.warning(
+            "artlike: dropped %d of %d groups left with fewer than %d trajectories (no GRPO signal)",
+            dropped, len(slots), min_group_size,
+        )
+    return groups

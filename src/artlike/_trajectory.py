@@ -1,0 +1,257 @@
+"""Trajectories (one rollout, rewarded) and trajectory groups (rollouts of one task, compared by GRPO).
+
+A trajectory is either
+- recorded: made by `model.trajectory()`. Its id is in `base_url` (`{server}/t/{id}/v1`), so every
+  completion any OpenAI client makes through that URL is recorded by the server, token-exact. Training
+  sends only `{trajectory_id, reward, metrics}`.
+- offline: `Trajectory(messages_and_choices=[...], reward=...)` from messages the server never saw.
+  Items are message dicts, `ChatCompletionMessage`s or `Choice`s (a Choice that carries vLLM's
+  `token_ids` and logprobs is trained on exactly those tokens, with those behaviour logprobs).
+
+Used as a context manager (`async with` or `with`), a trajectory catches an `Exception` raised in its
+block: `t.exception` is set and `t.failed` is True, and the code after the block goes on, so one broken
+rollout does not lose its whole group. Failed trajectories never train; `gather_trajectory_groups`
+counts them against `max_exceptions` (by default it raises the first one).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Iterable, Iterator, Mapping, Sequence
+from inspect import isawaitable
+from types import TracebackType
+from typing import Any, TypeAlias
+from uuid import uuid4
+
+import openai
+from openai.types.chat import ChatCompletionMessage
+from openai.types.chat.chat_completion import Choice
+
+from ._http import Connection
+from .types import OfflineTrajectory, TrajectoryRecord, TrajectoryRef
+
+__all__ = ["MessageOrChoice", "Trajectory", "TrajectoryGroup", "choice_to_message"]
+
+logger = logging.getLogger("artlike")
+
+MessageOrChoice: TypeAlias = Mapping[str, Any] | ChatCompletionMessage | Choice
+# The openai SDK refuses to build a client without a key; a server without auth ignores it.
+PLACEHOLDER_API_KEY = "artlike"
+
+
+def choice_to_message(choice: Choice) -> dict[str, Any]:
+    """The assistant message of a chat completion choice, with vLLM's sampled `token_ids` and their
+    `logprobs` when the response carried them (`return_token_ids` and `logprobs` requested)."""
+    message: dict[str, Any] = {"role": "assistant", "content": choice.message.content}
+    if choice.message.tool_calls:
+        message["tool_calls"] = [call.model_dump(mode="json", exclude_none=True) for call in choice.message.tool_calls]
+    token_ids = (choice.model_extra or {}).get("token_ids")
+    if token_ids is None:
+        return message
+    message["token_ids"] = list(token_ids)
+    if choice.logprobs is not None and choice.logprobs.content is not None:
+        logprobs = [entry.logprob for entry in choice.logprobs.content]
+        if len(logprobs) != len(token_ids):
+            raise ValueError(
+                f"choice {choice.index} has {len(token_ids)} token_ids but {len(logprobs)} logprobs; "
+                "they must describe the same sampled tokens"
+            )
+        message["logprobs"] = logprobs
+    return message
+
+
+def _to_message(item: MessageOrChoice) -> dict[str, Any]:
+    if isinstance(item, Choice):
+        return choice_to_message(item)
+    if isinstance(item, ChatCompletionMessage):
+        return item.model_dump(mode="json", exclude_none=True)
+    if isinstance(item, Mapping):
+        return dict(item)
+    raise TypeError(f"messages_and_choices items are message dicts, ChatCompletionMessage or Choice, not {type(item)!r}")
+
+
+class Trajectory:
+    """One rollout and its reward. See the module docstring for recorded vs offline trajectories."""
+
+    def __init__(
+        self,
+        messages_and_choices: Sequence[MessageOrChoice] | None = None,
+        *,
+        reward: float | None = None,
+        metrics: Mapping[str, float] | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> None:
+        self.messages_and_choices: list[MessageOrChoice] = list(messages_and_choices or [])
+        self.tools = tools
+        self.reward = reward  # None until scored: training refuses an unscored trajectory
+        self.metrics: dict[str, float] = dict(metrics or {})
+        self.metadata: dict[str, Any] = dict(metadata or {})  # yours; never sent to the server
+        self.exception: Exception | None = None
+        self.id: str | None = None
+        self.base_url: str | None = None
+        self.model: str | None = None  # the trainable model's name: pass it as `model=` to your client
+        self._connection: Connection | None = None
+        self._clients: list[openai.OpenAI | openai.AsyncOpenAI] = []
+
+    @classmethod
+    def _recorded(cls, connection: Connection, model: str, metadata: Mapping[str, Any] | None = None) -> Trajectory:
+        trajectory = cls(metadata=metadata)
+        trajectory.id = uuid4().hex  # matches types.TRAJECTORY_ID_PATTERN
+        trajectory.base_url = f"{connection.base_url}/t/{trajectory.id}/v1"
+        trajectory.model = model
+        trajectory._connection = connection
+        return trajectory
+
+    @property
+    def failed(self) -> bool:
+        return self.exception is not None
+
+    @property
+    def recorded(self) -> bool:
+        """True when the server records this trajectory's completions (made by `model.trajectory()`)."""
+        return self._connection is not None
+
+    # -------------------------------------------------------------------------------- OpenAI clients
+
+    def openai_client(self, **kwargs: Any) -> openai.OpenAI:
+        """An `openai.OpenAI` client on this trajectory's `base_url` (closed when the `with` block ends)."""
+        connection = self._require_connection()
+        client = openai.OpenAI(**self._client_options(connection, kwargs, openai.DefaultHttpxClient))
+        self._clients.append(client)
+        return client
+
+    def async_openai_client(self, **kwargs: Any) -> openai.AsyncOpenAI:
+        """An `openai.AsyncOpenAI` client on this trajectory's `base_url` (closed when `async with` ends)."""
+        connection = self._require_connection()
+        client = openai.AsyncOpenAI(**self._client_options(connection, kwargs, openai.DefaultAsyncHttpxClient))
+        self._clients.append(client)
+        return client
+
+    def _client_options(self, connection: Connection, overrides: dict[str, Any], http_client: type) -> dict[str, Any]:
+        options: dict[str, Any] = {
+            "base_url": self.base_url,
+            "api_key": connection.api_key or PLACEHOLDER_API_KEY,
+            "max_retries": connection.retry.max_retries,
+        }
+        if "http_client" not in overrides:
+            # A shared SSL context makes a client ~1 ms to build instead of ~30 ms.
+            options["http_client"] = http_client(verify=connection.ssl_context)
+        return options | overrides
+
+    # ---------------------------------------------------------------------------------- the record
+
+    async def get_record(self) -> TrajectoryRecord:
+        """What the server recorded for this trajectory: every completion, token-exact."""
+        response = await self._require_connection().request("GET", f"/v1/trajectories/{self.id}")
+        return TrajectoryRecord.model_validate_json(response.content)
+
+    def get_record_sync(self) -> TrajectoryRecord:
+        response = self._require_connection().request_sync("GET", f"/v1/trajectories/{self.id}")
+        return TrajectoryRecord.model_validate_json(response.content)
+
+    def messages(self) -> list[dict[str, Any]]:
+        """`messages_and_choices` as plain chat messages (offline trajectories)."""
+        return [_to_message(item) for item in self.messages_and_choices]
+
+    def _require_connection(self) -> Connection:
+        if self._connection is None:
+            raise RuntimeError("an offline trajectory has no base_url: create one with model.trajectory()")
+        return self._connection
+
+    def _to_wire(self) -> TrajectoryRef | OfflineTrajectory:
+        """The training request's form of this trajectory; raises ValueError when it cannot train."""
+        if self.exception is not None:
+            raise ValueError(f"{self!r} failed ({self.exception!r}) and cannot be trained on")
+        if self.reward is None:
+            raise ValueError(f"{self!r} has no reward: set `t.reward` before training")
+        if self.id is not None:
+            if self.messages_and_choices:
+                raise ValueError(
+                    f"{self!r} is recorded by the server, which trains on the recorded completions; "
+                    "messages_and_choices is for offline trajectories, Trajectory(messages_and_choices=...)"
+                )
+            return TrajectoryRef(trajectory_id=self.id, reward=self.reward, metrics=self.metrics)
+        return OfflineTrajectory(messages=self.messages(), tools=self.tools, reward=self.reward, metrics=self.metrics)
+
+    # ------------------------------------------------------------------------------ context manager
+
+    def __enter__(self) -> Trajectory:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> bool:
+        for client in self._clients:
+            if isinstance(client, openai.OpenAI):
+                client.close()
+        # Async clients cannot be closed from sync code: use `async with` when you use them.
+        self._clients = [client for client in self._clients if isinstance(client, openai.AsyncOpenAI)]
+        return self._capture(exc)
+
+    async def __aenter__(self) -> Trajectory:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> bool:
+        clients, self._clients = self._clients, []
+        for client in clients:
+            if isinstance(client, openai.AsyncOpenAI):
+                await client.close()
+            else:
+                client.close()
+        return self._capture(exc)
+
+    def _capture(self, exc: BaseException | None) -> bool:
+        # Only Exceptions: cancellation, KeyboardInterrupt and SystemExit must keep propagating.
+        if not isinstance(exc, Exception):
+            return False
+        self.exception = exc
+        logger.info("trajectory %s failed: %r", self.id or "(offline)", exc)
+        return True
+
+    def __repr__(self) -> str:
+        kind = f"id={self.id!r}" if self.id is not None else f"offline, {len(self.messages_and_choices)} messages"
+        failed = f", failed={self.exception!r}" if self.exception is not None else ""
+        return f"Trajectory({kind}, reward={self.reward!r}{failed})"
+
+
+class TrajectoryGroup:
+    """Trajectories of one task, compared with each other by GRPO (advantage = reward - group mean).
+
+    Takes finished trajectories and/or awaitables that return one (e.g. `rollout(task)` coroutines);
+    `gather_trajectory_groups` runs the awaitables.
+    """
+
+    def __init__(
+        self,
+        trajectories: Iterable[Trajectory | Awaitable[Trajectory]] = (),
+        *,
+        exceptions: Iterable[Exception] = (),
+    ) -> None:
+        self.trajectories: list[Trajectory] = []
+        self.pending: list[Awaitable[Trajectory]] = []
+        for item in trajectories:
+            if isinstance(item, Trajectory):
+                self.trajectories.append(item)
+            elif isawaitable(item):
+                self.pending.append(item)
+            else:
+                raise TypeError(f"a TrajectoryGroup holds Trajectory objects or awaitables of one, not {type(item)!r}")
+        self.exceptions: list[Exception] = list(exceptions)  # rollouts of this group that failed
+
+    @property
+    def rewards(self) -> list[float | None]:
+        return [trajectory.reward for trajectory in self.trajectories]
+
+    def __len__(self) -> int:
+        return len(self.trajectories) + len(self.pending)
+
+    def __iter__(self) -> Iterator[Trajectory]:
+        return iter(self.trajectories)
+
+    def __repr__(self) -> str:
+        pending = f", {len(self.pending)} pending" if self.pending else ""
+        failed = f", {len(self.exceptions)} failed" if self.exceptions else ""
+        return f"TrajectoryGroup({len(self.trajectories)} trajectories{pending}{failed}, rewards={self.rewards})"

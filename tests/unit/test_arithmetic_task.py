@@ -1,0 +1,21 @@
+from examples.arithmetic.task import FORMAT_CREDIT, Problem, parse_answer, problems, reward
+
+
+def test_problems_are_seeded_and_non_negative() -> None:
+    assert problems(1, 20) == problems(1, 20)
+    assert problems(1, 20) != problems(2, 20)
+    assert all(p.answer >= 0 for p in problems(3, 200))
+
+
+def test_parse_answer() -> None:
+    assert parse_answer("so <answer> 42 </answer>") == 42
+    assert parse_answer("<answer>-3</answer>") == -3
+    assert parse_answer("42") is None
+    assert parse_answer("<answer>forty</answer>") is None
+
+
+def test_reward_levels() -> None:
+    problem = Problem(7, 5, "-")
+    assert reward(problem, "<answer>2</answer>") == (1.0, {"correct": 1.0, "formatted": 1.0})
+    assert reward(problem, "<answer>3</answer>") == (FORMAT_CREDIT, {"correct": 0.0, "formatted": 1.0})
+    assert reward(problem, "2") == (0.0, {"correct": 0.0, "formatted": 0.0})
