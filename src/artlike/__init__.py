@@ -1,0 +1,91 @@
+"""artlike: train the model behind an OpenAI-compatible server with GRPO, on your agents' trajectories.
+
+    import artlike as art
+
+    model = art.TrainableModel("mail-agent", "Qwen/Qwen2.5-7B-Instruct", "http://gpu-box:8000")
+    await model.register()
+
+    async def rollout(task) -> art.Trajectory:
+        async with model.trajectory() as t:          # any OpenAI client on t.base_url is recorded
+            t.reward = score(await my_agent(base_url=t.base_url, model=t.model, task=task), task)
+        return t
+
+    groups = await art.gather_trajectory_groups(art.TrajectoryGroup(rollout(task) for _ in range(8)) for task in batch)
+    result = await model.train(groups, learning_rate=1e-5)   # or: async for event in model.train(...)
+
+Sync twins carry a `_sync` suffix (`model.register_sync()`, `model.train_sync(...)`, ...).
+This package is the client: it never imports torch, vLLM or the server.
+"""
+
+from ._errors import (
+    APIConnectionError,
+    APIError,
+    APITimeoutError,
+    ArtlikeError,
+    AuthenticationError,
+    BadRequestError,
+    ConflictError,
+    InternalServerError,
+    NotFoundError,
+    PayloadTooLargeError,
+    ServiceUnavailableError,
+    TrainingError,
+)
+from ._gather import gather_trajectory_groups
+from ._http import RetryPolicy
+from ._model import TrainableModel
+from ._train import TrainResult, TrainStream, UnknownEvent, parse_event
+from ._trajectory import Trajectory, TrajectoryGroup, choice_to_message
+from ._version import __version__
+from .types import (
+    STREAM_VERSION,
+    DoneEvent,
+    ErrorEvent,
+    LoraConfig,
+    ModelInfo,
+    StartEvent,
+    StatusEvent,
+    StepEvent,
+    StepInfo,
+    TrainConfig,
+    TrainEvent,
+    TrajectoryRecord,
+)
+
+__all__ = [
+    "STREAM_VERSION",
+    "APIConnectionError",
+    "APIError",
+    "APITimeoutError",
+    "ArtlikeError",
+    "AuthenticationError",
+    "BadRequestError",
+    "ConflictError",
+    "DoneEvent",
+    "ErrorEvent",
+    "InternalServerError",
+    "LoraConfig",
+    "ModelInfo",
+    "NotFoundError",
+    "PayloadTooLargeError",
+    "RetryPolicy",
+    "ServiceUnavailableError",
+    "StartEvent",
+    "StatusEvent",
+    "StepEvent",
+    "StepInfo",
+    "TrainConfig",
+    "TrainEvent",
+    "TrainResult",
+    "TrainStream",
+    "TrainableModel",
+    "TrainingError",
+    "Trajectory",
+    "TrajectoryGroup",
+    "TrajectoryRecord",
+    "UnknownEvent",
+    "__version__",
+    "choice_to_message",
+    "gather_trajectory_groups",
+    "parse_event",
+]

@@ -56,7 +56,7 @@ class APIError(ArtlikeError):
         message: str,
         *,
         status_code: int,
-        type: str | None = None,  # noqa: A002 - the OpenAI error body's field name
+        type: str | None = None,  # the OpenAI error body's field name
         code: str | None = None,
         param: str | None = None,
     ) -> None:

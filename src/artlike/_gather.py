@@ -53,12 +53,14 @@ async def gather_trajectory_groups(
     max_exceptions: int | float = 0,
     min_group_size: int = 2,
     progress: bool = True,
-    description: str = "rollouts",
+    pbar_desc: str = "rollouts",
 ) -> list[TrajectoryGroup]:
     """Await every rollout of every group and return the groups with their finished trajectories.
 
     `concurrency` caps how many rollouts run at once (None: all; awaitables that are already running
     tasks are not held back). See the module docstring for `max_exceptions` and `min_group_size`.
+    The progress bar (`progress=False` hides it; `pbar_desc` is its label, ART's name for it) shows the
+    live mean reward of finished rollouts and the number that failed.
     """
     if concurrency is not None and concurrency < 1:
         raise ValueError(f"concurrency must be >= 1 or None, got {concurrency}")
@@ -67,21 +69,20 @@ async def gather_trajectory_groups(
     budget = exception_budget(max_exceptions, total)
     limit = asyncio.Semaphore(concurrency) if concurrency is not None else None
 
-    slots: list[list[Trajectory | Exception]] = [[*group.trajectories] for group in groups]
+    # slots[g][i]: the outcome of group g's i-th rollout (None while it runs), so groups keep their order.
+    slots: list[list[Trajectory | Exception | None]] = []
     jobs: list[tuple[int, int, Awaitable[Trajectory]]] = []
     for index, group in enumerate(groups):
-        for awaitable in group.pending:
-            jobs.append((index, len(slots[index]), awaitable))
-            slots[index].append(RuntimeError("rollout did not finish"))  # replaced by the outcome below
+        slots.append([*group.trajectories, *(None for _ in group.pending)])
+        jobs += [(index, len(group.trajectories) + n, awaitable) for n, awaitable in enumerate(group.pending)]
 
-    bar = tqdm(total=total, desc=description, unit="traj", disable=not progress)
+    bar = tqdm(total=total, desc=pbar_desc, unit="traj", disable=not progress)
     tracker = _Tracker(bar, budget, max_exceptions, total)
-    for group_slots in slots:
-        for item in group_slots[: len(group_slots)]:
-            if isinstance(item, Trajectory):
-                tracker.record(item)
     tasks = [asyncio.ensure_future(_run(index, position, awaitable, limit)) for index, position, awaitable in jobs]
     try:
+        for group in groups:
+            for trajectory in group.trajectories:
+                tracker.record(trajectory)
         for next_done in asyncio.as_completed(tasks):
             index, position, outcome = await next_done
             slots[index][position] = outcome
@@ -91,7 +92,7 @@ async def gather_trajectory_groups(
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         bar.close()
-    return _assemble(slots, min_group_size)
+    return _assemble(groups, slots, min_group_size)
 
 
 async def _run(index: int, position: int, awaitable: Awaitable[Trajectory], limit: asyncio.Semaphore | None) -> _Outcome:
@@ -142,20 +143,22 @@ class _Tracker:
         self.bar.set_postfix(postfix, refresh=False)
 
 
-def _assemble(slots: list[list[Trajectory | Exception]], min_group_size: int) -> list[TrajectoryGroup]:
-    groups: list[TrajectoryGroup] = []
-    dropped = 0
-    for group_slots in slots:
-        finished = [item for item in group_slots if isinstance(item, Trajectory) and not item.failed]
-        exceptions = [item for item in group_slots if isinstance(item, Exception)]
-        exceptions += [item.exception for item in group_slots if isinstance(item, Trajectory) and item.exception]
-        if len(finished) < min_group_size:
-            dropped += 1
-            continue
-        groups.append(TrajectoryGroup(finished, exceptions=exceptions))
-    if dropped:
+def _assemble(
+    groups: list[TrajectoryGroup], slots: list[list[Trajectory | Exception | None]], min_group_size: int
+) -> list[TrajectoryGroup]:
+    kept: list[TrajectoryGroup] = []
+    for group, outcomes in zip(groups, slots, strict=True):
+        finished = [item for item in outcomes if isinstance(item, Trajectory) and not item.failed]
+        exceptions = [*group.exceptions]
+        for item in outcomes:
+            error = item.exception if isinstance(item, Trajectory) else item
+            if error is not None:
+                exceptions.append(error)
+        if len(finished) >= min_group_size:
+            kept.append(TrajectoryGroup(finished, exceptions=exceptions))
+    if len(kept) < len(groups):
         logger.warning(
             "artlike: dropped %d of %d groups left with fewer than %d trajectories (no GRPO signal)",
-            dropped, len(slots), min_group_size,
+            len(groups) - len(kept), len(groups), min_group_size,
         )
-    return groups
+    return kept

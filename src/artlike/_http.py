@@ -11,7 +11,7 @@ import asyncio
 import random
 import ssl
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Generator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -60,7 +60,7 @@ class RetryPolicy:
     def delay(self, attempt: int, retry_after: float | None) -> float:
         if retry_after is not None:
             return min(retry_after, self.max_retry_after)
-        backoff = min(self.max_backoff, self.initial_backoff * 2**attempt)
+        backoff = min(self.max_backoff, self.initial_backoff * 2.0**attempt)
         return backoff * (1.0 - self.jitter * random.random())
 
 
@@ -82,6 +82,18 @@ def _retry_delay_for_error(
 def _connection_error(error: httpx.TransportError, request: httpx.Request) -> APIConnectionError:
     kind = APITimeoutError if isinstance(error, httpx.TimeoutException) else APIConnectionError
     return kind(f"{request.method} {request.url}: {type(error).__name__}: {error or 'no details'}")
+
+
+def _stream_error(error: httpx.TransportError, request: httpx.Request, idle_timeout: float) -> APIConnectionError:
+    if isinstance(error, httpx.TimeoutException):
+        return APITimeoutError(
+            f"{request.method} {request.url}: no line for {idle_timeout:g} s (the server sends a heartbeat "
+            "every few seconds); the server may still finish the job"
+        )
+    return APIConnectionError(
+        f"{request.method} {request.url}: the stream broke ({type(error).__name__}: {error or 'no details'}); "
+        "the server may still finish the job"
+    )
 
 
 class Connection:
@@ -158,11 +170,11 @@ class Connection:
     @asynccontextmanager
     async def stream(
         self, method: str, path: str, *, json: Any = None, params: dict[str, Any] | None = None,
-        idempotent: bool | None = None, timeout: httpx.Timeout | None = None,
+        idempotent: bool | None = None, request_timeout: httpx.Timeout | None = None,
     ) -> AsyncIterator[httpx.Response]:
         """An open, successful (2xx) response whose body is not read yet; closed on exit."""
         client = self.async_client()
-        request = self._build(client, method, path, json, params, timeout)
+        request = self._build(client, method, path, json, params, request_timeout)
         retry_any_read = method in IDEMPOTENT_METHODS if idempotent is None else idempotent
         attempt = 0
         while True:
@@ -187,6 +199,21 @@ class Connection:
         finally:
             await response.aclose()
 
+    async def stream_lines(
+        self, method: str, path: str, *, json: Any = None, idle_timeout: float
+    ) -> AsyncGenerator[str, None]:
+        """The lines of a long streamed answer; `idle_timeout` bounds the wait for each line."""
+        async with self.stream(method, path, json=json, request_timeout=self._streaming_timeout(idle_timeout)) as response:
+            lines = response.aiter_lines()
+            while True:
+                try:
+                    line = await anext(lines)
+                except StopAsyncIteration:
+                    return
+                except httpx.TransportError as error:
+                    raise _stream_error(error, response.request, idle_timeout) from error
+                yield line
+
     async def aclose(self) -> None:
         if self._async_client is not None:
             await self._async_client.aclose()
@@ -206,10 +233,10 @@ class Connection:
     @contextmanager
     def stream_sync(
         self, method: str, path: str, *, json: Any = None, params: dict[str, Any] | None = None,
-        idempotent: bool | None = None, timeout: httpx.Timeout | None = None,
+        idempotent: bool | None = None, request_timeout: httpx.Timeout | None = None,
     ) -> Iterator[httpx.Response]:
         client = self.sync_client()
-        request = self._build(client, method, path, json, params, timeout)
+        request = self._build(client, method, path, json, params, request_timeout)
         retry_any_read = method in IDEMPOTENT_METHODS if idempotent is None else idempotent
         attempt = 0
         while True:
@@ -234,12 +261,31 @@ class Connection:
         finally:
             response.close()
 
+    def stream_lines_sync(
+        self, method: str, path: str, *, json: Any = None, idle_timeout: float
+    ) -> Generator[str, None, None]:
+        with self.stream_sync(method, path, json=json, request_timeout=self._streaming_timeout(idle_timeout)) as response:
+            lines = response.iter_lines()
+            while True:
+                try:
+                    line = next(lines)
+                except StopIteration:
+                    return
+                except httpx.TransportError as error:
+                    raise _stream_error(error, response.request, idle_timeout) from error
+                yield line
+
     def close(self) -> None:
         if self._sync_client is not None:
             self._sync_client.close()
             self._sync_client = None
 
     # ------------------------------------------------------------------------------------------ shared
+
+    def _streaming_timeout(self, idle_timeout: float) -> httpx.Timeout:
+        """The client's timeouts, but wait up to `idle_timeout` for each line of a long stream."""
+        base = self.timeout
+        return httpx.Timeout(connect=base.connect, read=idle_timeout, write=base.write, pool=base.pool)
 
     @staticmethod
     def _build(

@@ -18,23 +18,26 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from inspect import isawaitable
 from types import TracebackType
-from typing import Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 from uuid import uuid4
-
-import openai
-from openai.types.chat import ChatCompletionMessage
-from openai.types.chat.chat_completion import Choice
 
 from ._http import Connection
 from .types import OfflineTrajectory, TrajectoryRecord, TrajectoryRef
+
+if TYPE_CHECKING:
+    # `import openai` costs ~2 s on a small CPU; only rollouts need it, so it is imported where used.
+    import openai
+    from openai.types.chat import ChatCompletionMessage
+    from openai.types.chat.chat_completion import Choice
 
 __all__ = ["MessageOrChoice", "Trajectory", "TrajectoryGroup", "choice_to_message"]
 
 logger = logging.getLogger("artlike")
 
-MessageOrChoice: TypeAlias = Mapping[str, Any] | ChatCompletionMessage | Choice
+MessageOrChoice: TypeAlias = "Mapping[str, Any] | ChatCompletionMessage | Choice"
 # The openai SDK refuses to build a client without a key; a server without auth ignores it.
 PLACEHOLDER_API_KEY = "artlike"
 
@@ -61,13 +64,24 @@ def choice_to_message(choice: Choice) -> dict[str, Any]:
 
 
 def _to_message(item: MessageOrChoice) -> dict[str, Any]:
+    if isinstance(item, Mapping):
+        return dict(item)
+    from openai.types.chat import ChatCompletionMessage
+    from openai.types.chat.chat_completion import Choice
+
     if isinstance(item, Choice):
         return choice_to_message(item)
     if isinstance(item, ChatCompletionMessage):
         return item.model_dump(mode="json", exclude_none=True)
-    if isinstance(item, Mapping):
-        return dict(item)
     raise TypeError(f"messages_and_choices items are message dicts, ChatCompletionMessage or Choice, not {type(item)!r}")
+
+
+@dataclass(frozen=True)
+class _Recording:
+    id: str
+    base_url: str
+    model: str
+    connection: Connection
 
 
 class Trajectory:
@@ -88,19 +102,18 @@ class Trajectory:
         self.metrics: dict[str, float] = dict(metrics or {})
         self.metadata: dict[str, Any] = dict(metadata or {})  # yours; never sent to the server
         self.exception: Exception | None = None
-        self.id: str | None = None
-        self.base_url: str | None = None
-        self.model: str | None = None  # the trainable model's name: pass it as `model=` to your client
-        self._connection: Connection | None = None
-        self._clients: list[openai.OpenAI | openai.AsyncOpenAI] = []
+        self._recording: _Recording | None = None  # set for trajectories made by model.trajectory()
+        self._sync_clients: list[openai.OpenAI] = []  # closed when the block ends
+        self._async_clients: list[openai.AsyncOpenAI] = []
 
     @classmethod
     def _recorded(cls, connection: Connection, model: str, metadata: Mapping[str, Any] | None = None) -> Trajectory:
         trajectory = cls(metadata=metadata)
-        trajectory.id = uuid4().hex  # matches types.TRAJECTORY_ID_PATTERN
-        trajectory.base_url = f"{connection.base_url}/t/{trajectory.id}/v1"
-        trajectory.model = model
-        trajectory._connection = connection
+        trajectory_id = uuid4().hex  # matches types.TRAJECTORY_ID_PATTERN
+        trajectory._recording = _Recording(
+            id=trajectory_id, base_url=f"{connection.base_url}/t/{trajectory_id}/v1", model=model,
+            connection=connection,
+        )
         return trajectory
 
     @property
@@ -110,28 +123,52 @@ class Trajectory:
     @property
     def recorded(self) -> bool:
         """True when the server records this trajectory's completions (made by `model.trajectory()`)."""
-        return self._connection is not None
+        return self._recording is not None
+
+    # The recorded trajectory's coordinates; an offline trajectory has none and raises RuntimeError.
+
+    @property
+    def id(self) -> str:
+        return self._require_recording().id
+
+    @property
+    def base_url(self) -> str:
+        """`{server}/t/{id}/v1`: give it to any OpenAI-compatible client."""
+        return self._require_recording().base_url
+
+    @property
+    def model(self) -> str:
+        """The trainable model's name (its latest step): pass it as `model=` to your client."""
+        return self._require_recording().model
+
+    @property
+    def api_key(self) -> str:
+        """The key to give any OpenAI-compatible client (a placeholder when the server needs none)."""
+        return self._require_recording().connection.api_key or PLACEHOLDER_API_KEY
 
     # -------------------------------------------------------------------------------- OpenAI clients
 
     def openai_client(self, **kwargs: Any) -> openai.OpenAI:
         """An `openai.OpenAI` client on this trajectory's `base_url` (closed when the `with` block ends)."""
-        connection = self._require_connection()
-        client = openai.OpenAI(**self._client_options(connection, kwargs, openai.DefaultHttpxClient))
-        self._clients.append(client)
+        import openai
+
+        client = openai.OpenAI(**self._client_options(kwargs, openai.DefaultHttpxClient))
+        self._sync_clients.append(client)
         return client
 
     def async_openai_client(self, **kwargs: Any) -> openai.AsyncOpenAI:
         """An `openai.AsyncOpenAI` client on this trajectory's `base_url` (closed when `async with` ends)."""
-        connection = self._require_connection()
-        client = openai.AsyncOpenAI(**self._client_options(connection, kwargs, openai.DefaultAsyncHttpxClient))
-        self._clients.append(client)
+        import openai
+
+        client = openai.AsyncOpenAI(**self._client_options(kwargs, openai.DefaultAsyncHttpxClient))
+        self._async_clients.append(client)
         return client
 
-    def _client_options(self, connection: Connection, overrides: dict[str, Any], http_client: type) -> dict[str, Any]:
+    def _client_options(self, overrides: dict[str, Any], http_client: type) -> dict[str, Any]:
+        connection = self._require_recording().connection
         options: dict[str, Any] = {
             "base_url": self.base_url,
-            "api_key": connection.api_key or PLACEHOLDER_API_KEY,
+            "api_key": self.api_key,
             "max_retries": connection.retry.max_retries,
         }
         if "http_client" not in overrides:
@@ -143,21 +180,23 @@ class Trajectory:
 
     async def get_record(self) -> TrajectoryRecord:
         """What the server recorded for this trajectory: every completion, token-exact."""
-        response = await self._require_connection().request("GET", f"/v1/trajectories/{self.id}")
+        recording = self._require_recording()
+        response = await recording.connection.request("GET", f"/v1/trajectories/{recording.id}")
         return TrajectoryRecord.model_validate_json(response.content)
 
     def get_record_sync(self) -> TrajectoryRecord:
-        response = self._require_connection().request_sync("GET", f"/v1/trajectories/{self.id}")
+        recording = self._require_recording()
+        response = recording.connection.request_sync("GET", f"/v1/trajectories/{recording.id}")
         return TrajectoryRecord.model_validate_json(response.content)
 
     def messages(self) -> list[dict[str, Any]]:
         """`messages_and_choices` as plain chat messages (offline trajectories)."""
         return [_to_message(item) for item in self.messages_and_choices]
 
-    def _require_connection(self) -> Connection:
-        if self._connection is None:
-            raise RuntimeError("an offline trajectory has no base_url: create one with model.trajectory()")
-        return self._connection
+    def _require_recording(self) -> _Recording:
+        if self._recording is None:
+            raise RuntimeError("an offline trajectory has no id or base_url: create one with model.trajectory()")
+        return self._recording
 
     def _to_wire(self) -> TrajectoryRef | OfflineTrajectory:
         """The training request's form of this trajectory; raises ValueError when it cannot train."""
@@ -165,13 +204,13 @@ class Trajectory:
             raise ValueError(f"{self!r} failed ({self.exception!r}) and cannot be trained on")
         if self.reward is None:
             raise ValueError(f"{self!r} has no reward: set `t.reward` before training")
-        if self.id is not None:
+        if self._recording is not None:
             if self.messages_and_choices:
                 raise ValueError(
                     f"{self!r} is recorded by the server, which trains on the recorded completions; "
                     "messages_and_choices is for offline trajectories, Trajectory(messages_and_choices=...)"
                 )
-            return TrajectoryRef(trajectory_id=self.id, reward=self.reward, metrics=self.metrics)
+            return TrajectoryRef(trajectory_id=self._recording.id, reward=self.reward, metrics=self.metrics)
         return OfflineTrajectory(messages=self.messages(), tools=self.tools, reward=self.reward, metrics=self.metrics)
 
     # ------------------------------------------------------------------------------ context manager
@@ -182,11 +221,7 @@ class Trajectory:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
     ) -> bool:
-        for client in self._clients:
-            if isinstance(client, openai.OpenAI):
-                client.close()
-        # Async clients cannot be closed from sync code: use `async with` when you use them.
-        self._clients = [client for client in self._clients if isinstance(client, openai.AsyncOpenAI)]
+        self._close_sync_clients()  # async clients cannot be closed from sync code: use `async with` for them
         return self._capture(exc)
 
     async def __aenter__(self) -> Trajectory:
@@ -195,24 +230,28 @@ class Trajectory:
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
     ) -> bool:
-        clients, self._clients = self._clients, []
+        self._close_sync_clients()
+        clients, self._async_clients = self._async_clients, []
         for client in clients:
-            if isinstance(client, openai.AsyncOpenAI):
-                await client.close()
-            else:
-                client.close()
+            await client.close()
         return self._capture(exc)
+
+    def _close_sync_clients(self) -> None:
+        clients, self._sync_clients = self._sync_clients, []
+        for client in clients:
+            client.close()
 
     def _capture(self, exc: BaseException | None) -> bool:
         # Only Exceptions: cancellation, KeyboardInterrupt and SystemExit must keep propagating.
         if not isinstance(exc, Exception):
             return False
         self.exception = exc
-        logger.info("trajectory %s failed: %r", self.id or "(offline)", exc)
+        logger.info("%r failed: %r", self, exc)
         return True
 
     def __repr__(self) -> str:
-        kind = f"id={self.id!r}" if self.id is not None else f"offline, {len(self.messages_and_choices)} messages"
+        recording = self._recording
+        kind = f"id={recording.id!r}" if recording else f"offline, {len(self.messages_and_choices)} messages"
         failed = f", failed={self.exception!r}" if self.exception is not None else ""
         return f"Trajectory({kind}, reward={self.reward!r}{failed})"
 

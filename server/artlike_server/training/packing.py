@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from artlike.types import TrainConfig
+
 
 def pack(lengths: Sequence[int], token_budget: int) -> list[list[int]]:
     """Indices of sequences per micro-batch, first-fit-decreasing by length under a padded-token budget.
@@ -54,6 +56,11 @@ def split_into_steps(trainable_tokens: Sequence[int], num_steps: int) -> list[li
         steps[lightest].append(index)
         totals[lightest] += trainable_tokens[index]
     return [sorted(step) for step in steps]
+
+
+def count_gradient_steps(num_sequences: int, config: TrainConfig) -> int:
+    """How many optimizer steps a job of `num_sequences` sequences makes (as `plan_optimizer_steps`)."""
+    return config.epochs * min(config.gradient_steps_per_epoch, num_sequences)
 
 
 def plan_optimizer_steps(

@@ -45,7 +45,7 @@ class TrainSequence:
         return len(self.token_ids)
 
     @property
-    def num_trainable(self) -> int:
+    def num_trainable_tokens(self) -> int:
         return sum(self.trainable)
 
 
@@ -90,6 +90,9 @@ def merge_turns(
             builders.append(target)
         target.append(prompt[len(target.token_ids) :], trainable=False)
         target.append(turn.output_ids, trainable=turn.trainable, logprobs=turn.output_logprobs)
+    for b in builders:
+        if b.trainable[:1] == [True]:  # the first token has no context to be predicted from
+            b.trainable[0], b.logprobs[0] = False, 0.0
     return [
         TrainSequence(
             token_ids=b.token_ids,
@@ -136,7 +139,12 @@ class ChatTokenizer(Protocol):
 
 
 def sequences_from_offline(
-    trajectory: OfflineTrajectory, tokenizer: ChatTokenizer, advantage: float, *, group_index: int = 0
+    trajectory: OfflineTrajectory,
+    tokenizer: ChatTokenizer,
+    advantage: float,
+    *,
+    chat_template: str | None = None,
+    group_index: int = 0,
 ) -> list[TrainSequence]:
     """Sequences of an offline trajectory: every assistant message is a turn, trained on its tokens.
 
@@ -144,15 +152,16 @@ def sequences_from_offline(
     prompt. Its output ids are the message's `token_ids` when given; otherwise what the chat template renders
     for that message up to and including the EOS token (this covers tool calls), falling back to its content
     tokens + EOS when the template does not render the history as a prefix. `logprobs`, when given, must
-    align with those ids; without them the tokens are trained as on-policy.
+    align with those ids; without them the tokens are trained as on-policy. `chat_template` overrides the
+    tokenizer's: pass the template the engine serves with, so prompts match what the model sees online.
     """
     messages = trajectory.messages
     turns = []
     for index, message in enumerate(messages):
         if message.get("role") != "assistant":
             continue
-        prompt_ids = _render(tokenizer, messages[:index], trajectory.tools, add_generation_prompt=True)
-        output_ids = _output_ids(tokenizer, messages, index, trajectory.tools, prompt_ids)
+        prompt_ids = _render(tokenizer, messages[:index], trajectory.tools, chat_template, add_generation_prompt=True)
+        output_ids = _output_ids(tokenizer, messages, index, trajectory.tools, chat_template, prompt_ids)
         logprobs = message.get("logprobs")
         if logprobs is None:
             output_logprobs = [UNKNOWN_LOGPROB] * len(output_ids)
@@ -174,6 +183,7 @@ def _output_ids(
     messages: Sequence[Mapping[str, Any]],
     index: int,
     tools: list[dict[str, Any]] | None,
+    chat_template: str | None,
     prompt_ids: list[int],
 ) -> list[int]:
     message = messages[index]
@@ -185,7 +195,7 @@ def _output_ids(
     eos = tokenizer.eos_token_id
     if eos is None:
         raise SequenceBuildError("the tokenizer has no EOS token; send token_ids with assistant messages")
-    with_turn = _render(tokenizer, messages[: index + 1], tools, add_generation_prompt=False)
+    with_turn = _render(tokenizer, messages[: index + 1], tools, chat_template, add_generation_prompt=False)
     rendered = with_turn[len(prompt_ids) :]
     if with_turn[: len(prompt_ids)] == prompt_ids and eos in rendered:
         # Keep up to the EOS the model would have stopped on; what follows it is template scaffolding.
@@ -200,10 +210,16 @@ def _render(
     tokenizer: ChatTokenizer,
     messages: Sequence[Mapping[str, Any]],
     tools: list[dict[str, Any]] | None,
+    chat_template: str | None,
     *,
     add_generation_prompt: bool,
 ) -> list[int]:
     ids = tokenizer.apply_chat_template(
-        list(messages), tools=tools, add_generation_prompt=add_generation_prompt, tokenize=True, return_dict=False
+        list(messages),
+        tools=tools,
+        chat_template=chat_template,
+        add_generation_prompt=add_generation_prompt,
+        tokenize=True,
+        return_dict=False,
     )
     return list(ids)

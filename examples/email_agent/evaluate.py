@@ -1,0 +1,225 @@
+"""Score any model behind any OpenAI-compatible endpoint on the email questions (plain `openai`, no artlike).
+
+    python -m examples.email_agent.evaluate --base-url http://127.0.0.1:8000/v1 \\
+        --model HuggingFaceTB/SmolLM2-135M-Instruct --split test --limit 50
+    python -m examples.email_agent.evaluate --base-url https://api.openai.com/v1 --model gpt-4o-mini \\
+        --api-key $OPENAI_API_KEY                   # a prompted baseline
+
+Greedy decoding (temperature 0) by default. The endpoint must support OpenAI tool calling (for vLLM:
+`--enable-auto-tool-choice --tool-call-parser hermes` or artlike's `--tool-call-parser hermes`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import os
+import statistics
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import openai
+import orjson
+from tqdm import tqdm
+
+from examples.email_agent.agent import DEFAULT_MAX_TOKENS, DEFAULT_MAX_TURNS, grade_result, run_agent
+from examples.email_agent.data import DEFAULT_DATA_DIR, DEFAULT_SEED, Corpus, load_or_build
+from examples.email_agent.judge import LLMJudge
+from examples.email_agent.records import Question, Split
+from examples.email_agent.reward import AsyncJudge
+from examples.email_agent.tools import EmailTools
+
+
+@dataclass(frozen=True)
+class Episode:
+    question_id: str
+    kind: str
+    reference: str
+    final_answer: str | None
+    sources: tuple[str, ...]
+    reward: float
+    metrics: dict[str, float]
+    messages: list[dict[str, Any]] = field(repr=False)
+    error: str | None = None  # the API error that ended the episode, if one did
+
+
+@dataclass(frozen=True)
+class EvalSummary:
+    model: str
+    questions: int
+    errors: int
+    answer_accuracy: float
+    source_accuracy: float
+    answer_rate: float  # returned any final answer ("I don't know" included)
+    dont_know_rate: float
+    wrong_rate: float
+    mean_turns: float
+    invalid_tool_call_rate: float  # invalid tool calls / attempted tool calls, pooled over episodes
+    mean_reward: float
+    accuracy_by_kind: dict[str, float]
+
+
+def select_questions(corpus: Corpus, split: Split, limit: int | None = None) -> list[Question]:
+    """A fixed pseudo-random order (by a hash of the id), so `--limit 20` is a prefix of `--limit 50`."""
+    ordered = sorted(corpus.split(split), key=lambda q: hashlib.sha256(q.id.encode()).hexdigest())
+    return ordered if limit is None else ordered[:limit]
+
+
+async def evaluate(
+    client: openai.AsyncOpenAI,
+    model: str,
+    questions: Sequence[Question],
+    db_path: Path,
+    *,
+    concurrency: int = 8,
+    max_turns: int = DEFAULT_MAX_TURNS,
+    temperature: float = 0.0,
+    max_tokens: int = DEFAULT_MAX_TOKENS,
+    judge: AsyncJudge | None = None,
+    progress: bool = True,
+) -> list[Episode]:
+    """One episode per question, `concurrency` at a time. An API error ends only its own episode."""
+    semaphore = asyncio.Semaphore(concurrency)
+    bar = tqdm(total=len(questions), desc=f"eval {model}", disable=not progress, leave=False)
+
+    async def one(question: Question) -> Episode:
+        async with semaphore:
+            with EmailTools(db_path, question.inbox) as tools:
+                try:
+                    result = await run_agent(client, model, question, tools, max_turns=max_turns,
+                                             temperature=temperature, max_tokens=max_tokens)
+                except openai.APIError as error:
+                    bar.update()
+                    return Episode(question.id, question.kind, question.answer, None, (), 0.0, {}, [],
+                                   error=f"{type(error).__name__}: {error}")
+            breakdown = await grade_result(question, result, max_turns, judge)
+            bar.update()
+            return Episode(question.id, question.kind, question.answer, result.final_answer, result.sources,
+                           breakdown.total, {**result.metrics(), **breakdown.metrics()}, result.messages)
+
+    try:
+        return list(await asyncio.gather(*(one(q) for q in questions)))
+    finally:
+        bar.close()
+
+
+def summarise(model: str, episodes: Sequence[Episode]) -> EvalSummary:
+    done = [e for e in episodes if e.error is None]
+
+    def mean(metric: str) -> float:
+        return statistics.fmean(e.metrics[metric] for e in done) if done else float("nan")
+
+    attempted = sum(e.metrics["tool_calls"] + e.metrics["unparsed_tool_calls"] + e.metrics["text_replies"]
+                    for e in done)
+    kinds = sorted({e.kind for e in done})
+    return EvalSummary(
+        model=model,
+        questions=len(episodes),
+        errors=len(episodes) - len(done),
+        answer_accuracy=mean("answer_correct"),
+        source_accuracy=mean("sources_correct"),
+        answer_rate=mean("answered"),
+        dont_know_rate=mean("answer_dont_know"),
+        wrong_rate=mean("answer_wrong"),
+        mean_turns=mean("turns"),
+        invalid_tool_call_rate=sum(e.metrics["invalid_tool_calls"] for e in done) / attempted if attempted else 0.0,
+        mean_reward=statistics.fmean(e.reward for e in done) if done else float("nan"),
+        accuracy_by_kind={k: statistics.fmean(e.metrics["answer_correct"] for e in done if e.kind == k) for k in kinds},
+    )
+
+
+_ROWS: tuple[tuple[str, str, str], ...] = (
+    ("answer accuracy", "answer_accuracy", "{:.1%}"),
+    ("source accuracy", "source_accuracy", "{:.1%}"),
+    ("answer rate (any final answer)", "answer_rate", "{:.1%}"),
+    ('"I don\'t know"', "dont_know_rate", "{:.1%}"),
+    ("wrong answers", "wrong_rate", "{:.1%}"),
+    ("mean turns", "mean_turns", "{:.2f}"),
+    ("invalid tool-call rate", "invalid_tool_call_rate", "{:.1%}"),
+    ("mean reward", "mean_reward", "{:+.3f}"),
+    ("questions (API errors)", "questions", "{}"),
+)
+
+
+def format_table(columns: Mapping[str, EvalSummary]) -> str:
+    """A plain-text table: one row per metric, one column per evaluated model (e.g. before / after)."""
+    header = ["metric", *columns]
+    rows = [header]
+    for label, attribute, fmt in _ROWS:
+        cells = []
+        for summary in columns.values():
+            value = fmt.format(getattr(summary, attribute))
+            cells.append(f"{value} ({summary.errors})" if attribute == "questions" else value)
+        rows.append([label, *cells])
+    for kind in sorted({k for s in columns.values() for k in s.accuracy_by_kind}):
+        rows.append([f"  accuracy: {kind} questions",
+                     *(f"{s.accuracy_by_kind[kind]:.1%}" if kind in s.accuracy_by_kind else "-" for s in columns.values())])
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths, strict=True)))
+             for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def add_judge_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--judge-model", help="also accept answers an LLM judge calls correct (rules first)")
+    parser.add_argument("--judge-base-url", help="OpenAI-compatible endpoint of the judge (default: OpenAI)")
+    parser.add_argument("--judge-api-key", default=None, help="default: $OPENAI_API_KEY")
+
+
+def judge_from_arguments(args: argparse.Namespace) -> AsyncJudge | None:
+    if not args.judge_model:
+        return None
+    client = openai.AsyncOpenAI(base_url=args.judge_base_url, api_key=args.judge_api_key or os.environ.get("OPENAI_API_KEY"))
+    return LLMJudge(client, args.judge_model)
+
+
+def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m examples.email_agent.evaluate", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--base-url", default=os.environ.get("OPENAI_BASE_URL", "http://127.0.0.1:8000/v1"))
+    parser.add_argument("--model", required=True, help="any model name the endpoint serves")
+    parser.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY", "EMPTY"))
+    parser.add_argument("--split", choices=("train", "val", "test"), default="test")
+    parser.add_argument("--limit", type=int, default=None, help="evaluate this many questions of the split")
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--max-turns", type=int, default=DEFAULT_MAX_TURNS)
+    parser.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, help="per model turn")
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help="corpus seed")
+    parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
+    parser.add_argument("--output", type=Path, help="write the summary and every episode (with messages) as JSON")
+    add_judge_arguments(parser)
+    return parser.parse_args(argv)
+
+
+async def _main(args: argparse.Namespace) -> int:
+    data = load_or_build(args.data_dir, args.seed)
+    questions = select_questions(data.corpus, args.split, args.limit)
+    client = openai.AsyncOpenAI(base_url=args.base_url, api_key=args.api_key)
+    episodes = await evaluate(client, args.model, questions, data.db_path, concurrency=args.concurrency,
+                              max_turns=args.max_turns, temperature=args.temperature, max_tokens=args.max_tokens,
+                              judge=judge_from_arguments(args))
+    summary = summarise(args.model, episodes)
+    print(format_table({args.model: summary}))
+    for episode in episodes:
+        if episode.error is not None:
+            print(f"first API error ({summary.errors} in all): {episode.error}", file=sys.stderr)
+            break
+    if args.output:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_bytes(orjson.dumps({"summary": asdict(summary), "episodes": [asdict(e) for e in episodes]},
+                                             option=orjson.OPT_INDENT_2))
+    return 1 if summary.errors == summary.questions else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return asyncio.run(_main(_parse_args(argv)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,165 @@
+"""Prometheus metrics of one server, in its own registry (several apps can live in one test process).
+
+Label values are bounded on purpose: routes are path templates (`/t/{trajectory_id}/v1/chat/completions`,
+never the trajectory id itself) and endpoints are the two OpenAI endpoint names. Model steps are not a
+label: `name@N` grows without bound over a training run.
+
+    GET /metrics                                    Prometheus text format (`router` below)
+
+Who calls what:
+    RequestMetricsMiddleware   request_finished(route, method, status, seconds), in-flight gauge
+    openai_api.serving         tokens(...), time_to_first_token(...), completions_recorded(...),
+                               completion_log_failed(...)
+    model manager              adapter_swapped(seconds)
+    training job               training_step(tokens, seconds)
+    app startup                track_engine(engine) (or set_engine_restarts(n) on each start),
+                               track_completion_log(log)
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+# Proxy latency is dominated by generation (seconds), but the proxy's own overhead shows in the low buckets.
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+_TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+_SWAP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+_STEP_BUCKETS = (0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+
+
+class _Engine(Protocol):
+    @property
+    def restarts(self) -> int: ...
+
+    @property
+    def state(self) -> str: ...
+
+
+class _Log(Protocol):
+    @property
+    def pending(self) -> int: ...
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "artlike_requests",
+            "HTTP requests by route template, method and status.",
+            ["route", "method", "status"],
+            registry=r,
+        )
+        self.request_seconds = Histogram(
+            "artlike_request_duration_seconds",
+            "Request latency until the last response byte.",
+            ["route"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.in_flight = Gauge("artlike_requests_in_flight", "Requests being served.", registry=r)
+        self.prompt_tokens = Counter(
+            "artlike_prompt_tokens", "Prompt tokens of completions served.", ["endpoint"], registry=r
+        )
+        self.completion_tokens = Counter(
+            "artlike_completion_tokens", "Tokens generated.", ["endpoint"], registry=r
+        )
+        self.ttft_seconds = Histogram(
+            "artlike_time_to_first_token_seconds",
+            "Streaming requests: time until the first generated token.",
+            ["endpoint"],
+            buckets=_TTFT_BUCKETS,
+            registry=r,
+        )
+        self.recorded = Counter(
+            "artlike_completions_recorded", "Completion choices written to the completion log.", registry=r
+        )
+        self.log_failures = Counter(
+            "artlike_completion_log_failures",
+            "Completions that could not be recorded, by reason.",
+            ["reason"],
+            registry=r,
+        )
+        self.log_pending = Gauge(
+            "artlike_completion_log_pending_batches", "Write batches waiting for the log writer.", registry=r
+        )
+        self.adapter_swaps = Counter("artlike_adapter_swaps", "Adapters loaded into the engine.", registry=r)
+        self.adapter_swap_seconds = Histogram(
+            "artlike_adapter_swap_seconds",
+            "Time to load an adapter into the engine.",
+            buckets=_SWAP_BUCKETS,
+            registry=r,
+        )
+        self.engine_restarts = Gauge(
+            "artlike_engine_restarts", "Engine restarts since the server started.", registry=r
+        )
+        self.engine_ready = Gauge(
+            "artlike_engine_ready", "1 when the engine serves requests, else 0.", registry=r
+        )
+        self.training_steps = Counter("artlike_training_steps", "Optimizer steps completed.", registry=r)
+        self.training_tokens = Counter("artlike_training_tokens", "Trainable tokens trained on.", registry=r)
+        self.training_step_seconds = Histogram(
+            "artlike_training_step_seconds",
+            "Wall time of one optimizer step.",
+            buckets=_STEP_BUCKETS,
+            registry=r,
+        )
+
+    # --------------------------------------------------------------------------------------- sources
+
+    def track_engine(self, engine: _Engine) -> None:
+        """Read the engine's restart count and state at scrape time (no bookkeeping on the engine side)."""
+        self.engine_restarts.set_function(lambda: float(engine.restarts))
+        self.engine_ready.set_function(lambda: 1.0 if engine.state == "ready" else 0.0)
+
+    def set_engine_restarts(self, restarts: int) -> None:
+        """For callers that push the count instead (after each engine start); `track_engine` replaces it."""
+        self.engine_restarts.set(restarts)
+
+    def track_completion_log(self, log: _Log) -> None:
+        self.log_pending.set_function(lambda: float(log.pending))
+
+    # ---------------------------------------------------------------------------------------- events
+
+    def request_finished(self, route: str, method: str, status: int, seconds: float) -> None:
+        self.requests.labels(route, method, str(status)).inc()
+        self.request_seconds.labels(route).observe(seconds)
+
+    def tokens(self, endpoint: str, prompt: int, completion: int) -> None:
+        self.prompt_tokens.labels(endpoint).inc(prompt)
+        self.completion_tokens.labels(endpoint).inc(completion)
+
+    def time_to_first_token(self, endpoint: str, seconds: float) -> None:
+        self.ttft_seconds.labels(endpoint).observe(seconds)
+
+    def completions_recorded(self, count: int) -> None:
+        self.recorded.inc(count)
+
+    def completion_log_failed(self, reason: str, count: int = 1) -> None:
+        self.log_failures.labels(reason).inc(count)
+
+    def adapter_swapped(self, seconds: float) -> None:
+        self.adapter_swaps.inc()
+        self.adapter_swap_seconds.observe(seconds)
+
+    def training_step(self, tokens: int, seconds: float) -> None:
+        self.training_steps.inc()
+        self.training_tokens.inc(tokens)
+        self.training_step_seconds.observe(seconds)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+router = APIRouter()
+
+
+@router.get("/metrics", include_in_schema=False)
+async def metrics_endpoint(request: Request) -> Response:
+    metrics: Metrics = request.app.state.artlike.metrics
+    return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,133 @@
+"""Pure ASGI middleware (no BaseHTTPMiddleware: it buffers and adds a task per request on the hot path).
+
+    ApiKeyMiddleware          `Authorization: Bearer <key>` on every route except /health -> 401
+    BodySizeLimitMiddleware   Content-Length over the limit -> 413 before reading; chunked bodies counted
+    RequestMetricsMiddleware  count, latency and status per route template, in-flight gauge
+
+Add them with `app.add_middleware(...)`; the last added runs outermost. Add BodySizeLimitMiddleware, then
+ApiKeyMiddleware, then RequestMetricsMiddleware: every request is counted (401 and 413 included), and an
+unauthenticated request is rejected before its body is looked at.
+"""
+
+from __future__ import annotations
+
+import hmac
+import time
+from collections.abc import Collection
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from artlike_server.errors import APIError, PayloadTooLarge, Unauthorized, error_response
+from artlike_server.metrics import Metrics
+
+OPEN_PATHS = frozenset({"/health"})
+"""Paths served without the API key: liveness probes (load balancers, `artlike serve` readiness) carry no
+credentials, and /health reveals nothing but up/down. /metrics is protected: it names models."""
+
+
+async def _reject(error: APIError, scope: Scope, receive: Receive, send: Send) -> None:
+    await error_response(error)(scope, receive, send)
+
+
+class ApiKeyMiddleware:
+    def __init__(self, app: ASGIApp, api_key: str | None, open_paths: Collection[str] = OPEN_PATHS) -> None:
+        self.app = app
+        self._expected = f"Bearer {api_key}".encode() if api_key else None
+        self._open_paths = frozenset(open_paths)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self._expected is None or scope["type"] != "http" or scope["path"] in self._open_paths:
+            await self.app(scope, receive, send)
+            return
+        supplied = next((value for name, value in scope["headers"] if name == b"authorization"), b"")
+        if hmac.compare_digest(supplied, self._expected):
+            await self.app(scope, receive, send)
+            return
+        error = Unauthorized(
+            "missing API key: send 'Authorization: Bearer <key>'" if not supplied else "invalid API key",
+            code="invalid_api_key",
+        )
+        error.headers["WWW-Authenticate"] = "Bearer"
+        await _reject(error, scope, receive, send)
+
+
+class BodySizeLimitMiddleware:
+    """Reject request bodies over `max_body_bytes` with 413, whether they declare a length or stream.
+
+    A declared Content-Length over the limit is rejected before a byte is read. A chunked body is counted
+    as it arrives; the receive wrapper raises `PayloadTooLarge` inside whatever reads the body, which the
+    app's error handler renders (and this middleware renders itself if nothing has been sent yet).
+    """
+
+    def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+
+    def _too_large(self) -> PayloadTooLarge:
+        return PayloadTooLarge(
+            f"request body exceeds the server limit of {self.max_body_bytes} bytes", code="request_too_large"
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = next((value for name, value in scope["headers"] if name == b"content-length"), None)
+        if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
+            await _reject(self._too_large(), scope, receive, send)
+            return
+
+        received = 0
+        response_started = False
+
+        async def counting_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_body_bytes:
+                    raise self._too_large()
+            return message
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal response_started
+            if message["type"] == "http.response.start":
+                response_started = True
+            await send(message)
+
+        try:
+            await self.app(scope, counting_receive, tracking_send)
+        except PayloadTooLarge as error:
+            if response_started:
+                raise
+            await _reject(error, scope, receive, send)
+
+
+class RequestMetricsMiddleware:
+    """Counts every HTTP request by route template (the router writes the matched route into the scope)."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 500  # if the app raises before sending a response, the server answers 500
+
+        async def status_send(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        self.metrics.in_flight.inc()
+        try:
+            await self.app(scope, receive, status_send)
+        finally:
+            self.metrics.in_flight.dec()
+            route = scope.get("route")
+            template = getattr(route, "path", None) or "unmatched"
+            self.metrics.request_finished(template, scope["method"], status, time.perf_counter() - started)

@@ -1,0 +1,148 @@
+"""HTTP glue of the OpenAI surface: routes, raw bodies in, bytes or SSE out. The logic is in `serving`.
+
+    POST /v1/chat/completions              POST /t/{trajectory_id}/v1/chat/completions   (recorded)
+    POST /v1/completions                   POST /t/{trajectory_id}/v1/completions        (recorded)
+    GET  /v1/models                        GET  /t/{trajectory_id}/v1/models
+    GET  /v1/trajectories/{trajectory_id}  GET  /t/{trajectory_id}/v1/trajectory         -> TrajectoryRecord
+
+Bodies are read raw (no FastAPI body model): serving parses them once with orjson and names the bad
+parameter itself. Shared objects come from `request.app.state.artlike` (engine, engine_client, models, log,
+metrics, settings). A client that disconnects cancels its request, which closes the engine connection: vLLM
+aborts the generation instead of finishing it for nobody.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from typing import TypeVar
+
+import anyio
+from fastapi import APIRouter, Request
+from fastapi.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from artlike_server.openai_api.protocol import Endpoint
+from artlike_server.openai_api.serving import OpenAIServing, ProxyStream
+
+router = APIRouter()
+
+_T = TypeVar("_T")
+_CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away first"; never seen by anyone
+_SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+
+
+def _serving(request: Request) -> OpenAIServing:
+    state = request.app.state.artlike
+    return OpenAIServing(
+        engine=state.engine,
+        http=state.engine_client.http,
+        models=state.models,
+        log=state.log,
+        metrics=state.metrics,
+        settings=state.settings,
+    )
+
+
+class ClientDisconnected(Exception):
+    """The client closed the connection before the answer was ready."""
+
+
+async def _unless_disconnected(request: Request, work: Awaitable[_T]) -> _T:
+    """Await `work`, cancelling it if the client disconnects first (as vLLM's own `with_cancellation`)."""
+    task = asyncio.ensure_future(work)
+
+    async def client_gone() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(client_gone())
+    try:
+        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    raise ClientDisconnected
+
+
+class SSEResponse(StreamingResponse):
+    """Streams a `ProxyStream` and always closes it, shielded, however the response ends.
+
+    Starlette's StreamingResponse stops iterating on a disconnect but leaves the iterator to the garbage
+    collector; closing it here is what aborts the engine request and records the partial completion.
+    """
+
+    def __init__(self, stream: ProxyStream) -> None:
+        super().__init__(stream, media_type=stream.media_type, headers=_SSE_HEADERS)
+        self.stream = stream
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            async with anyio.create_task_group() as task_group:
+
+                async def cancel_on_disconnect() -> None:
+                    while (await receive())["type"] != "http.disconnect":
+                        pass
+                    task_group.cancel_scope.cancel()
+
+                task_group.start_soon(cancel_on_disconnect)
+                await self.stream_response(send)
+                task_group.cancel_scope.cancel()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.stream.aclose()
+
+
+async def _complete(request: Request, endpoint: Endpoint, trajectory_id: str | None) -> Response:
+    raw_body = await request.body()
+    try:
+        result = await _unless_disconnected(
+            request, _serving(request).create_completion(endpoint, raw_body, trajectory_id)
+        )
+    except ClientDisconnected:
+        return Response(status_code=_CLIENT_CLOSED_REQUEST)
+    if isinstance(result, ProxyStream):
+        return SSEResponse(result)
+    return Response(result, media_type="application/json")
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request) -> Response:
+    return await _complete(request, "chat.completions", None)
+
+
+@router.post("/t/{trajectory_id}/v1/chat/completions")
+async def trajectory_chat_completions(trajectory_id: str, request: Request) -> Response:
+    return await _complete(request, "chat.completions", trajectory_id)
+
+
+@router.post("/v1/completions")
+async def completions(request: Request) -> Response:
+    return await _complete(request, "completions", None)
+
+
+@router.post("/t/{trajectory_id}/v1/completions")
+async def trajectory_completions(trajectory_id: str, request: Request) -> Response:
+    return await _complete(request, "completions", trajectory_id)
+
+
+@router.get("/v1/models")
+async def list_models(request: Request) -> Response:
+    return Response(await _serving(request).list_models(), media_type="application/json")
+
+
+@router.get("/t/{trajectory_id}/v1/models")
+async def trajectory_list_models(trajectory_id: str, request: Request) -> Response:
+    return Response(await _serving(request).list_models(trajectory_id), media_type="application/json")
+
+
+@router.get("/v1/trajectories/{trajectory_id}")
+async def get_trajectory(trajectory_id: str, request: Request) -> Response:
+    return Response(await _serving(request).get_trajectory(trajectory_id), media_type="application/json")
+
+
+@router.get("/t/{trajectory_id}/v1/trajectory")
+async def get_own_trajectory(trajectory_id: str, request: Request) -> Response:
+    return Response(await _serving(request).get_trajectory(trajectory_id), media_type="application/json")

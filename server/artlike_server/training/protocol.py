@@ -1,0 +1,84 @@
+"""The line protocol between the server and its trainer worker process.
+
+stdin: one JSON command per line. stdout: one JSON event per line (all logging goes to stderr). Every
+command carries an integer `id`, echoed in each event it causes, so a client can skip the late events of a
+command it stopped waiting for. Commands run one at a time, in order.
+
+    {"cmd": "ping", "id": 1}
+        -> {"event": "pong", "id": 1}
+    {"cmd": "init_adapter", "id": 2, "model_name": "m", "lora": {LoraConfig}, "out_dir": "...", "seed": 0}
+        -> {"event": "adapter_ready", "id": 2, "path": "...", "seconds": 0.4}
+    {"cmd": "train", "id": 3, "model_name": "m", "adapter_dir": "...", "out_dir": "...",
+     "batch_path": "...", "config": {TrainConfig}}
+        -> {"event": "train_started", "id": 3, "num_gradient_steps": 2, "sequences": 8, "trainable_tokens": 900,
+            "optimizer_state": "reused" | "fresh"}
+        -> {"event": "progress", "id": 3, "gradient_step": 1, "micro_batch": 0, "micro_batches": 2}   (0..n)
+        -> {"event": "step", "id": 3, ...StepEvent fields}                                          (per step)
+        -> {"event": "saved", "id": 3, "path": "...", "seconds": 0.1}
+    {"cmd": "shutdown", "id": 4}
+        -> {"event": "bye", "id": 4}, then the process exits 0
+
+    On start, before any command:  {"event": "ready", "id": 0, "device": "cpu", "dtype": "bfloat16",
+                                    "threads": 2, "backend": "peft" | "unsloth", "load_seconds": 3.1}
+    Any command that fails:         {"event": "error", "id": N, "kind": "BatchError", "message": "..."}
+                                    and the worker waits for the next command. A crash ends the process:
+                                    the client sees EOF on stdout.
+
+`out_dir` must not exist or be an empty directory; the worker writes the adapter into a temporary sibling and renames it, so a crash
+never leaves half an adapter. `batch_path` is a `batch_file` safetensors file written by the server.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from artlike.types import LoraConfig, TrainConfig
+
+
+class _Command(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    id: int = 0
+
+
+class Ping(_Command):
+    cmd: Literal["ping"] = "ping"
+
+
+class Shutdown(_Command):
+    cmd: Literal["shutdown"] = "shutdown"
+
+
+class InitAdapter(_Command):
+    cmd: Literal["init_adapter"] = "init_adapter"
+    model_name: str
+    lora: LoraConfig
+    out_dir: str
+    seed: int = 0
+
+
+class Train(_Command):
+    cmd: Literal["train"] = "train"
+    model_name: str
+    adapter_dir: str
+    out_dir: str
+    batch_path: str
+    config: TrainConfig
+
+
+Command = Annotated[Ping | Shutdown | InitAdapter | Train, Field(discriminator="cmd")]
+
+# Event names (the "event" field).
+READY = "ready"
+PONG = "pong"
+ADAPTER_READY = "adapter_ready"
+TRAIN_STARTED = "train_started"
+PROGRESS = "progress"
+STEP = "step"
+SAVED = "saved"
+ERROR = "error"
+BYE = "bye"
+
+TERMINAL_EVENTS = frozenset({PONG, ADAPTER_READY, SAVED, ERROR, BYE})
+"""The last event of a command: after it the worker reads the next command."""

@@ -1,0 +1,320 @@
+"""asyncio client of the trainer worker process (`artlike_server.training.worker`).
+
+One `TrainerProcess` owns one worker: it spawns it, waits for its `ready` event, sends one command at a time
+(an asyncio.Lock) and turns the worker's events into return values, an async iterator, or typed errors.
+Every wait has a limit and nothing waits silently: while a command runs, `train()` yields a heartbeat
+whenever the worker has said nothing for `heartbeat_interval` seconds.
+
+    TrainerFailure            any trainer problem
+    ├── TrainerCrashed        the process died (start failure included); carries the stderr tail
+    ├── TrainerError          a command failed; the worker is alive and takes the next command
+    └── TrainerTimeout        the worker said nothing for too long; it was killed
+
+After a crash or a timeout the next call starts a fresh worker (the base model loads again, a few seconds).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import sys
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+from typing import Any, BinaryIO, Literal
+
+import orjson
+from pydantic import BaseModel
+
+from artlike.types import LoraConfig, TrainConfig
+from artlike_server.training import protocol
+
+logger = logging.getLogger("artlike.trainer_client")
+
+HEARTBEAT = "heartbeat"
+"""Event yielded by `train()` when the worker has been quiet for `heartbeat_interval` seconds."""
+
+_STDERR_TAIL_LINES = 40
+_STREAM_LIMIT = 1 << 20  # bytes per stdout line
+
+
+class TrainerFailure(RuntimeError):
+    """Base of the trainer client's errors."""
+
+
+class TrainerCrashed(TrainerFailure):
+    def __init__(self, message: str, *, returncode: int | None, stderr_tail: str) -> None:
+        super().__init__(f"{message} (exit code {returncode})\n--- trainer stderr (last lines) ---\n{stderr_tail}")
+        self.returncode = returncode
+        self.stderr_tail = stderr_tail
+
+
+class TrainerError(TrainerFailure):
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(f"{kind}: {message}")
+        self.kind = kind  # the worker-side exception type name, e.g. "BatchError", "AdapterError"
+        self.message = message
+
+
+class TrainerTimeout(TrainerFailure):
+    pass
+
+
+class TrainerProcess:
+    def __init__(
+        self,
+        base_model: Path,
+        *,
+        dtype: Literal["auto", "bfloat16", "float32"] = "auto",
+        device: Literal["auto", "cpu", "cuda"] = "auto",
+        gradient_checkpointing: bool = False,
+        threads: int | None = None,
+        log_path: Path | None = None,
+        python: str = sys.executable,
+        env: Mapping[str, str] | None = None,
+        start_timeout: float = 300.0,
+        heartbeat_interval: float = 10.0,
+        idle_timeout: float = 900.0,
+    ) -> None:
+        """`idle_timeout`: the longest the worker may stay silent during a command (it reports every
+        micro-batch) before it is declared hung and killed."""
+        self._argv = [
+            python, "-m", "artlike_server.training.worker",
+            "--base-model", str(base_model), "--dtype", dtype, "--device", device,
+            *(["--gradient-checkpointing"] if gradient_checkpointing else []),
+            *(["--threads", str(threads)] if threads else []),
+        ]  # fmt: skip
+        self._env = dict(env) if env is not None else None
+        self._log_path = log_path
+        self._start_timeout = start_timeout
+        self._heartbeat_interval = heartbeat_interval
+        self._idle_timeout = idle_timeout
+        self._lock = asyncio.Lock()
+        self._proc: asyncio.subprocess.Process | None = None
+        self._events: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+        self._readers: list[asyncio.Task[None]] = []
+        self._stderr_tail: deque[str] = deque(maxlen=_STDERR_TAIL_LINES)
+        self._next_id = 1
+        self.ready_info: dict[str, Any] | None = None
+        """The worker's `ready` event: device, dtype, threads, backend, load_seconds..."""
+
+    # ------------------------------------------------------------------------------------ public
+
+    @property
+    def is_running(self) -> bool:
+        return self._proc is not None and self._proc.returncode is None
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    async def start(self) -> dict[str, Any]:
+        """Spawn the worker (if not running) and wait for it to load the base model; returns `ready`."""
+        async with self._lock:
+            return await self._ensure_started()
+
+    async def ping(self, *, timeout: float = 30.0) -> None:
+        async with self._lock:
+            await self._ensure_started()
+            await self._complete(protocol.Ping(id=self._take_id()), timeout)
+
+    async def init_adapter(
+        self, model_name: str, lora: LoraConfig, out_dir: Path, *, seed: int = 0, timeout: float = 120.0
+    ) -> dict[str, Any]:
+        """Write a fresh adapter (outputs identical to the base model) to `out_dir`; returns `adapter_ready`."""
+        async with self._lock:
+            await self._ensure_started()
+            command = protocol.InitAdapter(
+                id=self._take_id(), model_name=model_name, lora=lora, out_dir=str(out_dir), seed=seed
+            )
+            return await self._complete(command, timeout)
+
+    async def train(
+        self, model_name: str, adapter_dir: Path, out_dir: Path, batch_path: Path, config: TrainConfig
+    ) -> AsyncIterator[dict[str, Any]]:
+        """Train from `adapter_dir` on the batch file; yields the worker's events, ending with `saved`.
+
+        Events: `train_started`, `progress` (per micro-batch), `step` (StepEvent fields, per optimizer step),
+        `heartbeat` (from this client, when the worker is quiet) and finally `saved` (`path`). Use it
+        with `contextlib.aclosing` when the loop may stop early.
+        """
+        async with self._lock:
+            await self._ensure_started()
+            command = protocol.Train(
+                id=self._take_id(),
+                model_name=model_name,
+                adapter_dir=str(adapter_dir),
+                out_dir=str(out_dir),
+                batch_path=str(batch_path),
+                config=config,
+            )
+            await self._send(command)
+            async for event in self._events_of(command.id, heartbeats=True):
+                yield event
+
+    async def stop(self, *, timeout: float = 10.0) -> None:
+        """Ask the worker to exit; kill it if it does not within `timeout`."""
+        async with self._lock:
+            if self.is_running:
+                try:
+                    await self._complete(protocol.Shutdown(id=self._take_id()), timeout)
+                except TrainerFailure as exc:
+                    logger.warning("trainer did not shut down cleanly: %s", exc)
+                await self._reap(timeout)
+            await self._cleanup()
+
+    # ---------------------------------------------------------------------------------- internals
+
+    def _take_id(self) -> int:
+        self._next_id += 1
+        return self._next_id - 1
+
+    async def _ensure_started(self) -> dict[str, Any]:
+        if self.is_running and self.ready_info is not None:
+            return self.ready_info
+        await self._cleanup()
+        self._events = asyncio.Queue()
+        self._stderr_tail.clear()
+        self._proc = await asyncio.create_subprocess_exec(
+            *self._argv,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=self._env,
+            limit=_STREAM_LIMIT,
+        )
+        assert self._proc.stdout is not None and self._proc.stderr is not None
+        self._readers = [
+            asyncio.create_task(self._read_events(self._proc.stdout, self._events)),
+            asyncio.create_task(self._read_stderr(self._proc.stderr)),
+        ]
+        logger.info("trainer worker started (pid %d)", self._proc.pid)
+        self.ready_info = await self._wait_for(0, self._start_timeout)
+        return self.ready_info
+
+    async def _send(self, command: BaseModel) -> None:
+        assert self._proc is not None and self._proc.stdin is not None
+        try:
+            self._proc.stdin.write(command.model_dump_json().encode() + b"\n")
+            await self._proc.stdin.drain()
+        except (BrokenPipeError, ConnectionResetError) as exc:
+            raise await self._crashed(f"trainer worker is gone ({exc})") from exc
+
+    async def _complete(self, command: protocol.Ping | protocol.Shutdown | protocol.InitAdapter, timeout: float) -> dict[str, Any]:
+        """Send a command and wait (at most `timeout` s in all) for its terminal event."""
+        await self._send(command)
+        return await self._wait_for(command.id, timeout)
+
+    async def _wait_for(self, command_id: int, timeout: float) -> dict[str, Any]:
+        """The terminal event of a command (or `ready` for id 0), within `timeout` seconds."""
+        try:
+            async with asyncio.timeout(timeout):
+                async with contextlib.aclosing(self._events_of(command_id, heartbeats=False)) as events:
+                    async for event in events:
+                        if event["event"] == protocol.READY or event["event"] in protocol.TERMINAL_EVENTS:
+                            return event
+        except TimeoutError:
+            await self._kill()
+            raise TrainerTimeout(f"trainer worker did not answer within {timeout:.0f} s; killed") from None
+        raise AssertionError("unreachable: the event stream ends only with a terminal event or an error")
+
+    async def _events_of(self, command_id: int, *, heartbeats: bool) -> AsyncIterator[dict[str, Any]]:
+        """Events of one command until its terminal event; raises on error, crash or silence."""
+        started = last_event_at = time.monotonic()
+        last_progress: dict[str, Any] = {}
+        while True:
+            try:
+                event = await asyncio.wait_for(self._events.get(), timeout=self._heartbeat_interval)
+            except TimeoutError:
+                now = time.monotonic()
+                if now - last_event_at > self._idle_timeout:
+                    await self._kill()
+                    raise TrainerTimeout(
+                        f"trainer worker silent for {now - last_event_at:.0f} s (limit {self._idle_timeout:.0f} s); killed"
+                    ) from None
+                if heartbeats:
+                    yield {
+                        "event": HEARTBEAT,
+                        "id": command_id,
+                        "elapsed_seconds": now - started,
+                        "idle_seconds": now - last_event_at,
+                        **{k: v for k, v in last_progress.items() if k not in ("event", "id")},
+                    }
+                continue
+            if event is None:
+                raise await self._crashed("trainer worker exited")
+            last_event_at = time.monotonic()
+            if event.get("id") != command_id:
+                logger.debug("skipping event of an earlier command: %s", event)
+                continue
+            name = event.get("event")
+            if name == protocol.ERROR:
+                raise TrainerError(str(event.get("kind", "Error")), str(event.get("message", "")))
+            if name == protocol.PROGRESS:
+                last_progress = event
+            yield event
+            if name in protocol.TERMINAL_EVENTS:
+                return
+
+    @staticmethod
+    async def _read_events(stream: asyncio.StreamReader, queue: asyncio.Queue[dict[str, Any] | None]) -> None:
+        while line := await stream.readline():
+            try:
+                event = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                logger.error("trainer wrote a non-protocol line to stdout: %r", line[:200])
+                continue
+            await queue.put(event)
+        await queue.put(None)  # EOF: the process is ending
+
+    async def _read_stderr(self, stream: asyncio.StreamReader) -> None:
+        log: BinaryIO | None = None
+        if self._log_path is not None:
+            self._log_path.parent.mkdir(parents=True, exist_ok=True)
+            log = open(self._log_path, "ab")  # noqa: SIM115 - closed below, lives as long as the reader
+        try:
+            while line := await stream.readline():
+                self._stderr_tail.append(line.decode(errors="replace").rstrip("\n"))
+                if log is not None:
+                    log.write(line)
+                    log.flush()
+        finally:
+            if log is not None:
+                log.close()
+
+    async def _crashed(self, message: str) -> TrainerCrashed:
+        returncode = await self._reap(10.0)
+        # Let the stderr reader drain the last lines (the traceback) before quoting them.
+        if len(self._readers) > 1:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._readers[1]), timeout=5.0)
+        self.ready_info = None
+        return TrainerCrashed(message, returncode=returncode, stderr_tail="\n".join(self._stderr_tail))
+
+    async def _reap(self, timeout: float) -> int | None:
+        if self._proc is None:
+            return None
+        try:
+            return await asyncio.wait_for(self._proc.wait(), timeout=timeout)
+        except TimeoutError:
+            await self._kill()
+            return self._proc.returncode
+
+    async def _kill(self) -> None:
+        self.ready_info = None
+        if self._proc is not None and self._proc.returncode is None:
+            self._proc.kill()
+            await self._proc.wait()
+
+    async def _cleanup(self) -> None:
+        await self._kill()
+        for task in self._readers:
+            task.cancel()
+        for task in self._readers:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._readers = []
+        self._proc = None
+        self.ready_info = None

@@ -1,0 +1,258 @@
+"""The trainer worker: a long-lived process that keeps the base model loaded and trains LoRA adapters.
+
+    python -m artlike_server.training.worker --base-model DIR [--dtype auto|bfloat16|float32]
+                                             [--device auto|cpu|cuda] [--gradient-checkpointing]
+
+It speaks the line protocol of `artlike_server.training.protocol` on stdin/stdout. The base model is loaded
+once (transformers, SDPA attention; unsloth's loader on CUDA when it is installed); every trainable model
+name gets its own LoRA adapter and AdamW state in the one PEFT model. A failing command answers an `error`
+event and the worker carries on; only a crash ends it.
+
+Precision: base weights in bf16 where the hardware has fast bf16 (CUDA, or a CPU with AVX512-BF16/AMX),
+LoRA weights and AdamW state in fp32 (PEFT upcasts adapter weights), logprobs in fp32 (see `logprobs`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import orjson
+import torch
+from pydantic import TypeAdapter, ValidationError
+from transformers import AutoModelForCausalLM, PreTrainedModel
+
+from artlike_server.training import protocol
+from artlike_server.training.adapters import AdapterSlots, check_writable, peft_lora_config
+from artlike_server.training.batch_file import read_batch
+from artlike_server.training.loop import run_optimizer_steps, validate_batch
+from artlike_server.training.packing import plan_optimizer_steps
+
+logger = logging.getLogger("artlike.trainer")
+
+_COMMAND = TypeAdapter(protocol.Command)
+
+
+class EventWriter:
+    """Writes one JSON event per line to the protocol stream, flushed at once (the server relays it live)."""
+
+    def __init__(self, stream: BinaryIO) -> None:
+        self._stream = stream
+
+    def emit(self, event: str, command_id: int, **fields: Any) -> None:
+        self._stream.write(orjson.dumps({"event": event, "id": command_id, **fields}) + b"\n")
+        self._stream.flush()
+
+
+# ------------------------------------------------------------------------------------------ set-up
+
+
+def choose_device(requested: str) -> torch.device:
+    if requested == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(requested)
+
+
+def choose_dtype(requested: str, device: torch.device) -> torch.dtype:
+    if requested != "auto":
+        return {"bfloat16": torch.bfloat16, "float32": torch.float32}[requested]
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
+    # torch.cpu exposes no public capability query; these are what its own kernels dispatch on.
+    # Without native bf16, bf16 matmuls are emulated and slower than fp32.
+    fast_bf16 = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+    return torch.bfloat16 if fast_bf16 else torch.float32
+
+
+def unsloth_available(device: torch.device) -> bool:
+    """unsloth is CUDA-only: on a CPU machine it refuses to import (and pip would swap torch for a CUDA build)."""
+    return device.type == "cuda" and importlib.util.find_spec("unsloth") is not None
+
+
+def load_with_transformers(path: Path, dtype: torch.dtype, device: torch.device) -> PreTrainedModel:
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, attn_implementation="sdpa")
+    return model.to(device)
+
+
+def load_with_unsloth(path: Path, dtype: torch.dtype) -> PreTrainedModel:
+    """unsloth's patched model (fused RoPE/RMSNorm/cross-entropy kernels); adapters still go through PEFT.
+
+    Untested in this repository's CI (no GPU): kept apart so the CPU path never imports it.
+    """
+    from unsloth import FastLanguageModel  # noqa: PLC0415 - optional CUDA extra
+
+    model, _tokenizer = FastLanguageModel.from_pretrained(
+        model_name=str(path), dtype=dtype, load_in_4bit=False, full_finetuning=False
+    )
+    return model
+
+
+# ---------------------------------------------------------------------------------------- commands
+
+
+class Worker:
+    def __init__(self, base_model_path: Path, model: PreTrainedModel, events: EventWriter) -> None:
+        self._events = events
+        self._model = model
+        self._base_model_path = str(base_model_path)
+        self._adapters = AdapterSlots(model, self._base_model_path)
+        self._vocab_size = model.get_input_embeddings().weight.shape[0]
+        self._pad_token_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
+        self._device = next(model.parameters()).device
+
+    def handle(self, command: protocol.Ping | protocol.Shutdown | protocol.InitAdapter | protocol.Train) -> None:
+        if isinstance(command, protocol.Ping):
+            self._events.emit(protocol.PONG, command.id)
+        elif isinstance(command, protocol.InitAdapter):
+            self._init_adapter(command)
+        elif isinstance(command, protocol.Train):
+            self._train(command)
+        elif isinstance(command, protocol.Shutdown):
+            self._events.emit(protocol.BYE, command.id)
+
+    def _init_adapter(self, command: protocol.InitAdapter) -> None:
+        started = time.perf_counter()
+        out_dir = Path(command.out_dir)
+        check_writable(out_dir)
+        config = peft_lora_config(command.lora, self._base_model_path)
+        self._adapters.create(command.model_name, config, seed=command.seed)
+        self._adapters.save(command.model_name, out_dir)
+        self._events.emit(
+            protocol.ADAPTER_READY, command.id, path=str(out_dir), seconds=time.perf_counter() - started
+        )
+
+    def _train(self, command: protocol.Train) -> None:
+        out_dir = Path(command.out_dir)
+        check_writable(out_dir)  # fail before training, not after
+        sequences = read_batch(Path(command.batch_path))
+        validate_batch(sequences, self._vocab_size)
+        slot = self._adapters.load(command.model_name, Path(command.adapter_dir))
+        reused = slot.optimizer is not None
+        parameters = self._adapters.parameters(command.model_name)
+        if slot.optimizer is None:
+            slot.optimizer = torch.optim.AdamW(
+                parameters, lr=command.config.learning_rate, weight_decay=command.config.weight_decay
+            )
+        model = self._adapters.model
+        config = command.config
+        self._events.emit(
+            protocol.TRAIN_STARTED,
+            command.id,
+            num_gradient_steps=len(
+                plan_optimizer_steps(
+                    [sum(s.trainable[1:]) for s in sequences],
+                    epochs=config.epochs,
+                    steps_per_epoch=config.gradient_steps_per_epoch,
+                )
+            ),
+            sequences=len(sequences),
+            trainable_tokens=sum(sum(s.trainable[1:]) for s in sequences),
+            optimizer_state="reused" if reused else "fresh",
+        )
+        model.train()
+        try:
+            run_optimizer_steps(
+                model,
+                parameters,
+                slot.optimizer,
+                sequences,
+                config,
+                pad_token_id=self._pad_token_id,
+                device=self._device,
+                reference=model.disable_adapter,
+                on_step=lambda event: self._events.emit(protocol.STEP, command.id, **event.model_dump()),
+                on_micro_batch=lambda step, index, count: self._events.emit(
+                    protocol.PROGRESS, command.id, gradient_step=step, micro_batch=index, micro_batches=count
+                ),
+            )
+        finally:
+            model.eval()
+        started = time.perf_counter()
+        self._adapters.save(command.model_name, out_dir)
+        self._events.emit(protocol.SAVED, command.id, path=str(out_dir), seconds=time.perf_counter() - started)
+
+
+# -------------------------------------------------------------------------------------------- main
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m artlike_server.training.worker", description=__doc__)
+    parser.add_argument("--base-model", type=Path, required=True, help="Hugging Face model directory")
+    parser.add_argument("--dtype", choices=("auto", "bfloat16", "float32"), default="auto")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    parser.add_argument("--gradient-checkpointing", action="store_true")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: usable cores)")
+    return parser.parse_args(argv)
+
+
+def _protocol_stream() -> BinaryIO:
+    """Take over the real stdout for events and point fd 1 at stderr: a stray print() from any library then
+    lands in the log instead of corrupting the protocol."""
+    events_fd = os.dup(sys.stdout.fileno())
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    return os.fdopen(events_fd, "wb", buffering=0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse_args(argv)
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s trainer %(levelname)s %(message)s")
+    events = EventWriter(_protocol_stream())
+    started = time.perf_counter()
+    threads = args.threads or len(os.sched_getaffinity(0))
+    torch.set_num_threads(threads)
+    device = choose_device(args.device)
+    dtype = choose_dtype(args.dtype, device)
+    backend = "unsloth" if unsloth_available(device) else "peft"
+    model = load_with_unsloth(args.base_model, dtype) if backend == "unsloth" else load_with_transformers(
+        args.base_model, dtype, device
+    )
+    if args.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.eval()
+    worker = Worker(args.base_model, model, events)
+    events.emit(
+        protocol.READY,
+        0,
+        device=str(device),
+        dtype=str(dtype).removeprefix("torch."),
+        threads=threads,
+        backend=backend,
+        gradient_checkpointing=bool(args.gradient_checkpointing),
+        vocab_size=int(model.get_input_embeddings().weight.shape[0]),
+        load_seconds=time.perf_counter() - started,
+    )
+    logger.info("ready: %s %s on %s, %d threads", backend, dtype, device, threads)
+    for line in sys.stdin.buffer:
+        if not line.strip():
+            continue
+        command_id = _command_id(line)
+        try:
+            command = _COMMAND.validate_json(line)
+            worker.handle(command)
+        except Exception as exc:  # reported to the client; the worker stays up for the next command
+            logger.exception("command %s failed", command_id)
+            events.emit(protocol.ERROR, command_id, kind=type(exc).__name__, message=str(exc) or repr(exc))
+            continue
+        if isinstance(command, protocol.Shutdown):
+            break
+    return 0
+
+
+def _command_id(line: bytes) -> int:
+    """The id of a command line, even when the rest of it is invalid (so its error event can name it)."""
+    try:
+        value = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return 0
+    command_id = value.get("id") if isinstance(value, dict) else None
+    return command_id if isinstance(command_id, int) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,44 @@
+"""The `artlike` console script. `artlike serve ...` runs the server, which is a separate install.
+
+The client package must not import server code (torch, vLLM, FastAPI): the server is imported only when
+`serve` is asked for.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from ._version import __version__
+
+INSTALL_SERVER_HINT = "install the server extra: pip install 'artlike[server]' and run server/install.sh"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="artlike",
+        description="artlike: an OpenAI-compatible server that trains the model behind it with GRPO.",
+    )
+    parser.add_argument("--version", action="version", version=f"artlike {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    commands.add_parser("serve", help="serve a model and train it (needs the server extra)", add_help=False)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    # `serve` owns everything after it (its own --help included); parse only what comes before.
+    command_end = arguments.index("serve") + 1 if "serve" in arguments else len(arguments)
+    _parser().parse_args(arguments[:command_end])
+    try:
+        from artlike_server.cli import main as serve_main
+    except ModuleNotFoundError as missing:
+        print(f"artlike serve: {missing.name or 'a server module'} is not installed; {INSTALL_SERVER_HINT}", file=sys.stderr)
+        return 2
+    serve_main(arguments)  # the server's CLI exits by itself (typer); returning means success
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,241 @@
+"""`TrainableModel`: a LoRA adapter on the server's base model, served and trained step by step.
+
+Every network method is async; its sync twin has the same name with a `_sync` suffix
+(`register_sync`, `get_step_sync`, `list_steps_sync`, `delete_steps_sync`, `train_sync`, ...) for scripts
+and notebooks. `trajectory()` needs no network and works with `async with` and `with`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncGenerator, Callable, Iterable, Mapping
+from types import TracebackType
+from typing import Any
+
+import httpx
+from pydantic import BaseModel
+
+from ._http import DEFAULT_TIMEOUT, Connection, RetryPolicy
+from ._train import (
+    DEFAULT_IDLE_TIMEOUT,
+    AnyEvent,
+    TrainResult,
+    TrainStream,
+    build_train_request,
+    run_train_sync,
+)
+from ._trajectory import Trajectory, TrajectoryGroup
+from .types import LoraConfig, ModelInfo, RegisterModelRequest, StepInfo, TrainConfig
+
+__all__ = ["TrainableModel"]
+
+Groups = Iterable[TrajectoryGroup | Iterable[Trajectory]]
+
+
+class _StepList(BaseModel):
+    data: list[StepInfo]
+
+
+class _DeletedSteps(BaseModel):
+    deleted: list[int]
+    data: list[StepInfo]
+
+
+class TrainableModel:
+    """A trainable model on an artlike server: `name` serves its latest step, `name@N` step N.
+
+        model = art.TrainableModel("mail-agent", "Qwen/Qwen2.5-7B-Instruct", "http://gpu-box:8000")
+        await model.register()            # step 0: a fresh LoRA, identical to the base model
+
+    `api_key` defaults to the ARTLIKE_API_KEY environment variable (read here, not at import).
+    `transport`/`sync_transport` replace httpx's network transport (tests, in-process ASGI apps).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        base_model: str,
+        server: str,
+        *,
+        lora: LoraConfig | Mapping[str, Any] | None = None,
+        api_key: str | None = None,
+        timeout: float | httpx.Timeout = DEFAULT_TIMEOUT,
+        retry: RetryPolicy | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+        sync_transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        # Validates the name (no '@' or '/') and the LoRA config now, not at the first request.
+        self._registration = RegisterModelRequest(
+            name=name, base_model=base_model, lora=LoraConfig.model_validate(lora if lora is not None else {})
+        )
+        self._connection = Connection(
+            server,
+            api_key=api_key if api_key is not None else os.environ.get("ARTLIKE_API_KEY"),
+            timeout=timeout if isinstance(timeout, httpx.Timeout) else httpx.Timeout(timeout),
+            retry=retry,
+            transport=transport,
+            sync_transport=sync_transport,
+        )
+
+    @property
+    def name(self) -> str:
+        return self._registration.name
+
+    @property
+    def base_model(self) -> str:
+        return self._registration.base_model
+
+    @property
+    def lora(self) -> LoraConfig:
+        return self._registration.lora
+
+    @property
+    def server(self) -> str:
+        return self._connection.base_url
+
+    @property
+    def inference_base_url(self) -> str:
+        """The plain OpenAI base URL (not recorded): for evaluation, `model=name` or `name@N`."""
+        return f"{self.server}/v1"
+
+    def __repr__(self) -> str:
+        return f"TrainableModel(name={self.name!r}, base_model={self.base_model!r}, server={self.server!r})"
+
+    # ------------------------------------------------------------------------------------ registry
+
+    async def register(self) -> ModelInfo:
+        """Create the model (step 0) or return it when it exists with the same config.
+
+        Raises ConflictError when the name exists with another config, BadRequestError when the
+        server serves another base model.
+        """
+        response = await self._connection.request(
+            "POST", "/v1/trainable_models", json=self._registration.model_dump(mode="json"), idempotent=True
+        )
+        return ModelInfo.model_validate_json(response.content)
+
+    def register_sync(self) -> ModelInfo:
+        response = self._connection.request_sync(
+            "POST", "/v1/trainable_models", json=self._registration.model_dump(mode="json"), idempotent=True
+        )
+        return ModelInfo.model_validate_json(response.content)
+
+    async def get_info(self) -> ModelInfo:
+        response = await self._connection.request("GET", self._path())
+        return ModelInfo.model_validate_json(response.content)
+
+    def get_info_sync(self) -> ModelInfo:
+        return ModelInfo.model_validate_json(self._connection.request_sync("GET", self._path()).content)
+
+    async def get_step(self) -> int:
+        """The latest step, the one served under `name`."""
+        return (await self.get_info()).latest_step
+
+    def get_step_sync(self) -> int:
+        return self.get_info_sync().latest_step
+
+    async def list_steps(self) -> list[StepInfo]:
+        response = await self._connection.request("GET", self._path("/steps"))
+        return _StepList.model_validate_json(response.content).data
+
+    def list_steps_sync(self) -> list[StepInfo]:
+        return _StepList.model_validate_json(self._connection.request_sync("GET", self._path("/steps")).content).data
+
+    async def delete_steps(self, *, keep: int) -> list[int]:
+        """Delete all but the latest `keep` steps from disk and the engine; returns the deleted step numbers."""
+        response = await self._connection.request("DELETE", self._path("/steps"), params={"keep": _check_keep(keep)})
+        return _DeletedSteps.model_validate_json(response.content).deleted
+
+    def delete_steps_sync(self, *, keep: int) -> list[int]:
+        response = self._connection.request_sync("DELETE", self._path("/steps"), params={"keep": _check_keep(keep)})
+        return _DeletedSteps.model_validate_json(response.content).deleted
+
+    def _path(self, suffix: str = "") -> str:
+        return f"/v1/trainable_models/{self.name}{suffix}"
+
+    # -------------------------------------------------------------------------------- trajectories
+
+    def trajectory(self, *, metadata: Mapping[str, Any] | None = None) -> Trajectory:
+        """A new recorded trajectory: use `t.base_url` and `model=t.model` in any OpenAI client.
+
+            async with model.trajectory() as t:
+                client = t.async_openai_client()
+                ...
+                t.reward = score
+        """
+        return Trajectory._recorded(self._connection, self.name, metadata)
+
+    # ------------------------------------------------------------------------------------ training
+
+    def train(
+        self,
+        groups: Groups,
+        *,
+        config: TrainConfig | None = None,
+        progress: bool = True,
+        idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+        **options: Any,
+    ) -> TrainStream:
+        """One training step on `groups`: `async for event in model.train(...)` or `await model.train(...)`.
+
+        Options are `TrainConfig` fields (`learning_rate=1e-5`, ...) or a whole `config=`; they are
+        validated here, before any request (pydantic ValidationError). Failed trajectories are left out.
+        `idle_timeout`: seconds without any stream line (the server sends heartbeats) before giving up.
+        """
+        body = build_train_request(self.name, groups, _train_config(config, options)).model_dump(mode="json")
+
+        def lines() -> AsyncGenerator[str, None]:
+            return self._connection.stream_lines("POST", "/_train_model", json=body, idle_timeout=idle_timeout)
+
+        return TrainStream(lines, model=self.name, progress=progress)
+
+    def train_sync(
+        self,
+        groups: Groups,
+        *,
+        config: TrainConfig | None = None,
+        progress: bool = True,
+        on_event: Callable[[AnyEvent], None] | None = None,
+        idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+        **options: Any,
+    ) -> TrainResult:
+        """`train` for sync code: runs the step and returns its result; `on_event` sees every event."""
+        body = build_train_request(self.name, groups, _train_config(config, options)).model_dump(mode="json")
+        lines = self._connection.stream_lines_sync("POST", "/_train_model", json=body, idle_timeout=idle_timeout)
+        return run_train_sync(lines, model=self.name, progress=progress, on_event=on_event)
+
+    # --------------------------------------------------------------------------------- lifecycle
+
+    async def aclose(self) -> None:
+        await self._connection.aclose()
+
+    def close(self) -> None:
+        self._connection.close()
+
+    async def __aenter__(self) -> TrainableModel:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    def __enter__(self) -> TrainableModel:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+def _train_config(config: TrainConfig | None, options: dict[str, Any]) -> TrainConfig:
+    if config is not None and options:
+        raise TypeError(f"pass either config= or TrainConfig fields as keywords, not both (got {sorted(options)})")
+    return config if config is not None else TrainConfig(**options)
+
+
+def _check_keep(keep: int) -> int:
+    if keep < 1:
+        raise ValueError(f"keep must be >= 1 (the latest step is always kept), got {keep}")
+    return keep

@@ -1,0 +1,330 @@
+"""Stand-ins for the app's shared objects, to run the OpenAI routers without `artlike serve`.
+
+`build_app` wires the real routers, middleware, completion log and metrics around an httpx client that
+talks to whatever plays the engine: a real vLLM (base_url) or `FakeVLLM` (in process, httpx.MockTransport),
+which answers in vLLM 0.32's response shapes (captured from the real server) and can fail on demand.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import httpx
+import orjson
+from artlike_server.completion_log import CompletionLog
+from artlike_server.errors import NotFound, install_error_handlers
+from artlike_server.metrics import Metrics
+from artlike_server.metrics import router as metrics_router
+from artlike_server.middleware import ApiKeyMiddleware, BodySizeLimitMiddleware, RequestMetricsMiddleware
+from artlike_server.openai_api.api_router import router as openai_router
+from fastapi import FastAPI
+
+
+@dataclass
+class FakeEngine:
+    state: str = "ready"
+    restarts: int = 0
+    retry_seconds: float = 7.0
+
+    def retry_after(self) -> float:
+        return self.retry_seconds
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    engine_name: str
+    model: str | None
+    step: int | None
+
+
+@dataclass
+class FakeModels:
+    """Serves the base model and trainable models `{name: latest_step}`, all steps 0..latest."""
+
+    base_model: str
+    trainable: dict[str, int] = field(default_factory=dict)
+    leased: list[str] = field(default_factory=list)  # engine names currently leased
+
+    def resolve(self, requested: str) -> ServedModel:
+        if requested == self.base_model:
+            return ServedModel(self.base_model, None, None)
+        name, _, step_text = requested.partition("@")
+        latest = self.trainable.get(name)
+        if latest is None:
+            raise NotFound(f"model {requested!r} does not exist", param="model", code="model_not_found")
+        step = int(step_text) if step_text.isdigit() else latest if not step_text else -1
+        if not 0 <= step <= latest:
+            raise NotFound(f"model {name!r} has no step {step_text}", param="model", code="model_not_found")
+        return ServedModel(f"{name}@{step}", name, step)
+
+    @asynccontextmanager
+    async def lease(self, requested: str) -> AsyncIterator[ServedModel]:
+        served = self.resolve(requested)
+        self.leased.append(served.engine_name)
+        try:
+            yield served
+        finally:
+            self.leased.remove(served.engine_name)
+
+    async def served_model_ids(self) -> list[str]:
+        ids = [self.base_model]
+        for name, latest in sorted(self.trainable.items()):
+            ids.append(name)
+            ids.extend(f"{name}@{step}" for step in range(latest + 1))
+        return ids
+
+
+@dataclass(frozen=True)
+class Settings:
+    api_key: str | None = None
+    max_body_bytes: int = 1 << 20
+    reject_seed: bool = False
+
+
+def build_app(
+    http: httpx.AsyncClient,
+    log: CompletionLog,
+    *,
+    models: FakeModels,
+    engine: FakeEngine | None = None,
+    settings: Settings | None = None,
+    metrics: Metrics | None = None,
+) -> FastAPI:
+    settings = settings or Settings()
+    metrics = metrics or Metrics()
+    engine = engine or FakeEngine()
+    app = FastAPI()
+    install_error_handlers(app)
+    app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=settings.max_body_bytes)
+    app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key)
+    app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
+    app.include_router(openai_router)
+    app.include_router(metrics_router)
+    metrics.track_engine(engine)
+    metrics.track_completion_log(log)
+    app.state.artlike = SimpleNamespace(
+        engine=engine,
+        engine_client=SimpleNamespace(http=http),
+        models=models,
+        log=log,
+        metrics=metrics,
+        settings=settings,
+    )
+    return app
+
+
+# ------------------------------------------------------------------------------------------ fake vLLM
+
+PROMPT_IDS = [1, 9690, 198, 4093]
+TOKENS = [(504, "The"), (2988, " answer"), (314, " is"), (216, " "), (36, "4"), (2, "<|im_end|>")]
+TEXT = "The answer is 4"  # the EOS token is sampled (in token_ids and logprobs) but not in the text
+
+
+def fake_logprob(choice: int, position: int) -> float:
+    """Distinct per choice and position, so a logprob recorded against the wrong token shows up."""
+    return -(position + 1) / (4 * (choice + 1))
+
+
+class _Stream(httpx.AsyncByteStream):
+    def __init__(self, events: list[bytes], fake: FakeVLLM) -> None:
+        self.events = events
+        self.fake = fake
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for number, event in enumerate(self.events):
+            if number == self.fake.stall_after_events:
+                self.fake.stalled.set()
+                await asyncio.Event().wait()  # a slow engine: only a client disconnect ends this
+            if number == self.fake.break_after_events:
+                raise httpx.RemoteProtocolError(
+                    "peer closed connection without sending complete message body"
+                )
+            yield event
+
+    async def aclose(self) -> None:
+        self.fake.closed_streams += 1
+
+
+class FakeVLLM:
+    """Plays vLLM's OpenAI server for chat completions and completions; records what it was sent."""
+
+    def __init__(self) -> None:
+        self.requests: list[dict[str, Any]] = []
+        self.connect_error = False
+        self.error: tuple[int, bytes] | None = None  # (status, body) answered instead of a completion
+        self.stall_after_events: int | None = None
+        self.break_after_events: int | None = None
+        self.stalled = asyncio.Event()
+        self.closed_streams = 0
+
+    def client(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(transport=httpx.MockTransport(self.handle), base_url="http://engine")
+
+    async def handle(self, request: httpx.Request) -> httpx.Response:
+        if self.connect_error:
+            raise httpx.ConnectError("connection refused", request=request)
+        body = orjson.loads(request.content)
+        self.requests.append(body)
+        if self.error is not None:
+            status, content = self.error
+            return httpx.Response(status, content=content, headers={"content-type": "application/json"})
+        chat = request.url.path == "/v1/chat/completions"
+        if body.get("stream"):
+            events = [b"data: " + orjson.dumps(chunk) + b"\n\n" for chunk in self._chunks(body, chat)]
+            events.append(b"data: [DONE]\n\n")
+            return httpx.Response(
+                200, headers={"content-type": "text/event-stream"}, stream=_Stream(events, self)
+            )
+        return httpx.Response(200, content=orjson.dumps(self._response(body, chat)))
+
+    @staticmethod
+    def _logprob_entry(choice: int, position: int, token: str) -> dict[str, Any]:
+        return {
+            "token": token,
+            "logprob": fake_logprob(choice, position),
+            "bytes": list(token.encode()),
+            "top_logprobs": [],
+        }
+
+    def _response(self, body: dict[str, Any], chat: bool) -> dict[str, Any]:
+        ids = [token_id for token_id, _ in TOKENS]
+        wants_ids = bool(body.get("return_token_ids"))
+        choices = []
+        for index in range(body.get("n") or 1):
+            logprobs: Any = None
+            if chat and body.get("logprobs"):
+                logprobs = {"content": [self._logprob_entry(index, k, t) for k, (_, t) in enumerate(TOKENS)]}
+            elif not chat and body.get("logprobs") is not None:
+                logprobs = {
+                    "text_offset": list(range(len(TOKENS))),
+                    "token_logprobs": [fake_logprob(index, k) for k in range(len(TOKENS))],
+                    "tokens": [t for _, t in TOKENS],
+                    "top_logprobs": [{t: fake_logprob(index, k)} for k, (_, t) in enumerate(TOKENS)],
+                }
+            choice: dict[str, Any] = {
+                "index": index,
+                "logprobs": logprobs,
+                "finish_reason": "stop",
+                "stop_reason": None,
+            }
+            if chat:
+                choice["message"] = {
+                    "role": "assistant",
+                    "content": TEXT,
+                    "refusal": None,
+                    "annotations": None,
+                    "audio": None,
+                    "function_call": None,
+                    "reasoning": None,
+                }
+            else:
+                choice["text"] = TEXT
+                choice["prompt_logprobs"] = None
+                choice["prompt_token_ids"] = PROMPT_IDS if wants_ids else None
+            choice["token_ids"] = ids if wants_ids else None
+            choice["routed_experts"] = None
+            choices.append(choice)
+        n_out = len(TOKENS) * len(choices)
+        response: dict[str, Any] = {
+            "id": "chatcmpl-fake" if chat else "cmpl-fake",
+            "object": "chat.completion" if chat else "text_completion",
+            "created": int(time.time()),
+            "model": body["model"],
+            "choices": choices,
+            "service_tier": None,
+            "system_fingerprint": "vllm-fake",
+            "usage": {
+                "prompt_tokens": len(PROMPT_IDS),
+                "total_tokens": len(PROMPT_IDS) + n_out,
+                "completion_tokens": n_out,
+                "prompt_tokens_details": None,
+                "completion_tokens_details": None,
+            },
+            "prompt_logprobs": None,
+            "kv_transfer_params": None,
+            "ec_transfer_params": None,
+            "metrics": None,
+        }
+        if chat:
+            response["prompt_token_ids"] = PROMPT_IDS if wants_ids else None
+            response["prompt_text"] = None
+        return response
+
+    def _chunks(self, body: dict[str, Any], chat: bool) -> list[dict[str, Any]]:
+        wants_ids = bool(body.get("return_token_ids"))
+        n = body.get("n") or 1
+        base = {
+            "id": "chatcmpl-fake" if chat else "cmpl-fake",
+            "object": "chat.completion.chunk" if chat else "text_completion",
+            "created": int(time.time()),
+            "model": body["model"],
+        }
+        chunks: list[dict[str, Any]] = []
+        if chat:
+            for index in range(n):
+                first = {
+                    **base,
+                    "choices": [
+                        {
+                            "index": index,
+                            "delta": {"role": "assistant", "content": ""},
+                            "logprobs": None,
+                            "finish_reason": None,
+                        }
+                    ],
+                }
+                if wants_ids:
+                    first["prompt_token_ids"] = PROMPT_IDS
+                first["prompt_text"] = None
+                chunks.append(first)
+        for position, (token_id, token) in enumerate(TOKENS):
+            last = position == len(TOKENS) - 1
+            for index in range(n):
+                choice: dict[str, Any] = {"index": index, "finish_reason": "stop" if last else None}
+                if chat:
+                    choice["delta"] = {} if token_id == 2 else {"content": token}
+                    choice["logprobs"] = (
+                        {"content": [self._logprob_entry(index, position, token)]}
+                        if body.get("logprobs")
+                        else None
+                    )
+                else:
+                    choice["text"] = "" if token_id == 2 else token
+                    choice["logprobs"] = (
+                        {
+                            "text_offset": [position],
+                            "token_logprobs": [fake_logprob(index, position)],
+                            "tokens": [token],
+                            "top_logprobs": [{token: fake_logprob(index, position)}],
+                        }
+                        if body.get("logprobs") is not None
+                        else None
+                    )
+                    choice["stop_reason"] = None
+                    choice["prompt_token_ids"] = PROMPT_IDS if wants_ids and position == 0 else None
+                if last:
+                    choice["stop_reason"] = None
+                if wants_ids:
+                    choice["token_ids"] = [token_id]
+                chunk = {**base, "choices": [choice]}
+                chunks.append(chunk)
+        if (body.get("stream_options") or {}).get("include_usage"):
+            n_out = len(TOKENS) * n
+            chunks.append(
+                {
+                    **base,
+                    "choices": [],
+                    "usage": {
+                        "prompt_tokens": len(PROMPT_IDS),
+                        "total_tokens": len(PROMPT_IDS) + n_out,
+                        "completion_tokens": n_out,
+                    },
+                }
+            )
+        return chunks

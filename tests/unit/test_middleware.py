@@ -1,0 +1,138 @@
+"""API key, body size limit and request metrics middleware, through a real ASGI app."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+from artlike_server.completion_log import CompletionLog
+from artlike_server.errors import install_error_handlers
+from artlike_server.metrics import Metrics
+from artlike_server.middleware import ApiKeyMiddleware, BodySizeLimitMiddleware, RequestMetricsMiddleware
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+
+from tests.unit.openai_fakes import FakeModels, FakeVLLM, Settings, build_app
+
+KEY = "s3cret-key"
+LIMIT = 1000
+
+
+def small_app(metrics: Metrics, *, api_key: str | None = KEY) -> tuple[FastAPI, list[int]]:
+    """An app whose /echo route reports the body size it read; `calls` counts requests that reached it."""
+    calls: list[int] = []
+    app = FastAPI()
+    install_error_handlers(app)
+    app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=LIMIT)
+    app.add_middleware(ApiKeyMiddleware, api_key=api_key)
+    app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
+
+    @app.post("/t/{trajectory_id}/echo")
+    async def echo(trajectory_id: str, request: Request) -> Response:
+        calls.append(1)
+        body = await request.body()
+        return Response(str(len(body)).encode())
+
+    @app.get("/health")
+    async def health() -> Response:
+        return Response(b"ok")
+
+    return app, calls
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[tuple[httpx.AsyncClient, list[int], Metrics]]:
+    metrics = Metrics()
+    app, calls = small_app(metrics)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
+        yield http, calls, metrics
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+async def test_api_key_is_required_everywhere_but_health(
+    client: tuple[httpx.AsyncClient, list[int], Metrics],
+) -> None:
+    http, calls, _ = client
+    for headers in ({}, bearer("wrong"), {"Authorization": KEY}, bearer(KEY + "x")):
+        response = await http.post("/t/a/echo", content=b"{}", headers=headers)
+        assert response.status_code == 401
+        assert response.headers["www-authenticate"] == "Bearer"
+        error = response.json()["error"]
+        assert (error["type"], error["code"]) == ("authentication_error", "invalid_api_key")
+    assert calls == []
+    assert (await http.post("/t/a/echo", content=b"{}", headers=bearer(KEY))).text == "2"
+    assert (await http.get("/health")).status_code == 200
+    assert (await http.get("/no-such-route")).status_code == 401  # unknown routes reveal nothing either
+
+
+async def test_no_key_configured_means_open() -> None:
+    app, _ = small_app(Metrics(), api_key=None)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
+        assert (await http.post("/t/a/echo", content=b"abc")).text == "3"
+
+
+async def test_declared_oversized_body_is_refused_unread(
+    client: tuple[httpx.AsyncClient, list[int], Metrics],
+) -> None:
+    http, calls, _ = client
+    response = await http.post("/t/a/echo", content=b"x" * (LIMIT + 1), headers=bearer(KEY))
+    assert response.status_code == 413
+    assert response.json()["error"]["code"] == "request_too_large"
+    assert calls == []
+    assert (await http.post("/t/a/echo", content=b"x" * LIMIT, headers=bearer(KEY))).text == str(LIMIT)
+
+
+async def test_streamed_oversized_body_is_counted(
+    client: tuple[httpx.AsyncClient, list[int], Metrics],
+) -> None:
+    http, calls, _ = client
+
+    async def chunks() -> AsyncIterator[bytes]:  # no Content-Length: chunked transfer
+        for _ in range(5):
+            yield b"y" * 300
+
+    response = await http.post("/t/a/echo", content=chunks(), headers=bearer(KEY))
+    assert "content-length" not in response.request.headers
+    assert response.status_code == 413
+    assert response.json()["error"]["type"] == "invalid_request_error"
+    assert calls == [1]  # the route started reading; the counting receive stopped it
+
+
+async def test_metrics_use_route_templates_and_count_rejections(
+    client: tuple[httpx.AsyncClient, list[int], Metrics],
+) -> None:
+    http, _, metrics = client
+    await http.post("/t/traj-a/echo", content=b"{}", headers=bearer(KEY))
+    await http.post("/t/traj-b/echo", content=b"{}", headers=bearer(KEY))
+    await http.post("/t/traj-c/echo", content=b"{}")
+    exposition = metrics.render().decode()
+    assert (
+        'artlike_requests_total{method="POST",route="/t/{trajectory_id}/echo",status="200"} 2.0' in exposition
+    )
+    assert 'artlike_requests_total{method="POST",route="unmatched",status="401"} 1.0' in exposition
+    assert "traj-a" not in exposition
+    assert "artlike_requests_in_flight 0.0" in exposition
+
+
+async def test_openai_routes_and_metrics_endpoint_behind_the_key(tmp_path: Path) -> None:
+    log = CompletionLog(tmp_path / "log.sqlite")
+    log.open()
+    fake = FakeVLLM()
+    app = build_app(fake.client(), log, models=FakeModels("base"), settings=Settings(api_key=KEY))
+    try:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
+            assert (await http.get("/v1/models")).status_code == 401
+            assert (await http.get("/metrics")).status_code == 401
+            body = {"model": "base", "messages": [{"role": "user", "content": "hi"}]}
+            assert (await http.post("/t/x/v1/chat/completions", json=body)).status_code == 401
+            assert fake.requests == []
+            scraped = await http.get("/metrics", headers=bearer(KEY))
+            assert scraped.status_code == 200 and scraped.headers["content-type"].startswith("text/plain")
+            assert "artlike_engine_ready 1.0" in scraped.text
+    finally:
+        log.close()
