@@ -79,7 +79,7 @@ async def run(args: argparse.Namespace, base_url: str) -> dict[str, Any]:
         started = time.perf_counter()
         result = await model.train(groups, learning_rate=args.learning_rate, progress=False)
         train_seconds = time.perf_counter() - started
-        loss = sum(s.loss for s in result.steps) / max(1, len(result.steps))
+        loss = sum(s.loss for s in result.metrics) / max(1, len(result.metrics))
         row = {"step": result.step, "reward": mean_reward, "correct": mean("correct"),
                "formatted": mean("formatted"), "loss": loss, "rollout_seconds": rollout_seconds,
                "train_seconds": train_seconds}

@@ -25,6 +25,7 @@ import orjson
 
 from examples.email_agent.records import Question
 from examples.email_agent.reward import (
+    DEFAULT_WEIGHTS,
     AsyncJudge,
     RewardBreakdown,
     RewardWeights,
@@ -32,7 +33,14 @@ from examples.email_agent.reward import (
     grade,
     grade_with_async_judge,
 )
-from examples.email_agent.tools import TOOL_SPECS, EmailTools, EmailView, SearchHit, format_email, format_search_hits
+from examples.email_agent.tools import (
+    TOOL_SPECS,
+    EmailTools,
+    EmailView,
+    SearchHit,
+    format_email,
+    format_search_hits,
+)
 
 DEFAULT_MAX_TURNS = 5
 DEFAULT_MAX_TOKENS = 160  # per turn: a tool call needs ~40 tokens
@@ -228,7 +236,7 @@ async def grade_result(
     result: AgentResult,
     max_turns: int,
     judge: AsyncJudge | None = None,
-    weights: RewardWeights = RewardWeights(),
+    weights: RewardWeights = DEFAULT_WEIGHTS,
 ) -> RewardBreakdown:
     """The reward of one agent run: `reward.grade` on its final answer and what it searched and read."""
     stats = result.stats(max_turns)

@@ -32,11 +32,12 @@ Anything else is wrong unless the optional judge accepts it; the judge is asked 
 
 from __future__ import annotations
 
+import functools
 import re
 import unicodedata
-from decimal import Decimal
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
+from decimal import Decimal
 from enum import StrEnum
 
 from examples.email_agent.records import Question
@@ -75,6 +76,9 @@ class RewardWeights:
     turns: float = 0.1
     invalid_call: float = -0.1
     invalid_floor: float = -0.3
+
+
+DEFAULT_WEIGHTS = RewardWeights()
 
 
 @dataclass(frozen=True)
@@ -184,7 +188,7 @@ def normalise(text: str) -> str:
     text = _TIME_12H.sub(lambda m: _time_token(int(m.group(1)), int(m.group(2) or 0), m.group(3)) or m.group(0), text)
     text = _TIME_24H.sub(lambda m: _time_token(int(m.group(1)), int(m.group(2)), None), text)
     for pattern, form in _DATE_PATTERNS:
-        text = pattern.sub(lambda m, form=form: _date_token(m, form), text)
+        text = pattern.sub(functools.partial(_date_token, form=form), text)
     text = _CURRENCY.sub(" ", text)
     text = _THOUSANDS.sub("", text)
     text = _DECIMAL.sub(lambda m: f"{Decimal(m.group(0)).normalize():f}", text)  # 1200.00 -> 1200, 7.50 -> 7.5
@@ -244,7 +248,7 @@ def grade(
     sources: Iterable[str],
     stats: TrajectoryStats,
     judge: Judge | None = None,
-    weights: RewardWeights = RewardWeights(),
+    weights: RewardWeights = DEFAULT_WEIGHTS,
 ) -> RewardBreakdown:
     """The reward of one trajectory. `final_answer` is None when the agent never returned one."""
     verdict, match = _verdict(question, final_answer, judge)
@@ -294,11 +298,11 @@ async def grade_with_async_judge(
     sources: Iterable[str],
     stats: TrajectoryStats,
     judge: AsyncJudge,
-    weights: RewardWeights = RewardWeights(),
+    weights: RewardWeights = DEFAULT_WEIGHTS,
 ) -> RewardBreakdown:
     """`grade` with an async judge (an LLM behind an API), awaited only for answers the rules call wrong."""
     accepted = False
-    if final_answer is not None and final_answer.strip() and not is_dont_know(final_answer):
-        if match_answer(question, final_answer) is Match.NONE:
-            accepted = await judge(question, final_answer)
+    if (final_answer is not None and final_answer.strip() and not is_dont_know(final_answer)
+            and match_answer(question, final_answer) is Match.NONE):
+        accepted = await judge(question, final_answer)
     return grade(question, final_answer, sources, stats, judge=lambda _q, _a: accepted, weights=weights)

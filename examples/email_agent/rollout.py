@@ -14,10 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import artlike as art
-
 from examples.email_agent.agent import DEFAULT_MAX_TOKENS, DEFAULT_MAX_TURNS, grade_result, run_agent
 from examples.email_agent.records import Question
-from examples.email_agent.reward import AsyncJudge, RewardWeights
+from examples.email_agent.reward import DEFAULT_WEIGHTS, AsyncJudge, RewardWeights
 from examples.email_agent.tools import EmailTools
 
 
@@ -30,7 +29,7 @@ async def rollout(
     temperature: float = 1.0,
     max_tokens: int = DEFAULT_MAX_TOKENS,
     judge: AsyncJudge | None = None,
-    weights: RewardWeights = RewardWeights(),
+    weights: RewardWeights = DEFAULT_WEIGHTS,
     first_turn_tool_choice: str | dict[str, Any] | None = None,
 ) -> art.Trajectory:
     """Sets `t.reward` to the total reward and `t.metrics` to every reward component and agent counter."""

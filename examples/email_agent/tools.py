@@ -37,8 +37,7 @@ MAX_KEYWORDS = 12
 
 _WORD = re.compile(r"\w+")
 _STOP_WORDS = frozenset(
-    "a an and are at be by did do does for from has have i in is it me my of on or our the to was we what"
-    " when where which who why with you your not near".split()
+    ["a", "an", "and", "are", "at", "be", "by", "did", "do", "does", "for", "from", "has", "have", "i", "in", "is", "it", "me", "my", "of", "on", "or", "our", "the", "to", "was", "we", "what", "when", "where", "which", "who", "why", "with", "you", "your", "not", "near"]
 )
 
 

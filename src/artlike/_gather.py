@@ -13,10 +13,12 @@ Policy, in order:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 from collections.abc import Awaitable, Iterable
 from inspect import iscoroutine
+from typing import Any
 
 from tqdm.auto import tqdm
 
@@ -91,26 +93,20 @@ async def gather_trajectory_groups(
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        for _, _, awaitable in jobs:
+            if iscoroutine(awaitable):
+                awaitable.close()  # no-op once finished; a never-started one would warn "never awaited"
         bar.close()
     return _assemble(groups, slots, min_group_size)
 
 
 async def _run(index: int, position: int, awaitable: Awaitable[Trajectory], limit: asyncio.Semaphore | None) -> _Outcome:
-    started = False
+    slot: contextlib.AbstractAsyncContextManager[Any] = limit if limit is not None else contextlib.nullcontext()
     try:
-        if limit is not None:
-            await limit.acquire()
-        try:
-            started = True
+        async with slot:
             result = await awaitable
-        finally:
-            if limit is not None:
-                limit.release()
     except Exception as exc:  # a failed rollout is an outcome: counted by the policy, raised past the budget
         return index, position, exc
-    finally:
-        if not started and iscoroutine(awaitable):
-            awaitable.close()  # cancelled while waiting for a slot: no "never awaited" warning
     if not isinstance(result, Trajectory):
         return index, position, TypeError(f"a rollout must return an artlike.Trajectory, got {type(result)!r}")
     return index, position, result

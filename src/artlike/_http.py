@@ -26,8 +26,6 @@ from ._version import __version__
 __all__ = ["RetryPolicy"]
 
 DEFAULT_TIMEOUT = httpx.Timeout(60.0, connect=10.0)
-# Many concurrent rollouts share one server: allow as many connections as the openai SDK does.
-CONNECTION_LIMITS = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
 RETRY_STATUSES = frozenset({502, 503, 504})
 IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
 # Failures where the request provably never reached the server: safe to retry for any method.
@@ -99,8 +97,10 @@ def _stream_error(error: httpx.TransportError, request: httpx.Request, idle_time
 class Connection:
     """httpx clients for one server (sync and async), with the API key, timeouts and retry policy.
 
-    The async client is bound to the event loop that created it, so a new one is built when called from
-    another loop (scripts that call `asyncio.run` more than once).
+    Each async call opens its own short-lived client: async connections belong to the event loop that
+    opened them, so a pooled one breaks scripts that call `asyncio.run` more than once. These calls are
+    a few per training step (rollout traffic goes through the trajectories' OpenAI clients), and with
+    the shared SSL context a client costs ~1 ms. The sync client, bound to no loop, is pooled.
     """
 
     def __init__(
@@ -122,8 +122,6 @@ class Connection:
         if sync_transport is None and isinstance(transport, httpx.BaseTransport):
             sync_transport = transport
         self._sync_transport = sync_transport
-        self._async_client: httpx.AsyncClient | None = None
-        self._async_client_loop: asyncio.AbstractEventLoop | None = None
         self._sync_client: httpx.Client | None = None
 
     @property
@@ -138,20 +136,16 @@ class Connection:
         """Built once: creating a context costs ~30 ms, and every trajectory's openai client needs one."""
         return httpx.create_ssl_context()
 
-    def async_client(self) -> httpx.AsyncClient:
-        loop = asyncio.get_running_loop()
-        if self._async_client is None or self._async_client_loop is not loop:
-            self._async_client = httpx.AsyncClient(
-                base_url=self.base_url, headers=self.headers, timeout=self.timeout, limits=CONNECTION_LIMITS,
-                transport=self._transport, verify=self.ssl_context,
-            )
-            self._async_client_loop = loop
-        return self._async_client
+    def _async_client(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(
+            base_url=self.base_url, headers=self.headers, timeout=self.timeout, transport=self._transport,
+            verify=self.ssl_context,
+        )
 
-    def sync_client(self) -> httpx.Client:
+    def _pooled_sync_client(self) -> httpx.Client:
         if self._sync_client is None:
             self._sync_client = httpx.Client(
-                base_url=self.base_url, headers=self.headers, timeout=self.timeout, limits=CONNECTION_LIMITS,
+                base_url=self.base_url, headers=self.headers, timeout=self.timeout,
                 transport=self._sync_transport, verify=self.ssl_context,
             )
         return self._sync_client
@@ -173,31 +167,31 @@ class Connection:
         idempotent: bool | None = None, request_timeout: httpx.Timeout | None = None,
     ) -> AsyncIterator[httpx.Response]:
         """An open, successful (2xx) response whose body is not read yet; closed on exit."""
-        client = self.async_client()
-        request = self._build(client, method, path, json, params, request_timeout)
-        retry_any_read = method in IDEMPOTENT_METHODS if idempotent is None else idempotent
-        attempt = 0
-        while True:
+        async with self._async_client() as client:
+            request = self._build(client, method, path, json, params, request_timeout)
+            retry_any_read = method in IDEMPOTENT_METHODS if idempotent is None else idempotent
+            attempt = 0
+            while True:
+                try:
+                    response = await client.send(request, stream=True)
+                except httpx.TransportError as error:
+                    delay = _retry_delay_for_error(self.retry, attempt, error, retry_any_read)
+                    if delay is None:
+                        raise _connection_error(error, request) from error
+                else:
+                    delay = _retry_delay_for_response(self.retry, attempt, response)
+                    if delay is None:
+                        break
+                    await response.aclose()
+                await self.retry.sleep(delay)
+                attempt += 1
             try:
-                response = await client.send(request, stream=True)
-            except httpx.TransportError as error:
-                delay = _retry_delay_for_error(self.retry, attempt, error, retry_any_read)
-                if delay is None:
-                    raise _connection_error(error, request) from error
-            else:
-                delay = _retry_delay_for_response(self.retry, attempt, response)
-                if delay is None:
-                    break
+                if response.is_error:
+                    await response.aread()
+                    raise error_from_response(response)
+                yield response
+            finally:
                 await response.aclose()
-            await self.retry.sleep(delay)
-            attempt += 1
-        try:
-            if response.is_error:
-                await response.aread()
-                raise error_from_response(response)
-            yield response
-        finally:
-            await response.aclose()
 
     async def stream_lines(
         self, method: str, path: str, *, json: Any = None, idle_timeout: float
@@ -214,12 +208,6 @@ class Connection:
                     raise _stream_error(error, response.request, idle_timeout) from error
                 yield line
 
-    async def aclose(self) -> None:
-        if self._async_client is not None:
-            await self._async_client.aclose()
-            self._async_client = None
-        self.close()
-
     # -------------------------------------------------------------------------------------------- sync
 
     def request_sync(
@@ -235,7 +223,7 @@ class Connection:
         self, method: str, path: str, *, json: Any = None, params: dict[str, Any] | None = None,
         idempotent: bool | None = None, request_timeout: httpx.Timeout | None = None,
     ) -> Iterator[httpx.Response]:
-        client = self.sync_client()
+        client = self._pooled_sync_client()
         request = self._build(client, method, path, json, params, request_timeout)
         retry_any_read = method in IDEMPOTENT_METHODS if idempotent is None else idempotent
         attempt = 0

@@ -206,11 +206,12 @@ class TrainableModel:
 
     # --------------------------------------------------------------------------------- lifecycle
 
-    async def aclose(self) -> None:
-        await self._connection.aclose()
-
     def close(self) -> None:
+        """Close the pooled connections of the sync API (the async API keeps none open)."""
         self._connection.close()
+
+    async def aclose(self) -> None:
+        self.close()
 
     async def __aenter__(self) -> TrainableModel:
         return self

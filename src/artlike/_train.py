@@ -81,7 +81,12 @@ def parse_event(line: str | bytes) -> AnyEvent:
     try:
         return _EVENT_ADAPTER.validate_python(data)
     except ValidationError as exc:
-        raise TrainingError(f"the train stream sent an invalid {data['type']!r} event: {exc}", code="invalid_stream") from exc
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"][1:]) or data["type"]
+        raise TrainingError(
+            f"the train stream sent an invalid {data['type']!r} event ({where}: {first['msg']}): {line[:300]!r}",
+            code="invalid_stream",
+        ) from exc
 
 
 class _EventDecoder:
@@ -199,8 +204,9 @@ def build_train_request(model: str, groups: Iterable[TrajectoryGroup | Iterable[
                 f"{group!r} has rollouts that were never awaited: pass the groups through "
                 "art.gather_trajectory_groups(...) first"
             )
-        usable = [trajectory for trajectory in group if not trajectory.failed]
-        failed += sum(1 for trajectory in group if trajectory.failed)
+        members = list(group)
+        usable = [trajectory for trajectory in members if not trajectory.failed]
+        failed += len(members) - len(usable)
         if usable:
             wire_groups.append(TrainGroup(trajectories=[trajectory._to_wire() for trajectory in usable]))
     if not wire_groups:

@@ -4,8 +4,11 @@ tests/integration/test_client.py."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import warnings
 from collections.abc import AsyncIterator, Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import orjson
@@ -451,3 +454,36 @@ def test_retry_policy_rejects_nonsense() -> None:
     with pytest.raises(ValueError):
         art.RetryPolicy(jitter=1.5)
     assert art.RetryPolicy(max_retry_after=10).delay(0, retry_after=120) == 10
+
+
+# ----------------------------------------------------------------------------- event loops
+
+
+class _ModelInfoHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, so the pooled connection outlives the first loop
+
+    def do_GET(self) -> None:
+        body = orjson.dumps(model_info(step=2))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def test_one_model_serves_scripts_that_call_asyncio_run_more_than_once() -> None:
+    # httpx's async connections belong to the loop that opened them; a second asyncio.run must not reuse them.
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _ModelInfoHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        model = art.TrainableModel("agent", "base/model", f"http://127.0.0.1:{server.server_address[1]}", api_key="")
+        assert asyncio.run(model.get_step()) == 2
+        assert asyncio.run(model.get_step()) == 2
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()

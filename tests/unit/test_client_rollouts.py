@@ -5,10 +5,9 @@ No server is involved: rollouts here are plain coroutines."""
 from __future__ import annotations
 
 import asyncio
-import gc
+import inspect
 import logging
 import re
-import warnings
 
 import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionMessage
@@ -256,15 +255,15 @@ async def test_concurrency_caps_the_rollouts_running_at_once(model: art.Trainabl
     assert sum(len(group.trajectories) for group in groups) == 12
 
 
-async def test_rollouts_never_started_are_closed_without_never_awaited_warnings(model: art.TrainableModel) -> None:
+async def test_rollouts_never_started_are_closed_so_python_does_not_warn_never_awaited(
+    model: art.TrainableModel,
+) -> None:
     rollout = make_rollout(model)
-    group = art.TrajectoryGroup([rollout(0.0, fail="inside"), *(rollout(1.0) for _ in range(5))])
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        with pytest.raises(RuntimeError):
-            await art.gather_trajectory_groups([group], concurrency=1, progress=False)
-        gc.collect()
-    assert [str(w.message) for w in caught if "never awaited" in str(w.message)] == []
+    waiting = [rollout(1.0) for _ in range(5)]
+    with pytest.raises(RuntimeError):
+        await art.gather_trajectory_groups([art.TrajectoryGroup([rollout(0.0, fail="inside"), *waiting])],
+                                           concurrency=1, progress=False)
+    assert [inspect.getcoroutinestate(coroutine) for coroutine in waiting] == [inspect.CORO_CLOSED] * 5
 
 
 async def test_a_rollout_that_returns_something_else_is_a_type_error(model: art.TrainableModel) -> None:
@@ -315,3 +314,13 @@ def test_failed_and_unscored_trajectories_in_a_hand_built_group(model: art.Train
     assert request.groups[0].trajectories == [TrajectoryRef(trajectory_id=scored.id, reward=1.0)]
     with pytest.raises(ValueError, match="all 1 trajectories failed"):
         build_train_request("agent", [[failed]], TrainConfig())
+
+
+async def test_an_already_failed_trajectory_counts_before_any_rollout_starts(model: art.TrainableModel) -> None:
+    failed = model.trajectory()
+    with failed:
+        raise RuntimeError("failed before gather")
+    waiting = [make_rollout(model)(1.0) for _ in range(3)]
+    with pytest.raises(RuntimeError, match="failed before gather"):
+        await art.gather_trajectory_groups([art.TrajectoryGroup([failed, *waiting])], progress=False)
+    assert [inspect.getcoroutinestate(coroutine) for coroutine in waiting] == [inspect.CORO_CLOSED] * 3

@@ -9,13 +9,13 @@ import sqlite3
 import subprocess
 import sys
 import threading
-import time
+import zlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import orjson
 import pytest
-
 from artlike_server.completion_log import (
     SCHEMA_VERSION,
     CompletionLog,
@@ -28,8 +28,10 @@ from artlike_server.completion_log import (
 )
 
 
-def completion(trajectory_id: str, *, request_id: str = "chatcmpl-1", choice: int = 0, tokens: int = 5) -> NewCompletion:
-    rng = np.random.default_rng(abs(hash((trajectory_id, request_id, choice))) % 2**32)
+def completion(
+    trajectory_id: str, *, request_id: str = "chatcmpl-1", choice: int = 0, tokens: int = 5
+) -> NewCompletion:
+    rng = np.random.default_rng(zlib.crc32(f"{trajectory_id}/{request_id}/{choice}".encode()))
     return NewCompletion(
         trajectory_id=trajectory_id,
         request_id=request_id,
@@ -50,7 +52,7 @@ def completion(trajectory_id: str, *, request_id: str = "chatcmpl-1", choice: in
 
 
 @pytest.fixture
-def log(tmp_path: Path) -> CompletionLog:
+def log(tmp_path: Path) -> Iterator[CompletionLog]:
     opened = CompletionLog(tmp_path / "data" / "completions.sqlite")
     opened.open()
     yield opened
@@ -82,7 +84,11 @@ async def test_round_trip(log: CompletionLog) -> None:
         assert stored.prompt_token_ids == new.prompt_token_ids
         assert stored.output_token_ids == new.output_token_ids
         assert stored.logprobs == new.logprobs
-        assert (stored.finish_reason, stored.created_at, stored.latency_seconds) == ("stop", 1_700_000_000.25, 0.5)
+        assert (stored.finish_reason, stored.created_at, stored.latency_seconds) == (
+            "stop",
+            1_700_000_000.25,
+            0.5,
+        )
     assert records[0].id < records[1].id
     assert await log.get("traj-unknown") == []
 
@@ -111,21 +117,20 @@ async def test_concurrent_writers(tmp_path: Path) -> None:
 
         thread = threading.Thread(target=other_writer)
         thread.start()
-        await asyncio.gather(*(first.record([completion(f"t{k % 10}", request_id=f"r{k}")]) for k in range(300)))
+        await asyncio.gather(
+            *(first.record([completion(f"t{k % 10}", request_id=f"r{k}")]) for k in range(300))
+        )
         await asyncio.to_thread(thread.join)
         everything = await first.get_many([*(f"t{k}" for k in range(10)), "other"])
-        assert sorted(r.request_id for k in range(10) for r in everything[f"t{k}"]) == sorted(f"r{k}" for k in range(300))
+        assert sorted(r.request_id for k in range(10) for r in everything[f"t{k}"]) == sorted(
+            f"r{k}" for k in range(300)
+        )
         assert [r.request_id for r in everything["other"]] == [f"o{k}" for k in range(100)]
         row_ids = [r.id for rows in everything.values() for r in rows]
         assert len(set(row_ids)) == 400
     finally:
         first.close()
         second.close()
-
-
-async def test_a_failed_batch_fails_its_callers_and_the_writer_goes_on(log: CompletionLog) -> None:
-    broken = NewCompletion(**{**completion("bad").__dict__, "output_token_ids": [2**40]} if False else {})
-    assert broken is not None
 
 
 async def test_a_failed_write_reaches_the_caller_and_the_writer_goes_on(log: CompletionLog) -> None:
@@ -165,9 +170,8 @@ def test_lifecycle_errors(tmp_path: Path) -> None:
     log = CompletionLog(tmp_path / "c.sqlite")
     with pytest.raises(CompletionLogError):
         log.submit([completion("x")])
-    with log:
-        with pytest.raises(CompletionLogError):
-            log.open()
+    with log, pytest.raises(CompletionLogError):
+        log.open()
     with pytest.raises(CompletionLogError):
         log.submit([completion("x")])
     connection = sqlite3.connect(tmp_path / "c.sqlite")
@@ -221,7 +225,9 @@ def test_kill_9_mid_batch_leaves_a_consistent_database(tmp_path: Path) -> None:
 
     connection = sqlite3.connect(path)
     assert connection.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
-    per_request = connection.execute("SELECT request_id, count(*) FROM completions GROUP BY request_id").fetchall()
+    per_request = connection.execute(
+        "SELECT request_id, count(*) FROM completions GROUP BY request_id"
+    ).fetchall()
     assert len(per_request) >= 12
     assert all(count == 50 for _, count in per_request)  # each batch is all or nothing
     connection.close()
@@ -234,4 +240,3 @@ def test_kill_9_mid_batch_leaves_a_consistent_database(tmp_path: Path) -> None:
         assert row.output_token_ids == completion("t0-0", request_id="b0", tokens=200).output_token_ids
     finally:
         reopened.close()
-    assert time.time() > 0

@@ -46,6 +46,8 @@ def group_advantages(rewards: Sequence[float], *, scale_rewards: bool = True, ep
     """
     if not rewards:
         return []
+    if is_zero_variance(rewards):  # exactly 0, not rounding noise divided by eps
+        return [0.0] * len(rewards)
     mean = math.fsum(rewards) / len(rewards)
     centred = [r - mean for r in rewards]
     if not scale_rewards:

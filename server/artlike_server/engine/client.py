@@ -1,0 +1,100 @@
+"""The one HTTP client that talks to the vLLM engine, plus typed wrappers for its admin endpoints.
+
+`EngineClient.http` is a single shared `httpx.AsyncClient` (one connection pool) for everything: the
+proxy streams completions through it, the adapter store loads adapters through it and the supervisor
+checks health through it. Streams get no read timeout (a long generation is not a hang; the supervisor's
+health check catches a dead engine); admin calls carry their own timeout.
+
+    EngineError
+    └── EngineRequestError    the engine answered with a non-2xx status (status + body)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+from pydantic import BaseModel, ConfigDict
+
+# Connection pool: sized for well over 64 concurrent streams plus admin calls; waiting for a free
+# connection longer than the pool timeout means something is stuck, not busy.
+_LIMITS = httpx.Limits(max_connections=512, max_keepalive_connections=128)
+_STREAM_TIMEOUT = httpx.Timeout(connect=5.0, read=None, write=60.0, pool=60.0)
+ADMIN_TIMEOUT_S = 60.0
+
+
+class EngineError(Exception):
+    """Base class of errors raised by the engine layer."""
+
+
+class EngineRequestError(EngineError):
+    """The engine answered `status` (not 2xx) with `body`."""
+
+    def __init__(self, method: str, path: str, status: int, body: str) -> None:
+        super().__init__(f"vLLM {method} {path} -> {status}: {body[:500]}")
+        self.method = method
+        self.path = path
+        self.status = status
+        self.body = body
+
+
+class EngineModel(BaseModel):
+    """One entry of the engine's `GET /v1/models`: the base model or a loaded LoRA adapter."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    id: str
+    root: str | None = None  # the weights' path (adapter dir for LoRA)
+    parent: str | None = None  # the base model's name for an adapter; None for the base model
+
+
+class _ModelList(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    data: list[EngineModel]
+
+
+class EngineClient:
+    """HTTP access to one vLLM OpenAI server at `base_url` (e.g. "http://127.0.0.1:8123")."""
+
+    def __init__(self, base_url: str, *, transport: httpx.AsyncBaseTransport | None = None) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.http = httpx.AsyncClient(
+            base_url=self.base_url, timeout=_STREAM_TIMEOUT, limits=_LIMITS, transport=transport
+        )
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+
+    async def is_healthy(self, timeout_s: float = 5.0) -> bool:
+        """`GET /health` answered 200 within `timeout_s` (a refused connection or a timeout is False)."""
+        try:
+            response = await self.http.get("/health", timeout=timeout_s)
+        except httpx.TransportError:  # connect refused/reset, timeouts: the engine is not (yet) healthy
+            return False
+        return response.status_code == 200
+
+    async def load_lora_adapter(self, name: str, path: Path | str) -> None:
+        """Load the PEFT adapter directory `path` under the model name `name`."""
+        await self._admin_post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(path)})
+
+    async def unload_lora_adapter(self, name: str) -> None:
+        await self._admin_post("/v1/unload_lora_adapter", {"lora_name": name})
+
+    async def list_models(self) -> list[EngineModel]:
+        response = await self.http.get("/v1/models", timeout=ADMIN_TIMEOUT_S)
+        _raise_for_status(response)
+        return _ModelList.model_validate_json(response.content).data
+
+    async def reset_prefix_cache(self) -> None:
+        """Drop vLLM's prefix cache (needs VLLM_SERVER_DEV_MODE=1, which `build_env` sets)."""
+        await self._admin_post("/reset_prefix_cache", None)
+
+    async def _admin_post(self, path: str, payload: dict[str, str] | None) -> None:
+        response = await self.http.post(path, json=payload, timeout=ADMIN_TIMEOUT_S)
+        _raise_for_status(response)
+
+
+def _raise_for_status(response: httpx.Response) -> None:
+    if not response.is_success:
+        raise EngineRequestError(response.request.method, response.request.url.path, response.status_code, response.text)
