@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import openai
-import orjson
 
 from examples.email_agent.records import Question
 from examples.email_agent.reward import (
@@ -43,7 +42,7 @@ from examples.email_agent.tools import (
 )
 
 DEFAULT_MAX_TURNS = 5
-DEFAULT_MAX_TOKENS = 160  # per turn: a tool call needs ~40 tokens
+DEFAULT_MAX_TOKENS = 100  # per turn: a tool call takes 20-50 tokens; more is rambling
 
 SYSTEM_PROMPT = (
     "You answer questions about the user's email inbox with tools. Search with a few keywords from the "
@@ -52,35 +51,55 @@ SYSTEM_PROMPT = (
     "answer \"I don't know\". Every reply must be a tool call."
 )
 
-_EXAMPLE_HIT = SearchHit(
-    message_id="ex00417", date="2024-02-05", from_addr="trips@skywaytravel.com",
-    subject="Trip confirmation: Reykjavik", snippet="…flight FI 614 from BOS to Reykjavik departs at 9:40 AM on…")
-_EXAMPLE_EMAIL = EmailView(
-    message_id="ex00417", sent_at="2024-02-05T10:15:00", from_addr="trips@skywaytravel.com",
-    to_addrs="sam.lee@example.com", cc="", subject="Trip confirmation: Reykjavik", attachments="",
-    body="Hi Sam,\n\nYour flight FI 614 from BOS to Reykjavik departs at 9:40 AM on Monday, February 12. "
-         "Confirmation code: KZ4M7Q. Hotel: The Linden, 3 nights.\n\nSkyway Travel")
-
-
 def _tool_call_message(call_id: str, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
-    # json.dumps spacing, as vLLM's tool parsers write `arguments`: the example looks like real history.
+    # json.dumps spacing, as vLLM's tool parsers write `arguments`: the examples look like real history.
     return {"role": "assistant", "content": None, "tool_calls": [
         {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}]}
 
 
-WORKED_EXAMPLE: list[dict[str, Any]] = [
-    {"role": "user", "content": "What is the confirmation code for my trip to Reykjavik?"},
-    _tool_call_message("call_example_1", "search_inbox", {"keywords": "Reykjavik trip confirmation"}),
-    {"role": "tool", "tool_call_id": "call_example_1", "content": format_search_hits([_EXAMPLE_HIT])},
-    _tool_call_message("call_example_2", "read_email", {"message_id": "ex00417"}),
-    {"role": "tool", "tool_call_id": "call_example_2", "content": format_email(_EXAMPLE_EMAIL)},
-    _tool_call_message("call_example_3", "return_final_answer", {"answer": "KZ4M7Q", "sources": ["ex00417"]}),
-    {"role": "tool", "tool_call_id": "call_example_3", "content": "Answer recorded."},
+def _worked_example(tag: str, question: str, steps: list[tuple[str, dict[str, Any], str]]) -> list[dict[str, Any]]:
+    """A user question, then each (tool, arguments, tool result) as a real assistant tool call and tool reply."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": question}]
+    for n, (name, arguments, result) in enumerate(steps, start=1):
+        call_id = f"call_{tag}_{n}"
+        messages += [_tool_call_message(call_id, name, arguments),
+                     {"role": "tool", "tool_call_id": call_id, "content": result}]
+    return messages
+
+
+_TRIP = EmailView(
+    message_id="ex00417", sent_at="2024-02-05T10:15:00", from_addr="trips@skywaytravel.com",
+    to_addrs="sam.lee@example.com", cc="", subject="Trip confirmation: Reykjavik", attachments="",
+    body="Hi Sam,\n\nYour flight FI 614 from BOS to Reykjavik departs at 9:40 AM on Monday, February 12. "
+         "Confirmation code: KZ4M7Q. Hotel: The Linden, 3 nights.\n\nSkyway Travel")
+_RECORDED = "Answer recorded."
+
+# Three short episodes in the real tool-call format, on made-up names the corpus never uses. One example
+# was not enough for the 135M model (0 of 32 sampled first turns were tool calls); three gave 25 of 32.
+WORKED_EXAMPLES: list[dict[str, Any]] = [
+    *_worked_example("a", "What time is the Falcon demo?", [
+        ("search_inbox", {"keywords": "Falcon demo"}, format_search_hits([
+            SearchHit("ex00102", "2024-01-09", "li.wu@example.com", "Falcon demo moved to 2:30 PM",
+                      "…the Falcon demo is now on Friday, January 12 at 2:30 PM in Room 2B…"),
+            SearchHit("ex00087", "2024-01-03", "li.wu@example.com", "Notes: Falcon demo",
+                      "Notes from today's Falcon demo: the team is heads down…")])),
+        ("return_final_answer", {"answer": "2:30 PM", "sources": ["ex00102"]}, _RECORDED)]),
+    *_worked_example("b", "What is the confirmation code for my trip to Reykjavik?", [
+        ("search_inbox", {"keywords": "Reykjavik trip confirmation"}, format_search_hits([
+            SearchHit(_TRIP.message_id, "2024-02-05", _TRIP.from_addr, _TRIP.subject,
+                      "…flight FI 614 from BOS to Reykjavik departs at 9:40 AM on…")])),
+        ("read_email", {"message_id": _TRIP.message_id}, format_email(_TRIP)),
+        ("return_final_answer", {"answer": "KZ4M7Q", "sources": [_TRIP.message_id]}, _RECORDED)]),
+    *_worked_example("c", "Which vendor was chosen for the Kite hosting work?", [
+        ("search_inbox", {"keywords": "Kite hosting vendor"}, format_search_hits([
+            SearchHit("ex00388", "2024-04-18", "mo.ali@example.com", "Decision: Bluecloud for Kite hosting",
+                      "…we're going with Bluecloud for hosting on Kite…")])),
+        ("return_final_answer", {"answer": "Bluecloud", "sources": ["ex00388"]}, _RECORDED)]),
 ]
 
 
 def initial_messages(question: Question) -> list[dict[str, Any]]:
-    return [{"role": "system", "content": SYSTEM_PROMPT}, *WORKED_EXAMPLE,
+    return [{"role": "system", "content": SYSTEM_PROMPT}, *WORKED_EXAMPLES,
             {"role": "user", "content": question.question}]
 
 
@@ -201,17 +220,15 @@ _TOOL_CALL_TAG = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
 
 
 def _handle_reply_without_tool_call(result: AgentResult, content: str, finish_reason: str | None) -> None:
+    # Short feedback without tool-call syntax in it: small models parrot whatever markup they are shown.
     result.invalid_tool_calls += 1
     stripped = content.strip()
     if "<tool_call>" in stripped or stripped.startswith(("{", "[", "```")):
         result.unparsed_tool_calls += 1
-        problem = _diagnose_written_tool_call(stripped, finish_reason)
-        feedback = (f"Error: your tool call could not be used: {problem}. Reply with exactly one tool call: "
-                    '<tool_call>\n{"name": "<tool name>", "arguments": {...}}\n</tool_call>')
+        feedback = f"Error: your tool call could not be parsed: {_diagnose_written_tool_call(stripped, finish_reason)}."
     else:
         result.text_replies += 1
-        feedback = ("Error: no tool call found. Every reply must be a tool call. To give your answer, call "
-                    "return_final_answer with the answer and the message ids of your sources.")
+        feedback = "Error: no tool call. Reply with a tool call; to answer, call return_final_answer."
     result.messages.append({"role": "user", "content": feedback})
 
 
@@ -221,14 +238,16 @@ def _diagnose_written_tool_call(content: str, finish_reason: str | None) -> str:
     tagged = _TOOL_CALL_TAG.search(content)
     payload = (tagged.group(1) if tagged else content).strip().strip("`").removeprefix("json").strip()
     try:
-        call = orjson.loads(payload)
-    except orjson.JSONDecodeError:
+        call, end = json.JSONDecoder().raw_decode(payload)
+    except json.JSONDecodeError:
         return "it is not valid JSON"
     if not isinstance(call, dict) or "name" not in call or "arguments" not in call:
         return 'it needs the keys "name" and "arguments"'
     if not isinstance(call["arguments"], dict):
         return '"arguments" must be a JSON object'
-    return "it was not in the tool-call format"
+    if payload[end:].strip():
+        return f"unexpected text after the JSON ({payload[end:].strip()[:20]!r}); end the call with </tool_call>"
+    return "write it inside <tool_call></tool_call> tags"
 
 
 async def grade_result(

@@ -97,21 +97,22 @@ _ARGUMENT_MODELS: dict[str, type[_Arguments]] = {
     "return_final_answer": ReturnFinalAnswerArgs,
 }
 
+# Terse on purpose: the chat template puts these in every prompt, and small models read slowly on CPU.
 TOOL_SPECS: list[dict[str, Any]] = [
     {
         "type": "function",
         "function": {
             "name": "search_inbox",
-            "description": "Search the inbox by keywords. Returns matching emails (id, date, from, subject, snippet).",
+            "description": "Search emails by keywords. Returns message ids, dates, senders, subjects and snippets.",
             "parameters": {
                 "type": "object",
                 "properties": {
-                    "keywords": {"type": "string", "description": "Words to search for, e.g. \"Orion kickoff\"."},
-                    "from_addr": {"type": "string", "description": "Only emails from this sender."},
-                    "to_addr": {"type": "string", "description": "Only emails to this recipient."},
-                    "sent_after": {"type": "string", "description": "Only emails sent on or after YYYY-MM-DD."},
-                    "sent_before": {"type": "string", "description": "Only emails sent before YYYY-MM-DD."},
-                    "max_results": {"type": "integer", "description": f"At most {MAX_SEARCH_RESULTS}."},
+                    "keywords": {"type": "string"},
+                    "from_addr": {"type": "string"},
+                    "to_addr": {"type": "string"},
+                    "sent_after": {"type": "string", "description": "YYYY-MM-DD"},
+                    "sent_before": {"type": "string", "description": "YYYY-MM-DD"},
+                    "max_results": {"type": "integer", "description": f"at most {MAX_SEARCH_RESULTS}"},
                 },
                 "required": ["keywords"],
                 "additionalProperties": False,
@@ -122,7 +123,7 @@ TOOL_SPECS: list[dict[str, Any]] = [
         "type": "function",
         "function": {
             "name": "read_email",
-            "description": "Read one email by its message id.",
+            "description": "Read one email.",
             "parameters": {
                 "type": "object",
                 "properties": {"message_id": {"type": "string"}},
@@ -135,13 +136,10 @@ TOOL_SPECS: list[dict[str, Any]] = [
         "type": "function",
         "function": {
             "name": "return_final_answer",
-            "description": "Give the final answer and the message ids of the emails that state it.",
+            "description": "Give the answer and the message ids of the emails that state it.",
             "parameters": {
                 "type": "object",
-                "properties": {
-                    "answer": {"type": "string", "description": "The fact asked for, or \"I don't know\"."},
-                    "sources": {"type": "array", "items": {"type": "string"}},
-                },
+                "properties": {"answer": {"type": "string"}, "sources": {"type": "array", "items": {"type": "string"}}},
                 "required": ["answer", "sources"],
                 "additionalProperties": False,
             },
@@ -335,7 +333,7 @@ class EmailTools:
         for query in (all_words, any_word):
             rows = self._db.execute(sql, (query, *params, args.max_results)).fetchall()
             if rows:
-                return [SearchHit(*row) for row in rows]
+                return [SearchHit(*row[:4], snippet=" ".join(row[4].split())) for row in rows]
         return []
 
 

@@ -12,7 +12,7 @@ import uvicorn
 
 from .default_model import DEFAULT_MODEL_ID, ensure_default_model
 from .engine.launch import detect_device
-from .engine.templates import builtin_chat_template
+from .engine.templates import resolve_chat_template
 from .settings import ServerSettings
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="artlike: serve a model and train it with RL.")
@@ -63,7 +63,7 @@ def serve(
         name = served_model_name or (local.name if local.is_dir() else model)
     template: Path | None = None
     if chat_template is not None:
-        template = builtin_chat_template(chat_template) or Path(chat_template).expanduser().resolve()
+        template = Path(resolve_chat_template(chat_template)).expanduser().resolve()
         if not template.is_file():
             raise typer.BadParameter(f"no such chat template file: {template}", param_hint="--chat-template")
     settings = ServerSettings(

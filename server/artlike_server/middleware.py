@@ -104,9 +104,13 @@ class BodySizeLimitMiddleware:
 
 
 class RequestMetricsMiddleware:
-    """Counts every HTTP request by route template (the router writes the matched route into the scope)."""
+    """Counts every HTTP request by route template (the router writes the matched route into the scope).
 
-    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+    `metrics` may be omitted when the app builds its Metrics at startup (after middleware is added): it is
+    then taken from `app.state.artlike.metrics` on each request.
+    """
+
+    def __init__(self, app: ASGIApp, metrics: Metrics | None = None) -> None:
         self.app = app
         self.metrics = metrics
 
@@ -114,6 +118,7 @@ class RequestMetricsMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        metrics: Metrics = self.metrics or scope["app"].state.artlike.metrics
         started = time.perf_counter()
         status = 500  # if the app raises before sending a response, the server answers 500
 
@@ -123,11 +128,11 @@ class RequestMetricsMiddleware:
                 status = message["status"]
             await send(message)
 
-        self.metrics.in_flight.inc()
+        metrics.in_flight.inc()
         try:
             await self.app(scope, receive, status_send)
         finally:
-            self.metrics.in_flight.dec()
+            metrics.in_flight.dec()
             route = scope.get("route")
             template = getattr(route, "path", None) or "unmatched"
-            self.metrics.request_finished(template, scope["method"], status, time.perf_counter() - started)
+            metrics.request_finished(template, scope["method"], status, time.perf_counter() - started)

@@ -185,7 +185,9 @@ def test_masked_tokens_get_no_gradient_and_do_not_change_the_loss() -> None:
     behaviour = torch.tensor([[0.0, -1.0, 0.0, -2.0]])  # 0.0 where not trainable, as in a TrainSequence
     values = torch.tensor([[-30.0, -0.9, -7.0, -2.1]])
     logprobs = values.clone().requires_grad_(True)
-    out = policy_loss(logprobs, behaviour, torch.tensor([1.5]), mask, epsilon_low=EPS_LOW, epsilon_high=EPS_HIGH)
+    out = policy_loss(
+        logprobs, behaviour, torch.tensor([1.5]), mask, epsilon_low=EPS_LOW, epsilon_high=EPS_HIGH
+    )
     out.loss.backward()
     assert logprobs.grad is not None
     assert logprobs.grad[0, 0] == 0.0 and logprobs.grad[0, 2] == 0.0
@@ -193,7 +195,9 @@ def test_masked_tokens_get_no_gradient_and_do_not_change_the_loss() -> None:
 
     other = values.clone()
     other[0, 0], other[0, 2] = -1.0, -50.0  # change only masked positions
-    again = policy_loss(other, behaviour, torch.tensor([1.5]), mask, epsilon_low=EPS_LOW, epsilon_high=EPS_HIGH)
+    again = policy_loss(
+        other, behaviour, torch.tensor([1.5]), mask, epsilon_low=EPS_LOW, epsilon_high=EPS_HIGH
+    )
     assert again.loss.item() == out.loss.item()
 
 

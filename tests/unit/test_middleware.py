@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
 import pytest
@@ -136,3 +137,22 @@ async def test_openai_routes_and_metrics_endpoint_behind_the_key(tmp_path: Path)
             assert "artlike_engine_ready 1.0" in scraped.text
     finally:
         log.close()
+
+
+async def test_metrics_middleware_can_find_the_metrics_at_request_time() -> None:
+    """The app builds its Metrics at startup, after middleware is added: the middleware looks them up."""
+    metrics = Metrics()
+    app = FastAPI()
+    app.add_middleware(RequestMetricsMiddleware)
+
+    @app.get("/v1/models")
+    async def models() -> Response:
+        return Response(b"{}")
+
+    app.state.artlike = SimpleNamespace(metrics=metrics)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
+        await http.get("/v1/models")
+    assert (
+        'artlike_requests_total{method="GET",route="/v1/models",status="200"} 1.0'
+        in metrics.render().decode()
+    )

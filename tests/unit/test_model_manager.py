@@ -1,10 +1,9 @@
 """The adapter manager's logic against a fake engine client (the real engine is in the integration tests)."""
 
 from pathlib import Path
-from typing import Any
-
 import pytest
 from artlike.types import LoraConfig
+from artlike_server.engine.client import EngineModel
 from artlike_server.errors import NotFound
 from artlike_server.models.manager import ModelManager, ServedModel, parse_model_reference
 from artlike_server.models.store import ModelStore
@@ -23,8 +22,8 @@ class FakeEngine:
         self.calls.append(("unload", name))
         del self.loaded[name]
 
-    async def list_models(self) -> list[dict[str, Any]]:
-        return [{"id": "base"}, *({"id": n} for n in self.loaded)]
+    async def list_models(self) -> list[EngineModel]:
+        return [EngineModel(id="base"), *(EngineModel(id=n) for n in self.loaded)]
 
 
 def make_store(tmp_path: Path, steps: int) -> ModelStore:
@@ -83,8 +82,8 @@ async def test_publish_moves_alias_and_keeps_latest_k_loaded(tmp_path: Path) -> 
 
 async def test_publish_fails_loudly_when_the_engine_does_not_list_the_adapter(tmp_path: Path) -> None:
     class ForgetfulEngine(FakeEngine):
-        async def list_models(self) -> list[dict[str, Any]]:
-            return [{"id": "base"}]
+        async def list_models(self) -> list[EngineModel]:
+            return [EngineModel(id="base")]
 
     manager = ModelManager(make_store(tmp_path, 2), ForgetfulEngine(), "base")  # type: ignore[arg-type]
     with pytest.raises(RuntimeError, match="does not list"):

@@ -4,6 +4,7 @@ against `FakeVLLM` (vLLM 0.32's response shapes) for forwarding, recording, stre
 from __future__ import annotations
 
 import asyncio
+import doctest
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ import pytest
 from artlike_server.completion_log import CompletionLog
 from artlike_server.errors import InvalidRequest, NotFound, ServiceUnavailable
 from artlike_server.metrics import Metrics
+from artlike_server.openai_api import serving
 from artlike_server.openai_api.api_router import SSEResponse
 from artlike_server.openai_api.protocol import validate_request
 from artlike_server.openai_api.serving import (
@@ -122,11 +124,19 @@ def test_recording_forces_token_ids_and_logprobs_without_touching_the_callers_bo
     }
 
 
+def test_worked_examples_in_docstrings() -> None:
+    assert doctest.testmod(serving, raise_on_error=True).attempted >= 1
+
+
 def test_plain_routes_force_nothing_but_usage_on_streams() -> None:
     upstream, _ = prepare_upstream_body(
         "chat.completions", {"model": "b", "messages": MESSAGES}, "b", record=False
     )
     assert upstream == {"model": "b", "messages": MESSAGES}
+    body = {"model": "b", "messages": MESSAGES, "stream": True}
+    upstream, asked = prepare_upstream_body("chat.completions", body, "b", record=False)
+    assert upstream == body | {"stream_options": {"include_usage": True}}  # token metrics come from usage
+    assert not asked.usage
 
 
 def test_what_the_caller_asked_for_is_kept() -> None:

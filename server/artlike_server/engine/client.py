@@ -97,4 +97,6 @@ class EngineClient:
 
 def _raise_for_status(response: httpx.Response) -> None:
     if not response.is_success:
-        raise EngineRequestError(response.request.method, response.request.url.path, response.status_code, response.text)
+        raise EngineRequestError(
+            response.request.method, response.request.url.path, response.status_code, response.text
+        )

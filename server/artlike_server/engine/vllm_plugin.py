@@ -97,7 +97,11 @@ def bgmv_expand_slice(
         output_tensor[:, slice_offset : slice_offset + slice_size] = outputs[:]
 
 
-_REPLACEMENTS = {"bgmv_shrink": bgmv_shrink, "bgmv_expand": bgmv_expand, "bgmv_expand_slice": bgmv_expand_slice}
+_REPLACEMENTS = {
+    "bgmv_shrink": bgmv_shrink,
+    "bgmv_expand": bgmv_expand,
+    "bgmv_expand_slice": bgmv_expand_slice,
+}
 
 
 def no_adapter_row_leaks(lora_ops: ModuleType) -> bool:
@@ -115,7 +119,9 @@ def no_adapter_row_leaks(lora_ops: ModuleType) -> bool:
 def register() -> None:
     """Entry point called by vLLM in each of its processes; idempotent and cheap."""
     if os.environ.get(DISABLE_ENV) == "1":
-        logger.warning("artlike LoRA fix disabled by %s=1: mixed base/adapter batches may be wrong", DISABLE_ENV)
+        logger.warning(
+            "artlike LoRA fix disabled by %s=1: mixed base/adapter batches may be wrong", DISABLE_ENV
+        )
         return
 
     import vllm
@@ -139,7 +145,9 @@ def register() -> None:
     if lora_ops.bgmv_shrink is bgmv_shrink:
         return  # already applied in this process
     if not no_adapter_row_leaks(lora_ops):
-        logger.info("artlike LoRA fix: vLLM %s handles rows without an adapter already; nothing patched", version)
+        logger.info(
+            "artlike LoRA fix: vLLM %s handles rows without an adapter already; nothing patched", version
+        )
         return
 
     # `lora_ops` itself: its sgmv_* functions look the bgmv_* names up there at call time. The

@@ -138,7 +138,7 @@ class ModelManager:
         started = time.perf_counter()
         await self._ensure_loaded(name, step)
         engine_name = served_name(name, step)
-        listed = {m["id"] for m in await self.engine.list_models()}
+        listed = {m.id for m in await self.engine.list_models()}
         if engine_name not in listed:  # DESIGN §9: never assume an adapter was delivered
             raise RuntimeError(f"the engine does not list {engine_name} after loading it")
         self._latest[name] = step  # the atomic alias move

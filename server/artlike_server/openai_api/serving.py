@@ -486,7 +486,7 @@ class ProxyStream:
             self._iterator = self._events()
         return self._iterator
 
-    async def _events(self) -> AsyncIterator[bytes]:
+    async def _events(self) -> AsyncGenerator[bytes, None]:
         buffer = bytearray()
         saw_done = False
         try:

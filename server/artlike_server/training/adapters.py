@@ -155,7 +155,9 @@ class AdapterSlots:
 def check_writable(out_dir: Path) -> None:
     """Adapters are never overwritten: `out_dir` must not exist or be an empty directory."""
     if out_dir.exists() and not (out_dir.is_dir() and not any(out_dir.iterdir())):
-        raise AdapterError(f"{out_dir} already exists and is not an empty directory; adapters are never overwritten")
+        raise AdapterError(
+            f"{out_dir} already exists and is not an empty directory; adapters are never overwritten"
+        )
 
 
 def _read_config(adapter_dir: Path) -> peft.LoraConfig:

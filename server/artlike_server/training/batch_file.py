@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 import orjson
-from safetensors.numpy import load_file, save_file
 from safetensors import safe_open
+from safetensors.numpy import load_file, save_file
 
 from artlike_server.training.sequences import TrainSequence
 
@@ -34,19 +34,23 @@ class BatchFileError(ValueError):
 
 def write_batch(path: Path, sequences: Sequence[TrainSequence]) -> None:
     """Write atomically (temporary file, then rename), so the worker never reads half a batch."""
+    for index, s in enumerate(sequences):
+        if not len(s.token_ids) == len(s.trainable) == len(s.behaviour_logprobs):
+            raise BatchFileError(
+                f"sequence {index}: trainable and behaviour_logprobs must align with token_ids"
+            )
     lengths = np.array([s.num_tokens for s in sequences], dtype=np.int64)
     offsets = np.concatenate([np.zeros(1, dtype=np.int64), np.cumsum(lengths, dtype=np.int64)])
     tensors = {
         "token_ids": np.array([t for s in sequences for t in s.token_ids], dtype=np.int64),
         "trainable": np.array([m for s in sequences for m in s.trainable], dtype=np.uint8),
-        "behaviour_logprobs": np.array([x for s in sequences for x in s.behaviour_logprobs], dtype=np.float32),
+        "behaviour_logprobs": np.array(
+            [x for s in sequences for x in s.behaviour_logprobs], dtype=np.float32
+        ),
         "offsets": offsets,
         "advantages": np.array([s.advantage for s in sequences], dtype=np.float64),
         "group_indices": np.array([s.group_index for s in sequences], dtype=np.int64),
     }
-    for name in ("trainable", "behaviour_logprobs"):
-        if len(tensors[name]) != len(tensors["token_ids"]):
-            raise BatchFileError(f"a sequence's {name} is not aligned with its token_ids")
     metadata = {
         "format": FORMAT,
         "trajectory_ids": orjson.dumps([s.trajectory_id for s in sequences]).decode(),

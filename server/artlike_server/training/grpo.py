@@ -38,7 +38,9 @@ _MAX_ABS_LOG_RATIO = 20.0
 """exp(±20) is far outside any clip range; clamping keeps exp() finite for a mis-recorded logprob."""
 
 
-def group_advantages(rewards: Sequence[float], *, scale_rewards: bool = True, eps: float = 1e-4) -> list[float]:
+def group_advantages(
+    rewards: Sequence[float], *, scale_rewards: bool = True, eps: float = 1e-4
+) -> list[float]:
     """Advantages of one group: rewards minus the group mean, divided by the population std when scaling.
 
     >>> group_advantages([1.0, 0.0, 0.0, 1.0])   # mean 0.5, std 0.5
@@ -66,10 +68,14 @@ class LossOutput:
     """The loss of one micro-batch and its statistics; all 0-dim tensors, only `loss` carries gradient."""
 
     loss: torch.Tensor  # policy_loss + β·kl, normalised by the optimizer step's normaliser: backward() this
-    policy_loss: torch.Tensor  # detached, same normalisation: summing over micro-batches gives the step's value
+    policy_loss: (
+        torch.Tensor
+    )  # detached, same normalisation: summing over micro-batches gives the step's value
     kl: torch.Tensor  # detached, same normalisation
     clip_fraction: torch.Tensor  # detached, share of this call's trainable tokens whose gradient the clip cut
-    logprob_mismatch: torch.Tensor  # detached, mean |logπθ - logπ_b| over tokens with a known behaviour logprob
+    logprob_mismatch: (
+        torch.Tensor
+    )  # detached, mean |logπθ - logπ_b| over tokens with a known behaviour logprob
     tokens: torch.Tensor  # trainable tokens in this call
     mismatch_tokens: torch.Tensor  # trainable tokens with a known behaviour logprob
 

@@ -38,7 +38,9 @@ class MicroBatch:
     advantages: torch.Tensor  # [B] float32
 
 
-def collate(sequences: Sequence[TrainSequence], pad_token_id: int, device: torch.device | None = None) -> MicroBatch:
+def collate(
+    sequences: Sequence[TrainSequence], pad_token_id: int, device: torch.device | None = None
+) -> MicroBatch:
     """Right-pad into tensors; per-token fields shift by one to align with next-token targets.
 
     The first token of a sequence has no context and is never a target, even if marked trainable.
@@ -67,7 +69,9 @@ def validate_batch(sequences: Sequence[TrainSequence], vocab_size: int) -> None:
         raise BatchError("the batch has no sequences")
     for index, seq in enumerate(sequences):
         if not (len(seq.token_ids) == len(seq.trainable) == len(seq.behaviour_logprobs)):
-            raise BatchError(f"sequence {index}: token_ids, trainable and behaviour_logprobs differ in length")
+            raise BatchError(
+                f"sequence {index}: token_ids, trainable and behaviour_logprobs differ in length"
+            )
         if seq.token_ids and not 0 <= min(seq.token_ids) <= max(seq.token_ids) < vocab_size:
             raise BatchError(f"sequence {index} has token ids outside the vocabulary [0, {vocab_size})")
         if not math.isfinite(seq.advantage):
@@ -127,18 +131,26 @@ def run_optimizer_steps(
         micro_batches = pack([s.num_tokens for s in step_sequences], config.micro_batch_tokens)
         trainable_counts = [sum(s.trainable[1:]) for s in step_sequences]
         normalizer = (
-            sum(trainable_counts) if config.loss_aggregation == "token" else sum(c > 0 for c in trainable_counts)
+            sum(trainable_counts)
+            if config.loss_aggregation == "token"
+            else sum(c > 0 for c in trainable_counts)
         )
         totals = _StepTotals()
         for mb_index, members in enumerate(micro_batches):
             if on_micro_batch is not None:
                 on_micro_batch(step_index, mb_index, len(micro_batches))
             batch = collate([step_sequences[i] for i in members], pad_token_id, device)
-            logprobs, entropy = token_logprobs(model, batch.input_ids, chunk_tokens=chunk_tokens)  # [B, T-1]
+            if not bool(batch.mask.any()):
+                continue  # nothing to train here (e.g. only the first token was marked)
+            logprobs, entropy = token_logprobs(  # [B, T-1] each, 0 where not trainable
+                model, batch.input_ids, mask=batch.mask, chunk_tokens=chunk_tokens
+            )
             ref_logprobs = None
             if use_kl and reference is not None:
                 with torch.no_grad(), reference():
-                    ref_logprobs, _ = token_logprobs(model, batch.input_ids, chunk_tokens=chunk_tokens)
+                    ref_logprobs, _ = token_logprobs(
+                        model, batch.input_ids, mask=batch.mask, chunk_tokens=chunk_tokens
+                    )
             out = policy_loss(
                 logprobs,
                 batch.behaviour_logprobs,

@@ -83,7 +83,11 @@ def merge_turns(
             )
         prompt = list(turn.prompt_ids)
         # The longest prefix wins: after A then A+B, a turn continuing A+B must extend that sequence.
-        candidates = [b for b in builders if len(b.token_ids) <= len(prompt) and prompt[: len(b.token_ids)] == b.token_ids]
+        candidates = [
+            b
+            for b in builders
+            if len(b.token_ids) <= len(prompt) and prompt[: len(b.token_ids)] == b.token_ids
+        ]
         target = max(candidates, key=lambda b: len(b.token_ids), default=None)
         if target is None:
             target = _Builder()
@@ -160,7 +164,9 @@ def sequences_from_offline(
     for index, message in enumerate(messages):
         if message.get("role") != "assistant":
             continue
-        prompt_ids = _render(tokenizer, messages[:index], trajectory.tools, chat_template, add_generation_prompt=True)
+        prompt_ids = _render(
+            tokenizer, messages[:index], trajectory.tools, chat_template, add_generation_prompt=True
+        )
         output_ids = _output_ids(tokenizer, messages, index, trajectory.tools, chat_template, prompt_ids)
         logprobs = message.get("logprobs")
         if logprobs is None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import sys
 import time
 from collections import deque
@@ -46,7 +47,9 @@ class TrainerFailure(RuntimeError):
 
 class TrainerCrashed(TrainerFailure):
     def __init__(self, message: str, *, returncode: int | None, stderr_tail: str) -> None:
-        super().__init__(f"{message} (exit code {returncode})\n--- trainer stderr (last lines) ---\n{stderr_tail}")
+        super().__init__(
+            f"{message} (exit code {returncode})\n--- trainer stderr (last lines) ---\n{stderr_tail}"
+        )
         self.returncode = returncode
         self.stderr_tail = stderr_tail
 
@@ -75,10 +78,12 @@ class TrainerProcess:
         python: str = sys.executable,
         env: Mapping[str, str] | None = None,
         start_timeout: float = 300.0,
+        command_timeout: float = 120.0,
         heartbeat_interval: float = 10.0,
         idle_timeout: float = 900.0,
     ) -> None:
-        """`idle_timeout`: the longest the worker may stay silent during a command (it reports every
+        """Limits, in seconds: `start_timeout` for loading the base model; `command_timeout` for ping,
+        init_adapter and shutdown; `idle_timeout` for the worker's silence during training (it reports every
         micro-batch) before it is declared hung and killed."""
         self._argv = [
             python, "-m", "artlike_server.training.worker",
@@ -86,9 +91,13 @@ class TrainerProcess:
             *(["--gradient-checkpointing"] if gradient_checkpointing else []),
             *(["--threads", str(threads)] if threads else []),
         ]  # fmt: skip
-        self._env = dict(env) if env is not None else None
+        self._env = dict(env) if env is not None else dict(os.environ)
+        # libgomp's default spin-waiting makes torch 50-100x slower when the cores are shared (vLLM, other
+        # jobs): a parallel region waits for a descheduled thread. Passive waiting costs little when idle.
+        self._env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         self._log_path = log_path
         self._start_timeout = start_timeout
+        self._command_timeout = command_timeout
         self._heartbeat_interval = heartbeat_interval
         self._idle_timeout = idle_timeout
         self._lock = asyncio.Lock()
@@ -115,13 +124,13 @@ class TrainerProcess:
         async with self._lock:
             return await self._ensure_started()
 
-    async def ping(self, *, timeout: float = 30.0) -> None:
+    async def ping(self) -> None:
         async with self._lock:
             await self._ensure_started()
-            await self._complete(protocol.Ping(id=self._take_id()), timeout)
+            await self._complete(protocol.Ping(id=self._take_id()))
 
     async def init_adapter(
-        self, model_name: str, lora: LoraConfig, out_dir: Path, *, seed: int = 0, timeout: float = 120.0
+        self, model_name: str, lora: LoraConfig, out_dir: Path, *, seed: int = 0
     ) -> dict[str, Any]:
         """Write a fresh adapter (outputs identical to the base model) to `out_dir`; returns `adapter_ready`."""
         async with self._lock:
@@ -129,7 +138,7 @@ class TrainerProcess:
             command = protocol.InitAdapter(
                 id=self._take_id(), model_name=model_name, lora=lora, out_dir=str(out_dir), seed=seed
             )
-            return await self._complete(command, timeout)
+            return await self._complete(command)
 
     async def train(
         self, model_name: str, adapter_dir: Path, out_dir: Path, batch_path: Path, config: TrainConfig
@@ -154,15 +163,17 @@ class TrainerProcess:
             async for event in self._events_of(command.id, heartbeats=True):
                 yield event
 
-    async def stop(self, *, timeout: float = 10.0) -> None:
-        """Ask the worker to exit; kill it if it does not within `timeout`."""
+    async def stop(self) -> None:
+        """Ask the worker to exit; kill it if it does not within `command_timeout`."""
         async with self._lock:
             if self.is_running:
                 try:
-                    await self._complete(protocol.Shutdown(id=self._take_id()), timeout)
+                    await self._complete(protocol.Shutdown(id=self._take_id()))
                 except TrainerFailure as exc:
                     logger.warning("trainer did not shut down cleanly: %s", exc)
-                await self._reap(timeout)
+                if self._proc is not None and self._proc.stdin is not None:
+                    self._proc.stdin.close()  # EOF ends the worker's command loop in any case
+                await self._reap(self._command_timeout)
             await self._cleanup()
 
     # ---------------------------------------------------------------------------------- internals
@@ -202,22 +213,26 @@ class TrainerProcess:
         except (BrokenPipeError, ConnectionResetError) as exc:
             raise await self._crashed(f"trainer worker is gone ({exc})") from exc
 
-    async def _complete(self, command: protocol.Ping | protocol.Shutdown | protocol.InitAdapter, timeout: float) -> dict[str, Any]:
-        """Send a command and wait (at most `timeout` s in all) for its terminal event."""
+    async def _complete(
+        self, command: protocol.Ping | protocol.Shutdown | protocol.InitAdapter
+    ) -> dict[str, Any]:
+        """Send a command and wait (at most `command_timeout` s in all) for its terminal event."""
         await self._send(command)
-        return await self._wait_for(command.id, timeout)
+        return await self._wait_for(command.id, self._command_timeout)
 
-    async def _wait_for(self, command_id: int, timeout: float) -> dict[str, Any]:
-        """The terminal event of a command (or `ready` for id 0), within `timeout` seconds."""
+    async def _wait_for(self, command_id: int, limit_seconds: float) -> dict[str, Any]:
+        """The terminal event of a command (or `ready` for id 0), within `limit_seconds`."""
         try:
-            async with asyncio.timeout(timeout):
+            async with asyncio.timeout(limit_seconds):
                 async with contextlib.aclosing(self._events_of(command_id, heartbeats=False)) as events:
                     async for event in events:
                         if event["event"] == protocol.READY or event["event"] in protocol.TERMINAL_EVENTS:
                             return event
         except TimeoutError:
             await self._kill()
-            raise TrainerTimeout(f"trainer worker did not answer within {timeout:.0f} s; killed") from None
+            raise TrainerTimeout(
+                f"trainer worker did not answer within {limit_seconds:.0f} s; killed"
+            ) from None
         raise AssertionError("unreachable: the event stream ends only with a terminal event or an error")
 
     async def _events_of(self, command_id: int, *, heartbeats: bool) -> AsyncIterator[dict[str, Any]]:
@@ -273,7 +288,7 @@ class TrainerProcess:
         log: BinaryIO | None = None
         if self._log_path is not None:
             self._log_path.parent.mkdir(parents=True, exist_ok=True)
-            log = open(self._log_path, "ab")  # noqa: SIM115 - closed below, lives as long as the reader
+            log = await asyncio.to_thread(self._log_path.open, "ab")
         try:
             while line := await stream.readline():
                 self._stderr_tail.append(line.decode(errors="replace").rstrip("\n"))
@@ -293,11 +308,11 @@ class TrainerProcess:
         self.ready_info = None
         return TrainerCrashed(message, returncode=returncode, stderr_tail="\n".join(self._stderr_tail))
 
-    async def _reap(self, timeout: float) -> int | None:
+    async def _reap(self, limit_seconds: float) -> int | None:
         if self._proc is None:
             return None
         try:
-            return await asyncio.wait_for(self._proc.wait(), timeout=timeout)
+            return await asyncio.wait_for(self._proc.wait(), timeout=limit_seconds)
         except TimeoutError:
             await self._kill()
             return self._proc.returncode

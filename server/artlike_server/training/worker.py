@@ -25,7 +25,7 @@ from typing import Any, BinaryIO
 
 import orjson
 import torch
-from pydantic import TypeAdapter, ValidationError
+from pydantic import TypeAdapter
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from artlike_server.training import protocol
@@ -85,7 +85,7 @@ def load_with_unsloth(path: Path, dtype: torch.dtype) -> PreTrainedModel:
 
     Untested in this repository's CI (no GPU): kept apart so the CPU path never imports it.
     """
-    from unsloth import FastLanguageModel  # noqa: PLC0415 - optional CUDA extra
+    from unsloth import FastLanguageModel  # optional CUDA extra
 
     model, _tokenizer = FastLanguageModel.from_pretrained(
         model_name=str(path), dtype=dtype, load_in_4bit=False, full_finetuning=False
@@ -99,14 +99,15 @@ def load_with_unsloth(path: Path, dtype: torch.dtype) -> PreTrainedModel:
 class Worker:
     def __init__(self, base_model_path: Path, model: PreTrainedModel, events: EventWriter) -> None:
         self._events = events
-        self._model = model
         self._base_model_path = str(base_model_path)
         self._adapters = AdapterSlots(model, self._base_model_path)
         self._vocab_size = model.get_input_embeddings().weight.shape[0]
         self._pad_token_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
         self._device = next(model.parameters()).device
 
-    def handle(self, command: protocol.Ping | protocol.Shutdown | protocol.InitAdapter | protocol.Train) -> None:
+    def handle(
+        self, command: protocol.Ping | protocol.Shutdown | protocol.InitAdapter | protocol.Train
+    ) -> None:
         if isinstance(command, protocol.Ping):
             self._events.emit(protocol.PONG, command.id)
         elif isinstance(command, protocol.InitAdapter):
@@ -141,18 +142,16 @@ class Worker:
             )
         model = self._adapters.model
         config = command.config
+        trainable = [sum(s.trainable[1:]) for s in sequences]
+        plan = plan_optimizer_steps(
+            trainable, epochs=config.epochs, steps_per_epoch=config.gradient_steps_per_epoch
+        )
         self._events.emit(
             protocol.TRAIN_STARTED,
             command.id,
-            num_gradient_steps=len(
-                plan_optimizer_steps(
-                    [sum(s.trainable[1:]) for s in sequences],
-                    epochs=config.epochs,
-                    steps_per_epoch=config.gradient_steps_per_epoch,
-                )
-            ),
+            num_gradient_steps=len(plan),
             sequences=len(sequences),
-            trainable_tokens=sum(sum(s.trainable[1:]) for s in sequences),
+            trainable_tokens=sum(trainable),
             optimizer_state="reused" if reused else "fresh",
         )
         model.train()
@@ -175,7 +174,9 @@ class Worker:
             model.eval()
         started = time.perf_counter()
         self._adapters.save(command.model_name, out_dir)
-        self._events.emit(protocol.SAVED, command.id, path=str(out_dir), seconds=time.perf_counter() - started)
+        self._events.emit(
+            protocol.SAVED, command.id, path=str(out_dir), seconds=time.perf_counter() - started
+        )
 
 
 # -------------------------------------------------------------------------------------------- main
@@ -201,7 +202,9 @@ def _protocol_stream() -> BinaryIO:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s trainer %(levelname)s %(message)s")
+    logging.basicConfig(
+        stream=sys.stderr, level=logging.INFO, format="%(asctime)s trainer %(levelname)s %(message)s"
+    )
     events = EventWriter(_protocol_stream())
     started = time.perf_counter()
     threads = args.threads or len(os.sched_getaffinity(0))
@@ -209,8 +212,10 @@ def main(argv: list[str] | None = None) -> int:
     device = choose_device(args.device)
     dtype = choose_dtype(args.dtype, device)
     backend = "unsloth" if unsloth_available(device) else "peft"
-    model = load_with_unsloth(args.base_model, dtype) if backend == "unsloth" else load_with_transformers(
-        args.base_model, dtype, device
+    model = (
+        load_with_unsloth(args.base_model, dtype)
+        if backend == "unsloth"
+        else load_with_transformers(args.base_model, dtype, device)
     )
     if args.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

@@ -18,7 +18,9 @@ def builtin_chat_template(name: str) -> Path:
     try:
         return TEMPLATES_DIR / BUILTIN_CHAT_TEMPLATES[name]
     except KeyError:
-        raise KeyError(f"no built-in chat template {name!r}; known: {', '.join(BUILTIN_CHAT_TEMPLATES)}") from None
+        raise KeyError(
+            f"no built-in chat template {name!r}; known: {', '.join(BUILTIN_CHAT_TEMPLATES)}"
+        ) from None
 
 
 def resolve_chat_template(value: str) -> str:

@@ -1,0 +1,142 @@
+"""The optimizer-step loop and chunked logprobs on a tiny random Llama (built in memory, no files)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from artlike_server.training.logprobs import token_logprobs
+from artlike_server.training.loop import BatchError, collate, run_optimizer_steps, validate_batch
+from artlike_server.training.sequences import TrainSequence
+from peft import LoraConfig, get_peft_model
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from artlike.types import StepEvent, TrainConfig
+
+VOCAB = 97
+
+
+def tiny_peft_model(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=True,
+    )  # fmt: skip
+    base = LlamaForCausalLM(config)
+    model = get_peft_model(
+        base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"])
+    )
+    # lora_B starts at 0; make it non-zero so gradients reach lora_A too and outputs differ from the base.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.1)
+    return model
+
+
+def batch(seed: int = 1) -> list[TrainSequence]:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for index, length in enumerate([48, 28, 80, 36, 60]):
+        ids = torch.randint(3, VOCAB, (length,), generator=g).tolist()
+        trainable = [i >= length // 2 for i in range(length)]
+        logprobs = [-4.0 - 0.1 * i if t else 0.0 for i, t in enumerate(trainable)]
+        out.append(TrainSequence(ids, trainable, logprobs, advantage=(-1.0) ** index * (1 + index / 10)))
+    return out
+
+
+def reference_logprobs(model: torch.nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
+    logits = model(input_ids=input_ids).logits.float()  # [B, T, V]
+    return logits[:, :-1].log_softmax(-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+
+
+@pytest.mark.parametrize("chunk_tokens", [1, 7, 4096])
+def test_chunked_logprobs_equal_the_full_log_softmax(chunk_tokens: int) -> None:
+    model = tiny_peft_model()
+    ids = torch.randint(0, VOCAB, (3, 11), generator=torch.Generator().manual_seed(0))
+    expected = reference_logprobs(model, ids)
+    got, entropy = token_logprobs(model, ids, chunk_tokens=chunk_tokens)
+    assert got.shape == entropy.shape == (3, 10)
+    assert torch.allclose(got, expected, atol=1e-5)
+    assert bool((entropy >= 0).all()) and bool((entropy <= math.log(VOCAB) + 1e-4).all())
+
+    grads = []
+    for fn in (
+        lambda: reference_logprobs(model, ids),
+        lambda: token_logprobs(model, ids, chunk_tokens=chunk_tokens)[0],
+    ):
+        model.zero_grad()
+        fn()[:, 3:].sum().backward()
+        grads.append([p.grad.clone() for p in model.parameters() if p.requires_grad])
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(*grads, strict=True))
+
+
+def test_logprobs_of_selected_positions_only() -> None:
+    model = tiny_peft_model()
+    ids = torch.randint(0, VOCAB, (2, 9), generator=torch.Generator().manual_seed(3))
+    mask = torch.zeros((2, 8), dtype=torch.bool)
+    mask[0, 5:] = True
+    mask[1, 2:4] = True
+    full, full_entropy = token_logprobs(model, ids)
+    got, entropy = token_logprobs(model, ids, mask=mask, chunk_tokens=2)
+    assert torch.allclose(got[mask], full[mask], atol=1e-6)
+    assert torch.allclose(entropy[mask], full_entropy[mask], atol=1e-6)
+    assert bool((got[~mask] == 0).all()) and bool((entropy[~mask] == 0).all())
+
+
+def test_collate_right_pads_and_shifts_to_next_token_targets() -> None:
+    seqs = [
+        TrainSequence([1, 5, 6], [False, True, True], [0.0, -0.5, -0.6], 2.0),
+        TrainSequence([1, 7], [False, True], [0.0, -0.7], -1.0),
+    ]
+    mb = collate(seqs, pad_token_id=0)
+    assert mb.input_ids.tolist() == [[1, 5, 6], [1, 7, 0]]
+    assert mb.mask.tolist() == [[True, True], [True, False]]
+    assert torch.allclose(mb.behaviour_logprobs, torch.tensor([[-0.5, -0.6], [-0.7, 0.0]]))
+    assert mb.advantages.tolist() == [2.0, -1.0]
+
+
+def test_bad_batches_are_refused_before_training() -> None:
+    with pytest.raises(BatchError):
+        validate_batch([], VOCAB)
+    with pytest.raises(BatchError):
+        validate_batch([TrainSequence([1, VOCAB], [False, True], [0.0, -1.0], 1.0)], VOCAB)
+    with pytest.raises(BatchError):
+        validate_batch([TrainSequence([1, 2], [False, False], [0.0, 0.0], 1.0)], VOCAB)
+
+
+def train(
+    micro_batch_tokens: int, aggregation: str = "token", steps: int = 1
+) -> tuple[list[StepEvent], list[torch.Tensor]]:
+    model = tiny_peft_model()
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.SGD(params, lr=0.1)  # SGD: the update is the gradient, easy to compare
+    config = TrainConfig(
+        learning_rate=0.1, micro_batch_tokens=micro_batch_tokens, loss_aggregation=aggregation,  # type: ignore[arg-type]
+        gradient_steps_per_epoch=steps, max_grad_norm=None,
+    )  # fmt: skip
+    events: list[StepEvent] = []
+    run_optimizer_steps(model, params, optimizer, batch(), config, pad_token_id=0, on_step=events.append)
+    return events, [p.detach().clone() for p in params]
+
+
+@pytest.mark.parametrize("aggregation", ["token", "sequence"])
+def test_gradient_accumulation_over_micro_batches_equals_one_big_batch(aggregation: str) -> None:
+    whole_events, whole_params = train(micro_batch_tokens=4096, aggregation=aggregation)
+    split_events, split_params = train(micro_batch_tokens=64, aggregation=aggregation)  # 1-2 sequences each
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(whole_params, split_params, strict=True))
+    assert split_events[0].loss == pytest.approx(whole_events[0].loss, abs=1e-6)
+    assert split_events[0].grad_norm == pytest.approx(whole_events[0].grad_norm, rel=1e-5)
+    assert split_events[0].entropy == pytest.approx(whole_events[0].entropy, rel=1e-5)
+
+
+def test_one_event_per_optimizer_step_with_consistent_statistics() -> None:
+    events, _ = train(micro_batch_tokens=100, steps=2)
+    assert [e.gradient_step for e in events] == [1, 2]
+    assert all(e.num_gradient_steps == 2 for e in events)
+    trainable = sum(s.num_trainable_tokens for s in batch())
+    assert sum(e.tokens for e in events) == trainable
+    for e in events:
+        assert math.isfinite(e.loss) and e.grad_norm > 0 and 0 <= e.clip_fraction <= 1
+        assert e.logprob_mismatch > 0  # behaviour logprobs were made up: the metric sees it
