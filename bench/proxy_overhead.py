@@ -108,7 +108,7 @@ async def run(args: argparse.Namespace, server: ServerProcess, engine_port: int)
     results: list[Result] = []
     limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
     async with httpx.AsyncClient(timeout=600, limits=limits) as client:
-        for target, url in targets.items():  # warm every path once (compiles, connection pools)
+        for url in targets.values():  # warm every path once (compiles, connection pools)
             await one_request(client, url.format(tid=uuid.uuid4().hex), server.model_id, 4, False)
 
         for concurrency in args.concurrency:

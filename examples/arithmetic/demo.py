@@ -18,14 +18,19 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
-import artlike as art
 from artlike_server.default_model import DEFAULT_MODEL_ID
 from artlike_server.launcher import ServerProcess
 from openai import AsyncOpenAI
 
+import artlike as art
+
 from .task import Problem, problems, reward
 
 MAX_TOKENS = 16
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
 
 
 async def rollout(model: art.TrainableModel, problem: Problem) -> art.Trajectory:
@@ -74,14 +79,14 @@ async def run(args: argparse.Namespace, base_url: str) -> dict[str, Any]:
             pbar_desc=f"rollouts {step + 1}/{args.steps}")
         rollout_seconds = time.perf_counter() - started
         trajectories = [t for g in groups for t in g.trajectories]
-        mean = lambda key: sum(t.metrics[key] for t in trajectories) / len(trajectories)  # noqa: E731
-        mean_reward = sum(t.reward for t in trajectories) / len(trajectories)
+        mean_reward = _mean([t.reward for t in trajectories])
         started = time.perf_counter()
         result = await model.train(groups, learning_rate=args.learning_rate, progress=False)
         train_seconds = time.perf_counter() - started
         loss = sum(s.loss for s in result.metrics) / max(1, len(result.metrics))
-        row = {"step": result.step, "reward": mean_reward, "correct": mean("correct"),
-               "formatted": mean("formatted"), "loss": loss, "rollout_seconds": rollout_seconds,
+        row = {"step": result.step, "reward": mean_reward,
+               "correct": _mean([t.metrics["correct"] for t in trajectories]),
+               "formatted": _mean([t.metrics["formatted"] for t in trajectories]), "loss": loss, "rollout_seconds": rollout_seconds,
                "train_seconds": train_seconds}
         rows.append(row)
         print(f"{row['step']:>4} {mean_reward:>7.3f} {row['correct']:>8.1%} {row['formatted']:>7.1%} "

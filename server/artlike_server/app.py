@@ -20,11 +20,11 @@ from fastapi.responses import Response
 
 from .completion_log import CompletionLog
 from .engine.client import EngineClient
-from .engine.launch import EngineConfig
+from .engine.launch import EngineConfig, free_port
 from .engine.supervisor import EngineStartError, EngineState, EngineSupervisor
 from .errors import install_error_handlers
 from .metrics import Metrics
-from .middleware import ApiKeyMiddleware, BodySizeLimitMiddleware
+from .middleware import ApiKeyMiddleware, BodySizeLimitMiddleware, RequestMetricsMiddleware
 from .models.api_router import router as models_router
 from .models.manager import ModelManager
 from .models.store import ModelStore
@@ -60,10 +60,11 @@ def engine_config(settings: ServerSettings, port: int) -> EngineConfig:
 def create_app(settings: ServerSettings, *, on_fatal: Callable[[BaseException], None] | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        state = _build_state(settings)
+        state = _build_state(settings, metrics)
         app.state.artlike = state
-        state.engine.on_ready.append(state.models.restore)
-        state.engine.on_ready.append(_sync_restart_metric(state))
+        state.engine.add_on_ready(state.models.restore)
+        metrics.track_engine(state.engine)
+        metrics.track_completion_log(state.log)
         starter = asyncio.create_task(_start_engine_then_trainer(state, on_fatal), name="engine-start")
         try:
             yield
@@ -74,22 +75,23 @@ def create_app(settings: ServerSettings, *, on_fatal: Callable[[BaseException], 
             await state.engine_client.aclose()
             state.log.close()
 
+    metrics = Metrics()
     app = FastAPI(title="artlike", version="0.1.0", lifespan=lifespan)
     install_error_handlers(app)
+    # Outermost last: every request is counted (401/413 too); a bad key is rejected before the body is read.
     app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=settings.max_body_bytes)
     app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key)
+    app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
     app.include_router(openai_router)
     app.include_router(models_router)
     app.include_router(training_router)
     app.add_api_route("/health", health, methods=["GET"])
+    app.add_api_route("/metrics", prometheus_metrics, methods=["GET"])
     return app
 
 
-def _build_state(settings: ServerSettings) -> AppState:
-    from .engine.launch import free_port
-
+def _build_state(settings: ServerSettings, metrics: Metrics) -> AppState:
     settings.log_dir.mkdir(parents=True, exist_ok=True)
-    metrics = Metrics()
     completion_log = CompletionLog(settings.data_dir / "completions.sqlite")
     completion_log.open()
     engine = EngineSupervisor(engine_config(settings, settings.engine_port or free_port()))
@@ -100,7 +102,9 @@ def _build_state(settings: ServerSettings) -> AppState:
     trainer = TrainerProcess(settings.model_path, dtype=settings.trainer_dtype,
                              gradient_checkpointing=settings.gradient_checkpointing,
                              log_path=settings.log_dir / "trainer.log")
-    training = TrainingService(store, models, completion_log, trainer, metrics, _tokenizer_loader(settings))
+    chat_template = settings.chat_template.read_text() if settings.chat_template else None
+    training = TrainingService(store, models, completion_log, trainer, metrics, _tokenizer_loader(settings),
+                               chat_template=chat_template)
     return AppState(settings=settings, engine=engine, engine_client=engine_client, store=store, models=models,
                     log=completion_log, metrics=metrics, trainer=trainer, training=training)
 
@@ -113,13 +117,6 @@ def _tokenizer_loader(settings: ServerSettings) -> Callable[[], Any]:
         return AutoTokenizer.from_pretrained(settings.model_path)
 
     return load
-
-
-def _sync_restart_metric(state: AppState) -> Callable[[], Any]:
-    async def sync() -> None:
-        state.metrics.set_engine_restarts(state.engine.restarts)
-
-    return sync
 
 
 async def _start_engine_then_trainer(state: AppState, on_fatal: Callable[[BaseException], None] | None) -> None:
@@ -151,3 +148,9 @@ async def health(request: Request) -> Response:
     headers = {} if engine_state == EngineState.READY else {"Retry-After": str(round(state.engine.retry_after()))}
     return Response(orjson.dumps(body), status_code=200 if engine_state == EngineState.READY else 503,
                     media_type="application/json", headers=headers)
+
+
+async def prometheus_metrics(request: Request) -> Response:
+    from prometheus_client import CONTENT_TYPE_LATEST
+
+    return Response(get_state(request).metrics.render(), media_type=CONTENT_TYPE_LATEST)

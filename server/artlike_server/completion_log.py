@@ -37,26 +37,29 @@ logger = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS completions (
-    id               INTEGER PRIMARY KEY,
-    trajectory_id    TEXT    NOT NULL,
-    request_id       TEXT    NOT NULL,
-    choice_index     INTEGER NOT NULL,
-    endpoint         TEXT    NOT NULL,
-    model            TEXT    NOT NULL,
-    served_model     TEXT    NOT NULL,
-    step             INTEGER,
-    request          BLOB    NOT NULL,  -- the caller's JSON body, as sent
-    prompt_token_ids BLOB    NOT NULL,  -- int32 little-endian
-    output_token_ids BLOB    NOT NULL,  -- int32 little-endian
-    logprobs         BLOB    NOT NULL,  -- float64 little-endian, one per output token
-    finish_reason    TEXT,
-    created_at       REAL    NOT NULL,
-    latency_seconds  REAL    NOT NULL
-);
-CREATE INDEX IF NOT EXISTS completions_by_trajectory ON completions (trajectory_id, id);
-"""
+_SCHEMA = (
+    """
+    CREATE TABLE completions (
+        id               INTEGER PRIMARY KEY,
+        trajectory_id    TEXT    NOT NULL,
+        request_id       TEXT    NOT NULL,
+        choice_index     INTEGER NOT NULL,
+        endpoint         TEXT    NOT NULL,
+        model            TEXT    NOT NULL,
+        served_model     TEXT    NOT NULL,
+        step             INTEGER,
+        request          BLOB    NOT NULL,  -- the caller's JSON body, as sent
+        prompt_token_ids BLOB    NOT NULL,  -- int32 little-endian
+        output_token_ids BLOB    NOT NULL,  -- int32 little-endian
+        logprobs         BLOB    NOT NULL,  -- float64 little-endian, one per output token
+        finish_reason    TEXT,
+        created_at       REAL    NOT NULL,
+        latency_seconds  REAL    NOT NULL
+    )
+    """,
+    "CREATE INDEX completions_by_trajectory ON completions (trajectory_id, id)",
+)
+"""Schema version 1, created on an empty database (user_version 0). A later version adds a migration step."""
 
 _COLUMNS = (
     "trajectory_id, request_id, choice_index, endpoint, model, served_model, step, request, "
@@ -180,7 +183,7 @@ def _migrate(connection: sqlite3.Connection, path: Path) -> None:
                 f"{path} has schema version {version}; this artlike understands up to {SCHEMA_VERSION}"
             )
         if version < SCHEMA_VERSION:
-            for statement in filter(str.strip, _SCHEMA.split(";")):
+            for statement in _SCHEMA:
                 connection.execute(statement)
             connection.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         connection.execute("COMMIT")

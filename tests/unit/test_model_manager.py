@@ -1,12 +1,14 @@
 """The adapter manager's logic against a fake engine client (the real engine is in the integration tests)."""
 
 from pathlib import Path
+
 import pytest
-from artlike.types import LoraConfig
 from artlike_server.engine.client import EngineModel
 from artlike_server.errors import NotFound
 from artlike_server.models.manager import ModelManager, ServedModel, parse_model_reference
 from artlike_server.models.store import ModelStore
+
+from artlike.types import LoraConfig
 
 
 class FakeEngine:

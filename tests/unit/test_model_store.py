@@ -1,9 +1,10 @@
 from pathlib import Path
 
 import pytest
-from artlike.types import LoraConfig
 from artlike_server.errors import InvalidRequest, NotFound
 from artlike_server.models.store import ModelStore
+
+from artlike.types import LoraConfig
 
 
 def make_adapter(directory: Path) -> Path:

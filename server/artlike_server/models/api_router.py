@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from artlike.types import ModelInfo, RegisterModelRequest, StepInfo
 from fastapi import APIRouter, Query, Request, Response
+
+from artlike.types import ModelInfo, RegisterModelRequest, StepInfo
 
 from ..errors import Conflict, InvalidRequest
 from ..state import AppState, get_state

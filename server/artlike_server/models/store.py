@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+
 from artlike.types import LoraConfig, is_valid_model_name
 
 from ..errors import InvalidRequest, NotFound

@@ -20,7 +20,8 @@ Aggregation over the trainable tokens of one optimizer step (the sum over its mi
 
 The ratio makes the first update exactly on-policy even though vLLM and the trainer compute slightly different
 numbers (bf16 kernels, batch composition), and corrects data sampled by an older adapter. Behaviour logprobs
-that are unknown (NaN, e.g. offline data without logprobs) are taken as the current detached logprob: ρ = 1.
+that are unknown (NaN, e.g. offline data without logprobs; or infinite) count as the current detached
+logprob: ρ = 1.
 """
 
 from __future__ import annotations
@@ -100,7 +101,8 @@ def policy_loss(
     micro-batch's own count. Masked positions contribute nothing (their values may be anything finite).
     """
     mask = mask.to(logprobs.dtype)  # [B, T] 1.0 on trainable tokens
-    behaviour = torch.where(torch.isnan(behaviour_logprobs), logprobs.detach(), behaviour_logprobs)  # [B, T]
+    known = torch.isfinite(behaviour_logprobs)  # [B, T] NaN: not recorded; ±inf: nothing usable either
+    behaviour = torch.where(known, behaviour_logprobs, logprobs.detach())  # [B, T]
     log_ratio = (logprobs - behaviour).clamp(-_MAX_ABS_LOG_RATIO, _MAX_ABS_LOG_RATIO)  # [B, T]
     ratio = torch.exp(log_ratio)  # [B, T]
     adv = advantages.to(logprobs.dtype)[:, None]  # [B, 1]
@@ -127,9 +129,9 @@ def policy_loss(
 
     tokens = mask.sum()  # []
     cut = ((unclipped > clipped) & (mask > 0)).to(logprobs.dtype)  # [B, T] min() chose the constant clip
-    known = mask * (~torch.isnan(behaviour_logprobs)).to(logprobs.dtype)  # [B, T]
-    mismatch_tokens = known.sum()  # []
-    abs_diff = (logprobs.detach() - behaviour).abs() * known  # [B, T]
+    known_mask = mask * known.to(logprobs.dtype)  # [B, T]
+    mismatch_tokens = known_mask.sum()  # []
+    abs_diff = (logprobs.detach() - behaviour).abs() * known_mask  # [B, T]
     return LossOutput(
         loss=policy + kl_beta * kl,
         policy_loss=policy.detach(),

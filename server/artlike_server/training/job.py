@@ -13,9 +13,12 @@ import logging
 import statistics
 import time
 from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from pydantic import BaseModel
 
 from artlike.types import (
     DoneEvent,
@@ -28,7 +31,6 @@ from artlike.types import (
     TrainRequest,
     TrajectoryRef,
 )
-from pydantic import BaseModel
 
 from ..completion_log import CompletionLog
 from ..errors import Conflict, InvalidRequest, NotFound
@@ -99,6 +101,7 @@ class TrainingService:
         trainer: TrainerProcess,
         metrics: Metrics,
         tokenizer: Callable[[], Any],
+        chat_template: str | None = None,
     ) -> None:
         self.store = store
         self.models = models
@@ -106,6 +109,7 @@ class TrainingService:
         self.trainer = trainer
         self.metrics = metrics
         self._tokenizer = tokenizer  # loaded lazily: only offline trajectories need it
+        self._chat_template = chat_template  # the template the engine serves with, for offline prompts
         self._active: dict[str, RunningJob] = {}
 
     def is_training(self, model: str) -> bool:
@@ -142,7 +146,7 @@ class TrainingService:
         skipped = 0
         rewards: list[float] = []
         metric_values: dict[str, list[float]] = {}
-        for group in request.groups:
+        for group_index, group in enumerate(request.groups):
             group_rewards = [t.reward for t in group.trajectories]
             rewards.extend(group_rewards)
             for t in group.trajectories:
@@ -154,10 +158,13 @@ class TrainingService:
             advantages = group_advantages(group_rewards, scale_rewards=request.config.scale_rewards)
             for trajectory, advantage in zip(group.trajectories, advantages, strict=True):
                 if isinstance(trajectory, OfflineTrajectory):
-                    sequences.extend(sequences_from_offline(trajectory, self._tokenizer(), advantage))
+                    sequences.extend(sequences_from_offline(trajectory, self._tokenizer(), advantage,
+                                                            chat_template=self._chat_template,
+                                                            group_index=group_index))
                 else:
                     sequences.extend(sequences_from_completions(
-                        records[trajectory.trajectory_id], advantage, mask_truncated=request.config.mask_truncated))
+                        records[trajectory.trajectory_id], advantage, mask_truncated=request.config.mask_truncated,
+                        group_index=group_index))
         if skipped == len(request.groups):
             raise InvalidRequest(
                 f"all {skipped} group(s) have equal rewards within the group, so every advantage is 0 and "
@@ -204,18 +211,20 @@ class TrainingService:
                                  f"{p.trainable_tokens} trainable tokens"))
             steps: list[StepEvent] = []
             train_started = time.perf_counter()
-            async for event in self.trainer.train(
+            events = self.trainer.train(
                 model_name=p.model,
                 adapter_dir=self.store.step_dir(p.model, p.from_step),
                 out_dir=staging,
                 batch_path=batch_path,
                 config=p.config,
-            ):
-                if event.get("event") == "step":
-                    step = StepEvent(**{k: v for k, v in event.items() if k != "event"})
-                    steps.append(step)
-                    self.metrics.training_step(step.tokens, step.seconds)
-                    job.emit(step)
+            )
+            async with aclosing(events):
+                async for event in events:
+                    if event.get("event") == "step":
+                        step = StepEvent(**{k: v for k, v in event.items() if k != "event"})
+                        steps.append(step)
+                        self.metrics.training_step(step.tokens, step.seconds)
+                        job.emit(step)
             train_seconds = time.perf_counter() - train_started
             batch_path.unlink(missing_ok=True)
 
