@@ -52,6 +52,7 @@ def serve(
 ) -> None:
     """Serve the OpenAI API with recording and training."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per engine health check is noise
     resolved_device = detect_device() if device == "auto" else device
     if model is None:
         typer.echo("artlike: preparing the embedded default model (first run converts it once)...", err=True)

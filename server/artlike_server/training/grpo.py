@@ -66,18 +66,18 @@ def is_zero_variance(rewards: Sequence[float]) -> bool:
 
 @dataclass(frozen=True)
 class LossOutput:
-    """The loss of one micro-batch and its statistics; all 0-dim tensors, only `loss` carries gradient."""
+    """The loss of one micro-batch and its statistics; all 0-dim tensors, only `loss` carries gradient.
 
-    loss: torch.Tensor  # policy_loss + β·kl, normalised by the optimizer step's normaliser: backward() this
-    policy_loss: (
-        torch.Tensor
-    )  # detached, same normalisation: summing over micro-batches gives the step's value
-    kl: torch.Tensor  # detached, same normalisation
-    clip_fraction: torch.Tensor  # detached, share of this call's trainable tokens whose gradient the clip cut
-    logprob_mismatch: (
-        torch.Tensor
-    )  # detached, mean |logπθ - logπ_b| over tokens with a known behaviour logprob
-    tokens: torch.Tensor  # trainable tokens in this call
+    `loss`, `policy_loss` and `kl` are divided by the optimizer step's normaliser, so summing them over the
+    step's micro-batches gives the step's values; the fractions are over this call's tokens.
+    """
+
+    loss: torch.Tensor  # policy_loss + β·kl: backward() this
+    policy_loss: torch.Tensor  # detached
+    kl: torch.Tensor  # detached
+    clip_fraction: torch.Tensor  # share of trainable tokens whose gradient the clip cut
+    logprob_mismatch: torch.Tensor  # mean |logπθ - logπ_b| over tokens with a known behaviour logprob
+    tokens: torch.Tensor  # trainable tokens
     mismatch_tokens: torch.Tensor  # trainable tokens with a known behaviour logprob
 
 

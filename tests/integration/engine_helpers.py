@@ -1,0 +1,48 @@
+"""Helpers for the tests that drive a real vLLM engine: a LoRA adapter that really changes the model,
+and a look at which engine processes are alive."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import psutil
+
+
+def make_lora_adapter(
+    base_model: Path, out_dir: Path, *, seed: int, rank: int = 8, scale: float = 0.05
+) -> Path:
+    """Save a PEFT LoRA adapter (q/v projections) whose B matrices are seeded random, not PEFT's zeros,
+    so the adapter changes outputs. Loadable by vLLM and PEFT."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(base_model, dtype=torch.float32)
+    config = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
+    peft_model = get_peft_model(model, config)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in peft_model.named_parameters():
+            if "lora_B" in name:
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * scale)
+    peft_model.save_pretrained(out_dir)
+    return out_dir
+
+
+def engine_processes(api_server_pid: int) -> list[psutil.Process]:
+    """The vLLM API server and every process below it (EngineCore, worker, helpers)."""
+    server = psutil.Process(api_server_pid)
+    return [server, *server.children(recursive=True)]
+
+
+def still_running(processes: list[psutil.Process]) -> list[psutil.Process]:
+    """Those of `processes` that still run: not gone, not a zombie, not a new process reusing the pid."""
+    alive = []
+    for process in processes:
+        try:
+            if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
+                alive.append(process)
+        except psutil.NoSuchProcess:
+            continue
+    return alive
