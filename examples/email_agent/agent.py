@@ -187,7 +187,8 @@ async def run_agent(
 
 
 def _assistant_message(content: str | None, calls: list[Any]) -> dict[str, Any]:
-    message: dict[str, Any] = {"role": "assistant", "content": content}
+    # A message without tool calls needs string content for chat templates that concatenate it.
+    message: dict[str, Any] = {"role": "assistant", "content": content if calls else content or ""}
     if calls:
         message["tool_calls"] = [{"id": c.id, "type": "function",
                                   "function": {"name": c.function.name, "arguments": c.function.arguments}}

@@ -6,18 +6,24 @@ Reward table (defaults of `RewardWeights`; every component is logged as a trajec
     ---------  ---------------------------------------------------------  -----------------------------------
     answer     correct (normalised match, or the judge accepts it)         +1.0
                "I don't know"                                              0.0
-               no final answer (turn limit, or never called the tool)     -0.5
+               no final answer (turn limit, or never called the tool)    -0.75
                wrong                                                      -1.0
-    sources    F1 of the cited message ids against the question's sources +0.2 × F1
+    sources    F1 of the cited message ids against the question's sources +0.2 × F1 (0 without an answer)
     found      share of the source emails that appeared in search results +0.1 × share
     read       share of the source emails opened with read_email          +0.1 × share
     turns      correct answers only: fewer model turns is better          +0.1 × (max_turns − turns) / (max_turns − 1)
-    invalid    each invalid tool call (bad JSON/arguments, unknown tool,  −0.1 each, at most −0.3 in all
+    invalid    each invalid tool call (bad JSON/arguments, unknown tool,  −0.2 each, at most −0.5 in all
                a tool call written as text, a reply with no tool call)
 
-The bands never overlap, so whatever the partial credit: wrong (−1.3…−0.6) < "I don't know" (−0.3…0.4)
-< correct (0.7…1.5); a missing answer scores −0.8…−0.3. The turn bonus is for correct answers only,
-otherwise answering "I don't know" at once would be rewarded for speed.
+The bands never overlap, so whatever the partial credit: wrong (−1.5…−0.6) < "I don't know" (−0.5…0.4)
+< correct (0.5…1.5), and no answer (−1.25…−0.55) never beats "I don't know". The turn bonus is for
+correct answers only, otherwise answering "I don't know" at once would be rewarded for speed.
+
+Why these numbers: a hallucinated answer is the worst outcome for a user, so a wrong answer is below
+running out of turns. But a run that degenerates into malformed tool calls must score below a clean
+run that answers wrongly (−1.25 vs −0.9 typically), or RL would teach a weak model to stop calling tools
+properly; hence the invalid-call penalty is large. Small models start with most tool calls invalid, so
+this component carries most of the early learning signal.
 
 Answer matching (`match_answer`). Both sides are normalised: lower case; dates to one form ("Thursday,
 March 14", "Mar 14th", "14 March 2024", "2024-03-14" and "3/14" are all March 14, year ignored); times to
@@ -68,14 +74,14 @@ class Match(StrEnum):
 class RewardWeights:
     correct: float = 1.0
     dont_know: float = 0.0
-    missing: float = -0.5
+    missing: float = -0.75
     wrong: float = -1.0
     sources: float = 0.2
     found: float = 0.1
     read: float = 0.1
     turns: float = 0.1
-    invalid_call: float = -0.1
-    invalid_floor: float = -0.3
+    invalid_call: float = -0.2
+    invalid_floor: float = -0.5
 
 
 DEFAULT_WEIGHTS = RewardWeights()

@@ -333,7 +333,8 @@ class EmailTools:
         for query in (all_words, any_word):
             rows = self._db.execute(sql, (query, *params, args.max_results)).fetchall()
             if rows:
-                return [SearchHit(*row[:4], snippet=" ".join(row[4].split())) for row in rows]
+                return [SearchHit(message_id, day, sender, subject, " ".join(snippet.split()))
+                        for message_id, day, sender, subject, snippet in rows]
         return []
 
 

@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import httpx
 import openai
 import orjson
 
@@ -61,7 +60,8 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help=f"launch `artlike serve {' '.join(SERVE_ARGUMENTS)}` on --server's host and port")
     server.add_argument("--serve-arg", action="append", default=[], metavar="ARG",
                         help="extra argument for `artlike serve` (repeatable), e.g. --serve-arg=--data-dir=/tmp/a")
-    server.add_argument("--server-log", type=Path, default=DEFAULT_DATA_DIR / "server.log")
+    server.add_argument("--server-data-dir", type=Path, default=Path("~/.artlike"),
+                        help="with --start-server: the server's data dir (adapters, completion log, server.log)")
     server.add_argument("--server-timeout", type=float, default=900.0, help="seconds to wait for it to be ready")
     model = parser.add_argument_group("model")
     model.add_argument("--name", default="email-agent", help="trainable model name (an existing one resumes)")
@@ -72,7 +72,8 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     training.add_argument("--questions-per-step", type=int, default=8)
     training.add_argument("--group-size", type=int, default=4, help="rollouts per question (GRPO group)")
     training.add_argument("--learning-rate", type=float, default=5e-5)
-    training.add_argument("--temperature", type=float, default=1.0, help="rollout sampling temperature")
+    # 0.7, not 1.0: at 1.0 the 135M model wrote a parseable first tool call 12 times in 32, at 0.7 25 times.
+    training.add_argument("--temperature", type=float, default=0.7, help="rollout sampling temperature")
     training.add_argument("--kinds", default="subject,body,thread", help="question kinds to train on")
     training.add_argument("--max-exceptions", type=float, default=0.1, help="fraction of rollouts allowed to fail")
     agent = parser.add_argument_group("agent and evaluation")
@@ -96,43 +97,20 @@ async def served(args: argparse.Namespace) -> AsyncIterator[None]:
     if not args.start_server:
         yield
         return
+    from artlike_server.launcher import ServerProcess  # the server package, needed only to start one
+
     url = urlsplit(args.server)
-    command = [sys.executable, "-m", "artlike._cli", "serve", "--host", url.hostname or "127.0.0.1",
-               "--port", str(url.port or 8000), *SERVE_ARGUMENTS, *args.serve_arg]
-    args.server_log.parent.mkdir(parents=True, exist_ok=True)
-    with args.server_log.open("ab") as log:
-        print(f"starting: {' '.join(command[2:])}  (log: {args.server_log})", flush=True)
-        process = await asyncio.create_subprocess_exec(*command, stdout=log, stderr=asyncio.subprocess.STDOUT)
-        try:
-            await _wait_until_ready(args.server, process, args.server_timeout)
-            yield
-        finally:
-            if process.returncode is None:
-                process.terminate()
-                try:
-                    await asyncio.wait_for(process.wait(), timeout=60)
-                except TimeoutError:
-                    process.kill()
-                    await process.wait()
-
-
-async def _wait_until_ready(server: str, process: asyncio.subprocess.Process, limit_seconds: float) -> None:
-    """Poll `GET /v1/models` until it answers 200; fail at once if the server process exits."""
+    if url.hostname not in ("127.0.0.1", "localhost"):
+        raise SystemExit(f"--start-server starts a local server; --server must be http://127.0.0.1:PORT, not {args.server}")
+    server = ServerProcess(args.server_data_dir.expanduser(), args=[*SERVE_ARGUMENTS, *args.serve_arg],
+                           api_key=os.environ.get("ARTLIKE_API_KEY"), port=url.port or 8000,
+                           start_timeout_s=args.server_timeout)
+    print(f"starting artlike serve {' '.join(server.args)} on port {server.port} (log: {server.log_path})", flush=True)
+    await asyncio.to_thread(server.start)  # returns once /health says the engine is ready
     try:
-        async with asyncio.timeout(limit_seconds), httpx.AsyncClient(base_url=server, timeout=5.0) as client:
-            while True:
-                if process.returncode is not None:
-                    raise RuntimeError(f"artlike serve exited with code {process.returncode} before it was ready")
-                try:
-                    if (await client.get("/v1/models")).status_code == 200:
-                        return
-                except httpx.TransportError:
-                    pass  # not listening yet: poll again
-                exited = asyncio.create_task(process.wait())
-                await asyncio.wait({exited}, timeout=2.0)  # the next poll, or at once if the server dies
-                exited.cancel()
-    except TimeoutError as error:
-        raise TimeoutError(f"artlike serve was not ready after {limit_seconds:.0f} s") from error
+        yield
+    finally:
+        await asyncio.to_thread(server.stop)
 
 
 # -------------------------------------------------------------------------------------------- train

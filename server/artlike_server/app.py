@@ -24,6 +24,7 @@ from .engine.launch import EngineConfig, free_port
 from .engine.supervisor import EngineStartError, EngineState, EngineSupervisor
 from .errors import install_error_handlers
 from .metrics import Metrics
+from .metrics import router as metrics_router
 from .middleware import ApiKeyMiddleware, BodySizeLimitMiddleware, RequestMetricsMiddleware
 from .models.api_router import router as models_router
 from .models.manager import ModelManager
@@ -85,8 +86,8 @@ def create_app(settings: ServerSettings, *, on_fatal: Callable[[BaseException], 
     app.include_router(openai_router)
     app.include_router(models_router)
     app.include_router(training_router)
+    app.include_router(metrics_router)
     app.add_api_route("/health", health, methods=["GET"])
-    app.add_api_route("/metrics", prometheus_metrics, methods=["GET"])
     return app
 
 
@@ -148,9 +149,3 @@ async def health(request: Request) -> Response:
     headers = {} if engine_state == EngineState.READY else {"Retry-After": str(round(state.engine.retry_after()))}
     return Response(orjson.dumps(body), status_code=200 if engine_state == EngineState.READY else 503,
                     media_type="application/json", headers=headers)
-
-
-async def prometheus_metrics(request: Request) -> Response:
-    from prometheus_client import CONTENT_TYPE_LATEST
-
-    return Response(get_state(request).metrics.render(), media_type=CONTENT_TYPE_LATEST)

@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import pytest_asyncio
-
 from artlike_server.default_model import DEFAULT_MODEL_ID, ensure_default_model
 from artlike_server.engine.launch import EngineConfig, free_port
 from artlike_server.engine.supervisor import EngineSupervisor
+
 from tests.integration.engine_helpers import make_lora_adapter
 
 pytestmark = pytest.mark.integration
@@ -39,7 +38,9 @@ LOGPROB_TOLERANCE = 1e-3
 async def engine(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[EngineSupervisor]:
     model_dir = ensure_default_model()
     adapter_root = tmp_path_factory.mktemp("mixed-adapters")
-    adapter_dirs = [make_lora_adapter(model_dir, adapter_root / name, seed=seed) for seed, name in enumerate(ADAPTERS, 1)]
+    adapter_dirs = [
+        make_lora_adapter(model_dir, adapter_root / name, seed=seed) for seed, name in enumerate(ADAPTERS, 1)
+    ]
     config = EngineConfig(
         model_path=model_dir,
         served_model_name=DEFAULT_MODEL_ID,

@@ -98,7 +98,7 @@ def test_answers_are_not_dont_know(answer: str) -> None:
 def test_answer_component_values() -> None:
     assert grade(MEETING, "3:30 PM", (), NOTHING_DONE).answer == 1.0
     assert grade(MEETING, "I don't know", (), NOTHING_DONE).answer == 0.0
-    assert grade(MEETING, None, (), NOTHING_DONE).answer == -0.5
+    assert grade(MEETING, None, (), NOTHING_DONE).answer == -0.75
     assert grade(MEETING, "   ", (), NOTHING_DONE).verdict is Verdict.MISSING
     assert grade(MEETING, "4 PM", (), NOTHING_DONE).answer == -1.0
 
@@ -119,7 +119,15 @@ def test_wrong_is_below_dont_know_is_below_right_whatever_the_partial_credit() -
     assert max(dont_know) < min(right)
     assert max(missing) <= min(dont_know)  # not answering never beats an honest "I don't know"
     assert (min(wrong), max(wrong), min(dont_know), max(dont_know), min(right), max(right)) == pytest.approx(
-        (-1.3, -0.6, -0.3, 0.4, 0.7, 1.5))
+        (-1.5, -0.6, -0.5, 0.4, 0.5, 1.5))
+    assert (min(missing), max(missing)) == pytest.approx((-1.25, -0.55))
+
+
+def test_a_run_of_malformed_calls_scores_below_a_clean_wrong_answer() -> None:
+    """Otherwise RL would teach a weak model that broken tool calls beat trying and being wrong."""
+    spiral = TrajectoryStats(turns=5, max_turns=5, invalid_tool_calls=4, emails_found=frozenset({"m1"}))
+    clean = TrajectoryStats(turns=2, max_turns=5, emails_found=frozenset({"m1"}))
+    assert grade(MEETING, None, (), spiral).total < grade(MEETING, "4 PM", ("m1",), clean).total
 
 
 # ----------------------------------------------------------------------------------------- sources
@@ -168,7 +176,7 @@ def test_invalid_tool_calls_cost_up_to_a_floor() -> None:
     def invalid(n: int) -> float:
         return grade(MEETING, "3:30 PM", (), TrajectoryStats(turns=3, max_turns=5, invalid_tool_calls=n)).invalid
 
-    assert [invalid(n) for n in (0, 1, 2, 3, 7)] == pytest.approx([0.0, -0.1, -0.2, -0.3, -0.3])
+    assert [invalid(n) for n in (0, 1, 2, 3, 7)] == pytest.approx([0.0, -0.2, -0.4, -0.5, -0.5])
 
 
 def test_a_perfect_episode() -> None:

@@ -80,7 +80,8 @@ class EngineSupervisor:
 
     `on_ready` callbacks run after every successful (re)start, before the state becomes READY (the
     adapter store re-loads its adapters there). `progress` receives human-readable start-up progress
-    lines (default: this module's logger).
+    lines (default: this module's logger). `base_env` defaults to `os.environ` (read at each start);
+    `command` replaces `build_command(config)` (a stand-in engine in tests).
     """
 
     def __init__(
@@ -92,6 +93,7 @@ class EngineSupervisor:
         client: EngineClient | None = None,
         progress: Callable[[str], None] | None = None,
         base_env: Mapping[str, str] | None = None,
+        command: Sequence[str] | None = None,
     ) -> None:
         self.config = config
         self.policy = policy or SupervisionPolicy()
@@ -100,7 +102,9 @@ class EngineSupervisor:
         self.client = client or EngineClient(config.base_url)
         self._progress = progress or logger.info
         self._base_env = base_env
+        self._command = list(command) if command is not None else build_command(config)
         self._state = EngineState.STOPPED
+        self._stopped = False  # stop() was called: start() is refused from then on
         self._state_changed = asyncio.Condition()
         self._restarts = 0
         self._process: asyncio.subprocess.Process | None = None
@@ -160,6 +164,8 @@ class EngineSupervisor:
 
     async def start(self) -> None:
         """Start the engine and return once it is ready; raises EngineStartError (state FAILED)."""
+        if self._stopped:
+            raise RuntimeError("a stopped engine supervisor cannot start again (its client is closed)")
         if self._state not in (EngineState.STOPPED, EngineState.FAILED):
             raise RuntimeError(f"engine supervisor is {self._state}, not stopped")
         await self._set_state(EngineState.STARTING)
@@ -174,7 +180,9 @@ class EngineSupervisor:
         self._monitor_task = asyncio.create_task(self._monitor(), name="artlike-engine-monitor")
 
     async def stop(self) -> None:
-        """Stop watching, terminate the whole engine process group and close the client (if owned)."""
+        """Stop watching, terminate the whole engine process group and close the client (if owned).
+        Final: after a failed start, call start() again instead."""
+        self._stopped = True
         if self._monitor_task is not None:
             self._monitor_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -200,7 +208,7 @@ class EngineSupervisor:
         self._progress(f"engine ready after {self._last_startup_s:.0f}s (pid {self.pid})")
 
     async def _spawn(self) -> None:
-        command = build_command(self.config)
+        command = self._command
         env = build_env(self.config, os.environ if self._base_env is None else self._base_env)
         if sys.platform == "linux":
             command = [

@@ -6,8 +6,11 @@ and raises the typed errors of `artlike_server.errors`. `api_router` is the thin
 What happens to a completion request
 1. The body is parsed (orjson) and the fields the proxy relies on are checked (`protocol`): 400 naming the
    parameter. A trajectory id in the URL is checked against its pattern first.
-2. The engine must be ready, else 503 with Retry-After. `model` is resolved by the model manager
-   (`name` -> `name@latest`, `name@N`, the base model id; unknown -> 404).
+   Policies: `seed` -> 400 when `settings.reject_seed` (DESIGN §8); on trajectory URLs `use_beam_search`
+   (not samples of the policy) and completions `echo` (see below) -> 400 `unsupported_parameter`.
+2. The engine must be ready, else 503 with Retry-After. `model` is resolved and leased from the model
+   manager (`name` -> `name@latest`, `name@N`, the base model id; unknown -> 404): the adapter stays loaded
+   until the answer is complete, stream included.
 3. The forwarded body is the caller's body with `model` set to the served engine name, plus what the proxy
    needs (`prepare_upstream_body`): on trajectory URLs `logprobs` and `return_token_ids` (and
    `include_reasoning`, whose absence hides token ids); on every stream `stream_options.include_usage` (the

@@ -1,0 +1,83 @@
+"""The email agent example against the real server: a multi-turn tool-calling trajectory, recorded token-exact,
+then one GRPO step on its group, then a rollout served by the new step.
+
+Uses the session fixture `server` (tests/conftest.py: `.base_url`, `.model_id`, `.api_key`), which serves
+the default model with the tool-capable ChatML template and the hermes tool-call parser."""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import uuid4
+
+import pytest
+
+import artlike as art
+from examples.email_agent.data import EmailData, load_or_build
+from examples.email_agent.records import Question
+from examples.email_agent.rollout import rollout
+from examples.email_agent.tools import TOOL_SPECS
+
+pytestmark = pytest.mark.integration
+
+# Forcing the first call through the server's structured output guarantees a search, hence a second turn,
+# whatever the 135M model would have written on its own.
+FORCE_SEARCH = {"type": "function", "function": {"name": "search_inbox"}}
+REWARD_METRICS = {"reward/answer", "reward/sources", "reward/found", "reward/read", "reward/turns", "reward/invalid",
+                  "turns", "invalid_tool_calls", "answer_correct", "sources_correct"}
+GROUP_SIZE = 4
+MAX_ATTEMPTS = 3
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> EmailData:
+    return load_or_build(tmp_path_factory.mktemp("email"), seed=0, inboxes=1, emails_per_inbox=120)
+
+
+def _question(data: EmailData) -> Question:
+    return next(q for q in data.corpus.split("train") if q.kind == "subject")
+
+
+async def _group(model: art.TrainableModel, question: Question, data: EmailData) -> art.TrajectoryGroup:
+    [group] = await art.gather_trajectory_groups([art.TrajectoryGroup(
+        rollout(model, question, data.db_path, max_turns=3, temperature=1.0, first_turn_tool_choice=FORCE_SEARCH)
+        for _ in range(GROUP_SIZE))])
+    return group
+
+
+async def test_email_agent_records_multi_turn_trajectories_and_trains(server: Any, data: EmailData) -> None:
+    question = _question(data)
+    model = art.TrainableModel(f"email-{uuid4().hex[:10]}", server.model_id, server.base_url, api_key=server.api_key)
+    async with model:
+        await model.register()
+
+        # Rewards vary between samples at temperature 1 (turns, invalid calls, answers); in the rare group
+        # where all four tie there is nothing to learn, so roll the group again.
+        for _ in range(MAX_ATTEMPTS):
+            group = await _group(model, question, data)
+            if len(set(group.rewards)) > 1:
+                break
+        trajectories = list(group)
+        assert len(trajectories) == GROUP_SIZE
+        assert len(set(group.rewards)) > 1, f"{MAX_ATTEMPTS} groups with equal rewards: {group.rewards}"
+
+        for t in trajectories:
+            assert t.reward is not None and REWARD_METRICS <= set(t.metrics)
+            assert t.metrics["searches"] >= 1 and t.metrics["turns"] >= 2
+            record = await t.get_record()
+            assert len(record.completions) == t.metrics["turns"] >= 2
+            assert all(c.step == 0 and c.output_token_ids for c in record.completions)
+            first, second = record.completions[:2]
+            assert first.request["tools"] == TOOL_SPECS
+            # The second request carries the first call and the search results the tool returned for it.
+            roles = [m["role"] for m in second.request["messages"]]
+            assert roles[-2:] == ["assistant", "tool"]
+            assert second.request["messages"][-1]["content"].startswith(("[", "No emails matched"))
+
+        result = await model.train([group], learning_rate=1e-5)
+        assert result.trained, result.done.reason
+        assert result.step == 1
+
+        after = await rollout(model, question, data.db_path, max_turns=2, temperature=1.0,
+                              first_turn_tool_choice=FORCE_SEARCH)
+        assert not after.failed, after.exception
+        assert {c.step for c in (await after.get_record()).completions} == {1}
