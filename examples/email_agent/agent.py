@@ -9,8 +9,8 @@ a `<tool_call>` block or bare JSON the server's parser missed, a reply cut off a
 text. It is counted, the model is told what went wrong in a `user` message, and the loop goes on. The loop
 ends when the model calls `return_final_answer` (with valid arguments) or after `max_turns` model calls.
 
-The prompt is small models' friend: a short system message and one worked example (search, read, answer)
-as real prior turns. DESIGN §8: with an instruction alone the 135M model never used the answer format.
+The prompt is built for small models: a short system message and three worked episodes written as real
+prior tool-call turns (DESIGN §8: with an instruction alone the 135M model never used the answer format).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import openai
+from openai.types.chat import ChatCompletionMessageFunctionToolCall as FunctionToolCall
 
 from examples.email_agent.records import Question
 from examples.email_agent.reward import (
@@ -50,6 +51,7 @@ SYSTEM_PROMPT = (
     "time, date, amount or code) and the message ids of the emails that state it. If you cannot find it, "
     "answer \"I don't know\". Every reply must be a tool call."
 )
+
 
 def _tool_call_message(call_id: str, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
     # json.dumps spacing, as vLLM's tool parsers write `arguments`: the examples look like real history.
@@ -173,7 +175,7 @@ async def run_agent(
             result.completion_tokens += response.usage.completion_tokens
         choice = response.choices[0]
         message = choice.message
-        calls = [c for c in message.tool_calls or [] if c.type == "function"]
+        calls = [c for c in message.tool_calls or [] if isinstance(c, FunctionToolCall)]
         result.messages.append(_assistant_message(message.content, calls))
         if not calls:
             _handle_reply_without_tool_call(result, message.content or "", choice.finish_reason)
@@ -186,7 +188,7 @@ async def run_agent(
     return result
 
 
-def _assistant_message(content: str | None, calls: list[Any]) -> dict[str, Any]:
+def _assistant_message(content: str | None, calls: list[FunctionToolCall]) -> dict[str, Any]:
     # A message without tool calls needs string content for chat templates that concatenate it.
     message: dict[str, Any] = {"role": "assistant", "content": content if calls else content or ""}
     if calls:
@@ -196,7 +198,7 @@ def _assistant_message(content: str | None, calls: list[Any]) -> dict[str, Any]:
     return message
 
 
-def _run_tool_call(result: AgentResult, tools: EmailTools, call: Any) -> bool:
+def _run_tool_call(result: AgentResult, tools: EmailTools, call: FunctionToolCall) -> bool:
     """Run one parsed tool call; True when it delivered the final answer."""
     outcome = tools.dispatch(call.function.name, call.function.arguments)
     result.messages.append({"role": "tool", "tool_call_id": call.id, "content": outcome.content})

@@ -201,6 +201,9 @@ def _step_record(groups: list[art.TrajectoryGroup], result: art.TrainResult, rol
         "trajectories": len(trajectories),
         "failed_rollouts": sum(len(g.exceptions) for g in groups),
         "groups_skipped": result.start.groups_skipped if result.start else None,
+        # multi-turn trajectories whose turns extend each other token-exactly train as one sequence each
+        "sequences": result.start.sequences if result.start else None,
+        "trainable_tokens": result.start.trainable_tokens if result.start else None,
         "reward": _mean([t.reward for t in trajectories if t.reward is not None]),
         "metrics": {name: _mean([t.metrics[name] for t in trajectories if name in t.metrics]) for name in metric_names},
         "loss": _mean([m.loss for m in result.metrics]),

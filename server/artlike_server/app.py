@@ -142,7 +142,7 @@ async def health(request: Request) -> Response:
     body = {
         "status": "ok" if engine_state == EngineState.READY else str(engine_state),
         "engine": {"state": str(engine_state), "restarts": state.engine.restarts, "pid": state.engine.pid},
-        "trainer": {"running": state.trainer.is_running},
+        "trainer": {"running": state.trainer.is_running, "pid": state.trainer.pid},
         "models": len(state.store.all()),
         "training": state.training.active(),
     }

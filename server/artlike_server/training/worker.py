@@ -88,7 +88,7 @@ def load_with_unsloth(path: Path, dtype: torch.dtype) -> PreTrainedModel:
     from unsloth import FastLanguageModel  # optional CUDA extra
 
     model, _tokenizer = FastLanguageModel.from_pretrained(
-        model_name=str(path), dtype=dtype, load_in_4bit=False, full_finetuning=False
+        model_name=str(path), dtype=dtype, load_in_4bit=False
     )
     return model
 
