@@ -44,7 +44,6 @@ from examples.email_agent.evaluate import (
     summarise,
 )
 from examples.email_agent.records import Question
-from examples.email_agent.reward import AsyncJudge
 from examples.email_agent.rollout import rollout
 
 DEFAULT_BASE_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -68,8 +67,8 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     model.add_argument("--base-model", default=DEFAULT_BASE_MODEL, help="the base model the server serves")
     model.add_argument("--lora-rank", type=int, default=8)
     training = parser.add_argument_group("training")
-    training.add_argument("--steps", type=int, default=8)
-    training.add_argument("--questions-per-step", type=int, default=8)
+    training.add_argument("--steps", type=int, default=10)
+    training.add_argument("--questions-per-step", type=int, default=4)
     training.add_argument("--group-size", type=int, default=4, help="rollouts per question (GRPO group)")
     training.add_argument("--learning-rate", type=float, default=5e-5)
     # 0.7, not 1.0: at 1.0 the 135M model wrote a parseable first tool call 12 times in 32, at 0.7 25 times.
@@ -130,14 +129,8 @@ def _mean(values: Sequence[float]) -> float:
     return statistics.fmean(values) if values else float("nan")
 
 
-async def _evaluate(args: argparse.Namespace, client: openai.AsyncOpenAI, model: str, questions: list[Question],
-                    db_path: Path, judge: AsyncJudge | None) -> EvalSummary:
-    episodes = await evaluate(client, model, questions, db_path, concurrency=args.eval_concurrency,
-                              max_turns=args.max_turns, max_tokens=args.max_tokens, judge=judge)
-    return summarise(model, episodes)
-
-
 async def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Baseline eval, `--steps` GRPO steps, final eval; returns everything for the results JSON."""
     data = load_or_build(args.data_dir, args.seed)
     kinds = {k.strip() for k in args.kinds.split(",") if k.strip()}
     train_questions = [q for q in data.corpus.split("train") if q.kind in kinds]
@@ -145,46 +138,45 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit(f"only {len(train_questions)} training questions of kinds {sorted(kinds)}")
     test_questions = select_questions(data.corpus, "test", args.eval_limit) if args.eval_limit else []
     judge = judge_from_arguments(args)
+    summaries: dict[str, EvalSummary] = {}
+    history: list[dict[str, Any]] = []
 
-    async with served(args), art.TrainableModel(args.name, args.base_model, args.server,
-                                                  lora={"rank": args.lora_rank}) as model:
-        info = await model.register()
-        first_step = info.latest_step
+    async with (
+        served(args),
+        art.TrainableModel(args.name, args.base_model, args.server, lora={"rank": args.lora_rank}) as model,
+        # Evaluation goes through the plain OpenAI URL (`name@step`): served, not recorded.
+        openai.AsyncOpenAI(base_url=model.inference_base_url,
+                           api_key=os.environ.get("ARTLIKE_API_KEY") or "artlike") as client,
+    ):
+        step = first_step = (await model.register()).latest_step
         if first_step:
             print(f"{model.name} exists at step {first_step}: training resumes from there", flush=True)
-        client = openai.AsyncOpenAI(base_url=model.inference_base_url,
-                                    api_key=os.environ.get("ARTLIKE_API_KEY") or "artlike")
-        summaries: dict[str, EvalSummary] = {}
-        if test_questions:
-            label = f"before ({model.name}@{first_step})"
-            summaries[label] = await _evaluate(args, client, f"{model.name}@{first_step}", test_questions,
-                                             data.db_path, judge)
-            print(format_table(summaries), flush=True)
 
-        history: list[dict[str, Any]] = []
+        async def evaluate_step(label: str) -> None:
+            if test_questions:
+                episodes = await evaluate(client, f"{model.name}@{step}", test_questions, data.db_path,
+                                          concurrency=args.eval_concurrency, max_turns=args.max_turns,
+                                          max_tokens=args.max_tokens, judge=judge)
+                summaries[f"{label} ({model.name}@{step})"] = summarise(f"{model.name}@{step}", episodes)
+                print("\n" + format_table(summaries), flush=True)
+
+        await evaluate_step("before")
         batches = _batches(train_questions, args.questions_per_step, args.seed)
-        step = first_step
         for _ in range(args.steps):
             started = time.monotonic()
-            batch = next(batches)
             groups = await art.gather_trajectory_groups(
                 (art.TrajectoryGroup(
                     rollout(model, q, data.db_path, max_turns=args.max_turns, temperature=args.temperature,
                             max_tokens=args.max_tokens, judge=judge) for _ in range(args.group_size))
-                 for q in batch),
+                 for q in next(batches)),
                 max_exceptions=args.max_exceptions)
             rollout_seconds = time.monotonic() - started
             result = await model.train(groups, learning_rate=args.learning_rate)
             step = result.step
-            record = _step_record(groups, result, rollout_seconds, time.monotonic() - started - rollout_seconds)
-            history.append(record)
-            print(_format_step(record), flush=True)
+            history.append(_step_record(groups, result, rollout_seconds, time.monotonic() - started - rollout_seconds))
+            print(_format_step(history[-1]), flush=True)
+        await evaluate_step("after")
 
-        if test_questions:
-            summaries[f"after ({model.name}@{step})"] = await _evaluate(
-                args, client, f"{model.name}@{step}", test_questions, data.db_path, judge)
-            print("\n" + format_table(summaries), flush=True)
-        await client.close()
     return {"config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
             "model": args.name, "first_step": first_step, "last_step": step, "steps": history,
             "evaluations": {label: asdict(s) for label, s in summaries.items()}}

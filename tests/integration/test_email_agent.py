@@ -61,7 +61,7 @@ async def test_email_agent_records_multi_turn_trajectories_and_trains(server: An
         assert len(set(group.rewards)) > 1, f"{MAX_ATTEMPTS} groups with equal rewards: {group.rewards}"
 
         for t in trajectories:
-            assert t.reward is not None and REWARD_METRICS <= set(t.metrics)
+            assert t.reward is not None and set(t.metrics) >= REWARD_METRICS
             assert t.metrics["searches"] >= 1 and t.metrics["turns"] >= 2
             record = await t.get_record()
             assert len(record.completions) == t.metrics["turns"] >= 2

@@ -91,3 +91,25 @@ async def test_publish_fails_loudly_when_the_engine_does_not_list_the_adapter(tm
     with pytest.raises(RuntimeError, match="does not list"):
         await manager.publish("m", 1)
     assert manager.latest_step("m") is None  # the alias did not move
+
+
+async def test_publish_when_every_loaded_adapter_is_some_models_latest(tmp_path: Path) -> None:
+    """With K=1 and two models, both aliases are pinned; the new step must still survive its own load."""
+    store = make_store(tmp_path, 1)
+    for step in (0,):
+        staging = store.new_staging_dir("n")
+        (staging / "adapter_config.json").write_text("{}")
+        store.commit_step("n", staging, step)
+    store.create("n", "base", LoraConfig())
+    engine = FakeEngine()
+    manager = ModelManager(store, engine, "base", max_loaded=1)  # type: ignore[arg-type]
+    await manager.restore()
+    staging = store.new_staging_dir("m")
+    (staging / "adapter_config.json").write_text("{}")
+    store.commit_step("m", staging, 1)
+    await manager.publish("m", 1)
+    assert (await manager.resolve("m")).engine_name == "m@1"
+    assert "m@1" in engine.loaded and "m@0" not in engine.loaded
+    # an old step loaded on demand is not evicted before the request that asked for it uses it
+    async with manager.lease("m@0") as served:
+        assert served.engine_name in engine.loaded

@@ -167,10 +167,11 @@ class ModelManager:
                 self._loaded[engine_name] = None
                 log.info("loaded adapter %s", engine_name)
             self._loaded.move_to_end(engine_name)
-        await self._evict()
+        # The adapter just loaded is about to be used (a request, or a publish moving the alias to it).
+        await self._evict(keep=engine_name)
 
-    async def _evict(self) -> None:
-        pinned = {served_name(m, s) for m, s in self._latest.items()} | set(self._leases)
+    async def _evict(self, keep: str | None = None) -> None:
+        pinned = {served_name(m, s) for m, s in self._latest.items()} | set(self._leases) | {keep}
         for engine_name in list(self._loaded):
             if len(self._loaded) <= self.max_loaded:
                 break

@@ -232,7 +232,14 @@ class TrainingService:
             new_step = p.from_step + 1
             adapter_path = self.store.commit_step(p.model, staging, new_step)
             staging = None
-            swap_seconds = await self.models.publish(p.model, new_step)
+            try:
+                swap_seconds = await self.models.publish(p.model, new_step)
+            except BaseException:
+                # The step never became servable: remove it, so a restart cannot serve a step that never
+                # reported `done` and the next job can write step N+1 again.
+                await self.models.forget_step(p.model, new_step)
+                self.store.delete_step(p.model, new_step)
+                raise
             self.store.append_history(p.model, _history_entry(p, new_step, steps, train_seconds, swap_seconds))
             job.emit(DoneEvent(model=served_name(p.model, new_step), step=new_step, adapter_path=str(adapter_path),
                                train_seconds=round(train_seconds, 3), swap_seconds=round(swap_seconds, 4)))
