@@ -14,6 +14,11 @@ SERVER_ARGS = ["--dtype", "float32", "--trainer-dtype", "float32",
                "--chat-template", "tool-chatml", "--tool-call-parser", "hermes"]
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests marked `disruptive` (they crash parts of the shared server) run after all the others."""
+    items.sort(key=lambda item: item.get_closest_marker("disruptive") is not None)
+
+
 @pytest.fixture(scope="session")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """A real server: `.base_url`, `.model_id`, `.api_key`, `.headers`, `.data_dir`, `.process`, `.log_path`."""

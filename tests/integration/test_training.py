@@ -174,13 +174,13 @@ def test_second_concurrent_job_gets_409_and_a_disconnect_does_not_cancel(server:
     register(server, name)
     groups = rollout_groups(server, name)
     body = {"model": name, "groups": groups, "config": {"epochs": 4, "learning_rate": 1e-4}}
-    with httpx.Client(timeout=600, headers=server.headers) as http:
-        with http.stream("POST", f"{server.base_url}/_train_model", json=body) as response:
-            first = orjson.loads(next(response.iter_lines()))
-            assert first["type"] == "start"
-            second = http.post(f"{server.base_url}/_train_model", json=body)
-            assert second.status_code == 409 and second.json()["error"]["code"] == "training_in_progress"
-        # the first stream was closed after one line: the job must still finish and swap
+    with httpx.Client(timeout=600, headers=server.headers) as http, \
+            http.stream("POST", f"{server.base_url}/_train_model", json=body) as response:
+        first = orjson.loads(next(response.iter_lines()))
+        assert first["type"] == "start"
+        second = http.post(f"{server.base_url}/_train_model", json=body)
+        assert second.status_code == 409 and second.json()["error"]["code"] == "training_in_progress"
+    # the first stream was closed after one line: the job must still finish and swap
     deadline = time.monotonic() + 300
     while latest_step(server, name) != 1:
         assert time.monotonic() < deadline, "the job did not finish after its client disconnected"
