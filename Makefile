@@ -32,7 +32,7 @@ bench: setup
 	$(PY) -m bench.train_throughput
 
 email-agent: setup
-	$(PY) -m examples.email_agent.train
+	$(PY) -m examples.email_agent.train --start-server
 
 lint: setup
 	$(VENV)/bin/ruff check src server tests bench examples

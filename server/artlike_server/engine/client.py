@@ -5,8 +5,9 @@ proxy streams completions through it, the adapter store loads adapters through i
 checks health through it. Streams get no read timeout (a long generation is not a hang; the supervisor's
 health check catches a dead engine); admin calls carry their own timeout.
 
-    EngineError
-    └── EngineRequestError    the engine answered with a non-2xx status (status + body)
+    EngineError                   anything the engine layer raises on purpose
+    ├── EngineRequestError        the engine answered a non-2xx status (.status, .body)
+    └── EngineStartError          (supervisor.py) the engine exited or was not ready in time (.log_tail)
 """
 
 from __future__ import annotations

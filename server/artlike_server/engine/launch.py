@@ -84,7 +84,10 @@ def build_command(config: EngineConfig, python: str = sys.executable) -> list[st
         # scheduler steps: the runner rewinds the request's torch.Generator with `set_offset`, which CPU
         # generators do not support ("RuntimeError: CPU Generator does not use offset"). Without chunked
         # prefill no prefill is ever split (vLLM raises max-num-batched-tokens to max-model-len itself),
-        # so seeded requests are safe. Reproduced with 64 concurrent seeded requests of 150-700 words.
+        # so seeded requests are safe, preempted ones included (their recompute is one prefill too).
+        # Reproduced with 64 concurrent seeded requests of 150-700 words; fixed by this flag. vLLM logs a
+        # generic "does not officially support disabling chunked prefill" warning; the fp32 mixed-batch
+        # test checks outputs stay exact with it off.
         command += ["--no-enable-chunked-prefill"]
     if config.chat_template is not None:
         command += ["--chat-template", str(resolve_chat_template(config.chat_template))]

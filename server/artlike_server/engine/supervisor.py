@@ -254,23 +254,29 @@ class EngineSupervisor:
             await asyncio.wait({self._exit_task}, timeout=max(0.0, min(1.0, deadline - now)))
 
     async def _warm_up(self) -> None:
-        """One greedy completion with logprobs, so the helper vLLM compiles on the first logprobs request
-        is compiled now and not on a user's first request. /v1/completions needs no chat template."""
-        body = {
-            "model": self.config.served_model_name,
-            "prompt": "Hello",
-            "max_tokens": 2,
-            "temperature": 0.0,
-            "logprobs": 1,
-        }
-        try:
-            response = await self.client.http.post(
-                "/v1/completions", json=body, timeout=self.policy.warm_up_timeout_s
-            )
-        except httpx.TransportError as error:
-            raise self._start_error(f"warm-up request failed: {error!r}") from error
-        if not response.is_success:
-            raise self._start_error(f"warm-up request answered {response.status_code}: {response.text[:300]}")
+        """Completions with logprobs for a batch of 1, then of 2 sequences, so the helper vLLM compiles
+        on its first logprobs request is compiled now, not on a user's request: torch.compile builds a
+        kernel specialised to batch size 1 first and a dynamic-size one on the next size it sees (a few
+        seconds each on CPU). /v1/completions needs no chat template."""
+        for n, temperature in ((1, 0.0), (2, 1.0)):
+            body = {
+                "model": self.config.served_model_name,
+                "prompt": "Hello",
+                "max_tokens": 2,
+                "n": n,
+                "temperature": temperature,
+                "logprobs": 1,
+            }
+            try:
+                response = await self.client.http.post(
+                    "/v1/completions", json=body, timeout=self.policy.warm_up_timeout_s
+                )
+            except httpx.TransportError as error:
+                raise self._start_error(f"warm-up request failed: {error!r}") from error
+            if not response.is_success:
+                raise self._start_error(
+                    f"warm-up request answered {response.status_code}: {response.text[:300]}"
+                )
 
     async def _run_on_ready(self) -> None:
         for callback in self._on_ready:
