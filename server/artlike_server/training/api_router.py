@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import orjson
-from artlike.types import STREAM_VERSION, TrainRequest
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
+
+from artlike.types import STREAM_VERSION, TrainRequest
 
 from ..state import get_state
 from .job import RunningJob
