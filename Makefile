@@ -22,7 +22,7 @@ demo: setup
 	$(PY) -m examples.arithmetic.demo
 
 test: setup
-	$(PY) -m pytest -x -q -ra
+	$(PY) -m pytest -q -ra --durations=15
 
 test-unit: setup
 	$(PY) -m pytest -x -q -m "not integration"

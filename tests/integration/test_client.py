@@ -29,8 +29,8 @@ PROMPTS = ["Name a colour and say why you like it.", "Describe the sea in a few 
 
 
 def new_model(server: Any, name: str | None = None, **options: Any) -> art.TrainableModel:
-    return art.TrainableModel(name or f"client-{uuid4().hex[:10]}", server.model_id, server.base_url,
-                              api_key=server.api_key, **options)
+    options.setdefault("api_key", server.api_key)
+    return art.TrainableModel(name or f"client-{uuid4().hex[:10]}", server.model_id, server.base_url, **options)
 
 
 def length_reward(completion: ChatCompletion) -> float:
