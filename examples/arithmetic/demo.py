@@ -107,7 +107,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--groups", type=int, default=8, help="problems per step")
     parser.add_argument("--group-size", type=int, default=8, help="samples per problem")
-    parser.add_argument("--learning-rate", type=float, default=1e-4)
+    parser.add_argument("--learning-rate", type=float, default=2e-4)
     parser.add_argument("--lora-rank", type=int, default=8)
     parser.add_argument("--eval-size", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
