@@ -144,7 +144,7 @@ async def health(request: Request) -> Response:
         "status": "ok" if engine_state == EngineState.READY else str(engine_state),
         "engine": {"state": str(engine_state), "restarts": state.engine.restarts, "pid": state.engine.pid},
         "trainer": {"running": state.trainer.is_running, "pid": state.trainer.pid},
-        "models": len(state.store.all()),
+        "models": len(state.models.served_models),  # in memory: /health is polled often
         "training": state.training.active(),
     }
     headers = {} if engine_state == EngineState.READY else {"Retry-After": str(round(state.engine.retry_after()))}

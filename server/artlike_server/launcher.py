@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,16 +14,13 @@ from types import TracebackType
 import httpx
 
 from .default_model import DEFAULT_MODEL_ID
+from .engine.launch import free_port
+
+__all__ = ["ServerProcess", "ServerStartError", "free_port", "log_tail"]
 
 
 class ServerStartError(RuntimeError):
     """The server exited or did not become healthy in time; the message carries its log's tail."""
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def log_tail(path: Path, lines: int = 60) -> str:

@@ -94,6 +94,11 @@ class ModelManager:
     def latest_step(self, name: str) -> int | None:
         return self._latest.get(name)
 
+    @property
+    def served_models(self) -> list[str]:
+        """Names of the trainable models being served (each has a latest step)."""
+        return sorted(self._latest)
+
     def is_loaded(self, name: str, step: int) -> bool:
         return served_name(name, step) in self._loaded
 
