@@ -7,9 +7,10 @@ base-model requests of a batch that also carries adapter requests are served wit
 (upstream vllm PRs #48421 and #49656, open). The three `bgmv_*` functions are where it happens; the
 `sgmv_*` prefill variants and the punica wrapper's decode/logits paths all end in them.
 
-The replacements gather with the indices clamped to 0 and zero the output rows whose index is -1, so a
-row with an adapter computes exactly what vLLM computes (same gather, same einsum) and a row without
-one adds nothing.
+The replacements group the rows by slot and run one matmul per adapter present in the batch; rows whose
+index is -1 get zeros, so a row with an adapter computes what vLLM computes and a row without one adds
+nothing. Grouping also removes vLLM's per-row copy of the weights, which made LoRA prefill on CPU ~30x
+slower than the base model's (see `_per_row_lora`).
 
 vLLM calls `register()` in every process it starts (API server, engine core) through the documented
 `vllm.general_plugins` entry point `artlike_lora_fix` declared in pyproject.toml. It patches only when
@@ -40,12 +41,25 @@ _PUNICA_CPU = "vllm.lora.punica_wrapper.punica_cpu"
 def _per_row_lora(
     inputs: torch.Tensor, stacked_weights: torch.Tensor, slot_indices: torch.Tensor, dtype: torch.dtype
 ) -> torch.Tensor:
-    """`inputs[b] @ stacked_weights[slot_indices[b]].T` per row; rows whose slot index is -1 are zero."""
-    selected = stacked_weights[slot_indices.clamp(min=0)].to(dtype=dtype)  # (b, 1, out, in) or (b, out, in)
-    if selected.dim() == 4:
-        selected = selected.squeeze(dim=1)
-    outputs = torch.einsum("bi, boi -> bo", inputs.to(dtype=dtype), selected)  # (b, out)
-    return outputs.masked_fill_((slot_indices < 0).unsqueeze(1), 0)
+    """`inputs[b] @ stacked_weights[slot_indices[b]].T` per row; rows whose slot index is -1 are zero.
+
+    One matmul per adapter present in the batch, on that adapter's rows. vLLM's op instead gathers a copy
+    of the weights for every row, a (rows, out, in) tensor: for a 1,461-token prefill with a rank-8
+    adapter that is gigabytes of copies per forward pass, and it measured 45 s against 1.5 s for the same
+    prompt on the base model (SmolLM2-135M, 2 cores).
+    """
+    weights = stacked_weights.squeeze(dim=1) if stacked_weights.dim() == 4 else stacked_weights  # (slots, out, in)
+    rows = inputs.to(dtype=dtype)
+    slots = torch.unique(slot_indices).tolist()
+    if len(slots) == 1 and slots[0] >= 0:  # the common case: every row uses the same adapter
+        return rows @ weights[slots[0]].to(dtype=dtype).T
+    outputs = rows.new_zeros(rows.shape[0], weights.shape[1])
+    for slot in slots:
+        if slot < 0:
+            continue  # no adapter: these rows stay zero
+        members = (slot_indices == slot).nonzero().squeeze(dim=1)
+        outputs.index_copy_(0, members, rows.index_select(0, members) @ weights[slot].to(dtype=dtype).T)
+    return outputs
 
 
 # The three functions below keep vLLM 0.32's signatures and output semantics; only the gather differs.
