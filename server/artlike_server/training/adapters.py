@@ -25,6 +25,7 @@ from safetensors.torch import load_file, save_file
 from transformers import PreTrainedModel
 
 from artlike.types import LoraConfig
+from artlike_server.training.precision import MasterWeights
 
 WEIGHTS_FILE = "adapter_model.safetensors"
 CONFIG_FILE = "adapter_config.json"
@@ -58,6 +59,7 @@ class AdapterSlot:
     key: str  # PEFT adapter name inside the shared PeftModel
     config: peft.LoraConfig
     optimizer: torch.optim.Optimizer | None = None  # kept between jobs, see AdapterSlots.load
+    master: MasterWeights | None = None  # fp32 copies of bf16 adapter weights, kept with the optimizer
 
 
 class AdapterSlots:
@@ -83,10 +85,11 @@ class AdapterSlots:
         self._next_key += 1
         # PEFT draws lora_A from the global generator; seeding it makes a registration reproducible.
         torch.manual_seed(seed)
+        # Adapters in the base model's dtype (no fp32 upcast): see training.precision.
         if self._model is None:
-            self._model = get_peft_model(self._base, config, adapter_name=key)
+            self._model = get_peft_model(self._base, config, adapter_name=key, autocast_adapter_dtype=False)
         else:
-            self._model.add_adapter(key, config)
+            self._model.add_adapter(key, config, autocast_adapter_dtype=False)
         previous = self._slots.get(model_name)
         if previous is not None:
             self._model.delete_adapter(previous.key)
@@ -122,6 +125,7 @@ class AdapterSlots:
             if result.unexpected_keys:
                 raise AdapterError(f"{adapter_dir} has unexpected keys, e.g. {result.unexpected_keys[:3]}")
             slot.optimizer = None
+            slot.master = None
         return slot
 
     def save(self, model_name: str, out_dir: Path) -> Path:

@@ -19,6 +19,7 @@ from artlike.types import StepEvent, TrainConfig
 from artlike_server.training.grpo import policy_loss
 from artlike_server.training.logprobs import DEFAULT_CHUNK_TOKENS, token_logprobs
 from artlike_server.training.packing import pack, plan_optimizer_steps
+from artlike_server.training.precision import MasterWeights
 from artlike_server.training.sequences import TrainSequence
 
 
@@ -104,6 +105,7 @@ def run_optimizer_steps(
     on_step: Callable[[StepEvent], None],
     on_micro_batch: Callable[[int, int, int], None] | None = None,
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    master: MasterWeights | None = None,
 ) -> list[StepEvent]:
     """Train `epochs × gradient_steps_per_epoch` optimizer steps on `sequences`; call `on_step` after each.
 
@@ -111,7 +113,11 @@ def run_optimizer_steps(
     disabled); it is used only when `config.kl_beta > 0`. `on_micro_batch(step, index, count)` reports
     progress inside a step. Each step's `logprob_mismatch` is measured on its tokens before its update: in
     the first step that is pure engine/trainer drift, later it includes the updates made so far.
+
+    With `master` (low-precision `parameters`), `optimizer` steps `master.parameters`: gradients are moved
+    into them after every micro-batch and the model's parameters are refreshed after every step.
     """
+    optimized = master.parameters if master is not None else list(parameters)
     for group in optimizer.param_groups:
         group["lr"] = config.learning_rate
         group["weight_decay"] = config.weight_decay
@@ -164,6 +170,8 @@ def run_optimizer_steps(
                 normalizer=normalizer,
             )
             out.loss.backward()
+            if master is not None:
+                master.accumulate_grads()
             tokens = int(out.tokens)
             totals.policy_loss += float(out.policy_loss)
             totals.kl += float(out.kl)
@@ -173,12 +181,16 @@ def run_optimizer_steps(
             totals.mismatch_sum += float(out.logprob_mismatch) * int(out.mismatch_tokens)
             totals.mismatch_tokens += int(out.mismatch_tokens)
         max_norm = config.max_grad_norm if config.max_grad_norm is not None else math.inf
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(parameters, max_norm))
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(optimized, max_norm))
         if not math.isfinite(grad_norm):
             optimizer.zero_grad(set_to_none=True)
+            if master is not None:
+                master.zero_grads()
             raise NonFiniteGradient(f"gradient norm is {grad_norm} at step {step_index}; weights not updated")
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        if master is not None:
+            master.copy_to_model()
         event = StepEvent(
             gradient_step=step_index,
             num_gradient_steps=len(plan),

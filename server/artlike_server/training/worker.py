@@ -9,7 +9,8 @@ name gets its own LoRA adapter and AdamW state in the one PEFT model. A failing 
 event and the worker carries on; only a crash ends it.
 
 Precision: base weights in bf16 where the hardware has fast bf16 (CUDA, or a CPU with AVX512-BF16/AMX),
-LoRA weights and AdamW state in fp32 (PEFT upcasts adapter weights), logprobs in fp32 (see `logprobs`).
+LoRA weights in the base dtype with fp32 master copies that AdamW (fp32 state) updates (see `precision`),
+logprobs in fp32 (see `logprobs`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from artlike_server.training.adapters import AdapterSlots, check_writable, peft_
 from artlike_server.training.batch_file import read_batch
 from artlike_server.training.loop import run_optimizer_steps, validate_batch
 from artlike_server.training.packing import plan_optimizer_steps
+from artlike_server.training.precision import MasterWeights
 
 logger = logging.getLogger("artlike.trainer")
 
@@ -137,8 +139,11 @@ class Worker:
         reused = slot.optimizer is not None
         parameters = self._adapters.parameters(command.model_name)
         if slot.optimizer is None:
+            slot.master = MasterWeights(parameters) if MasterWeights.needed(parameters) else None
             slot.optimizer = torch.optim.AdamW(
-                parameters, lr=command.config.learning_rate, weight_decay=command.config.weight_decay
+                slot.master.parameters if slot.master is not None else parameters,
+                lr=command.config.learning_rate,
+                weight_decay=command.config.weight_decay,
             )
         model = self._adapters.model
         config = command.config
@@ -165,6 +170,7 @@ class Worker:
                 pad_token_id=self._pad_token_id,
                 device=self._device,
                 reference=model.disable_adapter,
+                master=slot.master,
                 on_step=lambda event: self._events.emit(protocol.STEP, command.id, **event.model_dump()),
                 on_micro_batch=lambda step, index, count: self._events.emit(
                     protocol.PROGRESS, command.id, gradient_step=step, micro_batch=index, micro_batches=count
