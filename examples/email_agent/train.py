@@ -79,6 +79,8 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     agent.add_argument("--max-turns", type=int, default=DEFAULT_MAX_TURNS)
     agent.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, help="per model turn")
     agent.add_argument("--eval-limit", type=int, default=40, help="test questions to evaluate (0: skip eval)")
+    agent.add_argument("--eval-kinds", default=None,
+                       help="question kinds to evaluate on (default: the --kinds trained on)")
     agent.add_argument("--eval-concurrency", type=int, default=8)
     agent.add_argument("--seed", type=int, default=DEFAULT_SEED, help="corpus and question-order seed")
     agent.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
@@ -136,7 +138,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     train_questions = [q for q in data.corpus.split("train") if q.kind in kinds]
     if len(train_questions) < args.questions_per_step:
         raise SystemExit(f"only {len(train_questions)} training questions of kinds {sorted(kinds)}")
-    test_questions = select_questions(data.corpus, "test", args.eval_limit) if args.eval_limit else []
+    eval_kinds = {k.strip() for k in (args.eval_kinds or args.kinds).split(",") if k.strip()}
+    test_questions = [q for q in select_questions(data.corpus, "test") if q.kind in eval_kinds][: args.eval_limit]
     judge = judge_from_arguments(args)
     summaries: dict[str, EvalSummary] = {}
     history: list[dict[str, Any]] = []

@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from artlike_server.training.logprobs import token_logprobs
+from artlike_server.training.logprobs import SelectedLogprobs, token_logprobs
 from artlike_server.training.loop import BatchError, collate, run_optimizer_steps, validate_batch
 from artlike_server.training.precision import MasterWeights
 from artlike_server.training.sequences import TrainSequence
@@ -71,6 +71,34 @@ def test_chunked_logprobs_equal_the_full_log_softmax(chunk_tokens: int) -> None:
         fn()[:, 3:].sum().backward()
         grads.append([p.grad.clone() for p in model.parameters() if p.requires_grad])
     assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(*grads, strict=True))
+
+
+def test_selected_logprobs_match_log_softmax_in_value_entropy_and_gradient() -> None:
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(6, 5, dtype=torch.float64, generator=g, requires_grad=True)
+    weight = torch.randn(11, 5, dtype=torch.float64, generator=g, requires_grad=True)
+    bias = torch.randn(11, dtype=torch.float64, generator=g, requires_grad=True)
+    targets = torch.tensor([0, 3, 10, 3, 7, 1])
+    chosen, entropy = SelectedLogprobs.apply(hidden, weight, bias, targets)
+    log_probs = torch.nn.functional.linear(hidden, weight, bias).log_softmax(-1)
+    expected = log_probs.gather(-1, targets[:, None]).squeeze(-1)
+    torch.testing.assert_close(chosen, expected)
+    torch.testing.assert_close(entropy, -(log_probs.exp() * log_probs).sum(-1))
+    assert not entropy.requires_grad  # reported, never trained on
+    upstream = torch.randn(6, dtype=torch.float64, generator=g)
+    ours = torch.autograd.grad(chosen, (hidden, weight, bias), upstream)
+    theirs = torch.autograd.grad(expected, (hidden, weight, bias), upstream)
+    for a, b in zip(ours, theirs, strict=True):
+        torch.testing.assert_close(a, b)
+    assert torch.autograd.gradcheck(lambda h, w, b: SelectedLogprobs.apply(h, w, b, targets)[0], (hidden, weight, bias))
+
+
+def test_selected_logprobs_leave_a_frozen_head_without_gradient() -> None:
+    hidden = torch.randn(4, 5, requires_grad=True)
+    weight = torch.randn(9, 5)  # the LM head is frozen in LoRA training
+    chosen, _ = SelectedLogprobs.apply(hidden, weight, None, torch.tensor([1, 2, 3, 4]))
+    chosen.sum().backward()
+    assert hidden.grad is not None and weight.grad is None
 
 
 def test_logprobs_of_selected_positions_only() -> None:

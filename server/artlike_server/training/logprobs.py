@@ -1,31 +1,59 @@
 """Per-token logprobs and entropies of a causal LM, in float32, without materialising all logits at once.
 
 The vocabulary is large (49k for SmolLM2, 152k for Qwen): float32 logits of a 4096-token micro-batch would
-take 0.8–2.5 GB, plus as much again for the log-softmax autograd keeps. So the LM head runs on chunks of
-positions, each under activation checkpointing: autograd keeps only the chunk's hidden states, and the
-backward pass recomputes that chunk's logits (one extra LM-head matmul, a few % of the step). The head
-runs only on the positions that are trained: prompts, tool results and padding need no logits.
+take 0.8–2.5 GB. So the LM head runs on chunks of positions, and only on the positions that are trained
+(prompts, tool results and padding need no logits). Each chunk goes through `SelectedLogprobs`, which
+keeps one number per position for the backward pass (the log-normaliser) and recomputes the chunk's logits
+there: the gradient of logπ(target) is g·(onehot − softmax), formed in place in one [C, V] buffer, instead
+of the zero-filled scatter of gather's backward plus log_softmax's backward plus the recomputation of the
+whole forward that activation checkpointing did.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 from torch.nn import functional as F
-from torch.utils.checkpoint import checkpoint
 
 DEFAULT_CHUNK_TOKENS = 1024
 
 
-def _chunk_logprobs(
-    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    logits = F.linear(hidden, weight, bias).float()  # [N, V] in float32 whatever the model dtype
-    log_probs = logits.log_softmax(dim=-1)  # [N, V]
-    chosen = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # [N]
-    with torch.no_grad():
-        entropy = -(log_probs.exp() * log_probs).sum(dim=-1)  # [N]
-    return chosen, entropy
+def _logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    logits = F.linear(hidden, weight, bias)  # [C, V]
+    return logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
+
+
+class SelectedLogprobs(torch.autograd.Function):
+    """(log softmax(hidden·Wᵀ + b)[target], entropy) per row; only the first output has a gradient."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = _logits(hidden, weight, bias)  # [C, V]
+        log_normaliser = torch.logsumexp(logits, dim=-1)  # [C]
+        chosen = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - log_normaliser  # [C]
+        probs = (logits - log_normaliser.unsqueeze(-1)).exp_()  # [C, V]
+        entropy = log_normaliser - (probs * logits).sum(dim=-1)  # H = logZ − Σ p·logit
+        ctx.save_for_backward(hidden, weight, bias, targets, log_normaliser)
+        ctx.mark_non_differentiable(entropy)
+        return chosen, entropy
+
+    @staticmethod
+    def backward(  # type: ignore[override]
+        ctx: Any, grad_chosen: torch.Tensor, _grad_entropy: torch.Tensor | None
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None, None]:
+        hidden, weight, bias, targets, log_normaliser = ctx.saved_tensors
+        grad_logits = _logits(hidden, weight, bias)  # [C, V], recomputed
+        grad_logits.sub_(log_normaliser.unsqueeze(-1)).exp_().mul_(-grad_chosen.unsqueeze(-1))  # −g·softmax
+        grad_logits.scatter_add_(-1, targets.unsqueeze(-1), grad_chosen.unsqueeze(-1))  # + g·onehot
+        grad_logits = grad_logits.to(hidden.dtype)
+        grad_hidden = grad_logits @ weight if ctx.needs_input_grad[0] else None
+        grad_weight = grad_logits.T @ hidden if ctx.needs_input_grad[1] else None
+        grad_bias = grad_logits.sum(dim=0) if bias is not None and ctx.needs_input_grad[2] else None
+        return grad_hidden, grad_weight, grad_bias, None
 
 
 def token_logprobs(
@@ -57,10 +85,7 @@ def token_logprobs(
     for start in range(0, selected_targets.shape[0], chunk_tokens):
         h = selected_hidden[start : start + chunk_tokens]  # [C, H]
         t = selected_targets[start : start + chunk_tokens]  # [C]
-        if torch.is_grad_enabled():
-            lp, ent = checkpoint(_chunk_logprobs, h, head.weight, head.bias, t, use_reentrant=False)
-        else:
-            lp, ent = _chunk_logprobs(h, head.weight, head.bias, t)
+        lp, ent = SelectedLogprobs.apply(h, head.weight, head.bias, t)
         chosen.append(lp)
         entropies.append(ent)
     empty = hidden.new_zeros(0, dtype=torch.float32)
