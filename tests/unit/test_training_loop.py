@@ -197,3 +197,19 @@ def test_a_bf16_adapter_trains_through_fp32_masters_like_an_fp32_adapter() -> No
         # the update, not the weights: bf16 forward/backward changes it by a few %, never its direction
         cosine = torch.nn.functional.cosine_similarity(fp32_update.flatten(), master_update.flatten(), dim=0)
         assert cosine > 0.95
+
+
+def test_gradients_left_by_a_failed_job_do_not_leak_into_the_next_step() -> None:
+    config = TrainConfig(learning_rate=0.05, micro_batch_tokens=64, max_grad_norm=None)
+    results = []
+    for stale in (False, True):
+        model = tiny_peft_model().to(torch.bfloat16)
+        params = [p for p in model.parameters() if p.requires_grad]
+        if stale:  # what an exception between backward and the optimizer step leaves behind
+            for p in params:
+                p.grad = torch.full_like(p, 100.0)
+        master = MasterWeights(params)
+        run_optimizer_steps(model, params, torch.optim.SGD(master.parameters, lr=0.05), batch(), config,
+                            pad_token_id=0, on_step=lambda e: None, master=master)  # fmt: skip
+        results.append([p.detach().clone() for p in master.parameters])
+    assert all(torch.equal(a, b) for a, b in zip(*results, strict=True))

@@ -131,6 +131,8 @@ def run_optimizer_steps(
         raise ValueError("kl_beta > 0 needs a reference policy")
     events: list[StepEvent] = []
     optimizer.zero_grad(set_to_none=True)
+    if master is not None:
+        master.zero_grads()  # the model's own gradients too: a job that failed mid-step may have left some
     for step_index, indices in enumerate(plan, start=1):
         started = time.perf_counter()
         step_sequences = [sequences[i] for i in indices]
