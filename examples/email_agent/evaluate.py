@@ -27,9 +27,9 @@ import orjson
 from tqdm import tqdm
 
 from examples.email_agent.agent import DEFAULT_MAX_TOKENS, DEFAULT_MAX_TURNS, grade_result, run_agent
-from examples.email_agent.data import DEFAULT_DATA_DIR, DEFAULT_SEED, Corpus, load_or_build
+from examples.email_agent.data import DEFAULT_DATA_DIR, DEFAULT_SEED, Corpus, iter_questions, load_or_build
 from examples.email_agent.judge import LLMJudge
-from examples.email_agent.records import Question, Split
+from examples.email_agent.records import Question, QuestionKind, Split
 from examples.email_agent.reward import AsyncJudge
 from examples.email_agent.tools import EmailTools
 
@@ -63,9 +63,12 @@ class EvalSummary:
     accuracy_by_kind: dict[str, float]
 
 
-def select_questions(corpus: Corpus, split: Split, limit: int | None = None) -> list[Question]:
+def select_questions(
+    corpus: Corpus, split: Split, limit: int | None = None, kinds: tuple[QuestionKind, ...] | None = None
+) -> list[Question]:
     """A fixed pseudo-random order (by a hash of the id), so `--limit 20` is a prefix of `--limit 50`."""
-    ordered = sorted(corpus.split(split), key=lambda q: hashlib.sha256(q.id.encode()).hexdigest())
+    questions = iter_questions(corpus, split, kinds)
+    ordered = sorted(questions, key=lambda q: hashlib.sha256(q.id.encode()).hexdigest())
     return ordered if limit is None else ordered[:limit]
 
 

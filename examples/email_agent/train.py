@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 import openai
@@ -33,7 +33,7 @@ import orjson
 
 import artlike as art
 from examples.email_agent.agent import DEFAULT_MAX_TOKENS, DEFAULT_MAX_TURNS
-from examples.email_agent.data import DEFAULT_DATA_DIR, DEFAULT_SEED, load_or_build
+from examples.email_agent.data import DEFAULT_DATA_DIR, DEFAULT_SEED, iter_questions, load_or_build
 from examples.email_agent.evaluate import (
     EvalSummary,
     add_judge_arguments,
@@ -43,7 +43,7 @@ from examples.email_agent.evaluate import (
     select_questions,
     summarise,
 )
-from examples.email_agent.records import Question
+from examples.email_agent.records import Question, QuestionKind
 from examples.email_agent.rollout import rollout
 
 DEFAULT_BASE_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -127,6 +127,10 @@ def _batches(questions: list[Question], size: int, seed: int) -> Iterator[list[Q
             yield order[start:start + size]
 
 
+def _kinds(comma_separated: str) -> tuple[QuestionKind, ...]:
+    return tuple(cast(QuestionKind, k.strip()) for k in comma_separated.split(",") if k.strip())
+
+
 def _mean(values: Sequence[float]) -> float:
     return statistics.fmean(values) if values else float("nan")
 
@@ -134,12 +138,12 @@ def _mean(values: Sequence[float]) -> float:
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     """Baseline eval, `--steps` GRPO steps, final eval; returns everything for the results JSON."""
     data = load_or_build(args.data_dir, args.seed)
-    kinds = {k.strip() for k in args.kinds.split(",") if k.strip()}
-    train_questions = [q for q in data.corpus.split("train") if q.kind in kinds]
+    kinds = _kinds(args.kinds)
+    train_questions = list(iter_questions(data.corpus, "train", kinds))
     if len(train_questions) < args.questions_per_step:
         raise SystemExit(f"only {len(train_questions)} training questions of kinds {sorted(kinds)}")
-    eval_kinds = {k.strip() for k in (args.eval_kinds or args.kinds).split(",") if k.strip()}
-    test_questions = [q for q in select_questions(data.corpus, "test") if q.kind in eval_kinds][: args.eval_limit]
+    eval_kinds = _kinds(args.eval_kinds or args.kinds)
+    test_questions = select_questions(data.corpus, "test", args.eval_limit, eval_kinds) if args.eval_limit else []
     judge = judge_from_arguments(args)
     summaries: dict[str, EvalSummary] = {}
     history: list[dict[str, Any]] = []

@@ -146,7 +146,7 @@ def train(
         gradient_steps_per_epoch=steps, max_grad_norm=None,
     )  # fmt: skip
     events: list[StepEvent] = []
-    run_optimizer_steps(model, params, optimizer, batch(), config, pad_token_id=0, on_step=events.append)
+    run_optimizer_steps(model, optimizer, batch(), config, pad_token_id=0, on_step=events.append)
     return events, [p.detach().clone() for p in params]
 
 
@@ -178,7 +178,7 @@ def test_a_bf16_adapter_trains_through_fp32_masters_like_an_fp32_adapter() -> No
     reference = tiny_peft_model()
     ref_params = [p for p in reference.parameters() if p.requires_grad]
     before = [p.detach().clone() for p in ref_params]
-    run_optimizer_steps(reference, ref_params, torch.optim.SGD(ref_params, lr=0.05), batch(), config,
+    run_optimizer_steps(reference, torch.optim.SGD(ref_params, lr=0.05), batch(), config,
                         pad_token_id=0, on_step=lambda e: None)  # fmt: skip
 
     model = tiny_peft_model().to(torch.bfloat16)
@@ -186,7 +186,7 @@ def test_a_bf16_adapter_trains_through_fp32_masters_like_an_fp32_adapter() -> No
     master = MasterWeights(params)
     master_before = [p.detach().clone() for p in master.parameters]
     events: list[StepEvent] = []
-    run_optimizer_steps(model, params, torch.optim.SGD(master.parameters, lr=0.05), batch(), config,
+    run_optimizer_steps(model, torch.optim.SGD(master.parameters, lr=0.05), batch(), config,
                         pad_token_id=0, on_step=events.append, master=master)  # fmt: skip
     assert math.isfinite(events[0].loss) and events[0].grad_norm > 0
     assert all(p.grad is None for p in params)  # gradients went to the masters
@@ -209,7 +209,7 @@ def test_gradients_left_by_a_failed_job_do_not_leak_into_the_next_step() -> None
             for p in params:
                 p.grad = torch.full_like(p, 100.0)
         master = MasterWeights(params)
-        run_optimizer_steps(model, params, torch.optim.SGD(master.parameters, lr=0.05), batch(), config,
+        run_optimizer_steps(model, torch.optim.SGD(master.parameters, lr=0.05), batch(), config,
                             pad_token_id=0, on_step=lambda e: None, master=master)  # fmt: skip
         results.append([p.detach().clone() for p in master.parameters])
     assert all(torch.equal(a, b) for a, b in zip(*results, strict=True))

@@ -59,7 +59,23 @@ class AdapterSlot:
     key: str  # PEFT adapter name inside the shared PeftModel
     config: peft.LoraConfig
     optimizer: torch.optim.Optimizer | None = None  # kept between jobs, see AdapterSlots.load
-    master: MasterWeights | None = None  # fp32 copies of bf16 adapter weights, kept with the optimizer
+    master: MasterWeights | None = None  # fp32 copies of bf16 adapter weights, owned by the optimizer
+
+    def start_optimizer(
+        self, parameters: list[torch.nn.Parameter], *, learning_rate: float, weight_decay: float
+    ) -> torch.optim.Optimizer:
+        """AdamW over fp32 master copies of `parameters` when they are low precision, else over them."""
+        self.master = MasterWeights(parameters) if MasterWeights.needed(parameters) else None
+        self.optimizer = torch.optim.AdamW(
+            self.master.parameters if self.master is not None else parameters,
+            lr=learning_rate,
+            weight_decay=weight_decay,
+        )
+        return self.optimizer
+
+    def drop_optimizer(self) -> None:
+        self.optimizer = None
+        self.master = None
 
 
 class AdapterSlots:
@@ -124,8 +140,7 @@ class AdapterSlots:
             result = set_peft_model_state_dict(self.model, weights, adapter_name=slot.key)
             if result.unexpected_keys:
                 raise AdapterError(f"{adapter_dir} has unexpected keys, e.g. {result.unexpected_keys[:3]}")
-            slot.optimizer = None
-            slot.master = None
+            slot.drop_optimizer()
         return slot
 
     def save(self, model_name: str, out_dir: Path) -> Path:

@@ -94,7 +94,6 @@ class _StepTotals:
 
 def run_optimizer_steps(
     model: nn.Module,
-    parameters: Sequence[nn.Parameter],
     optimizer: torch.optim.Optimizer,
     sequences: Sequence[TrainSequence],
     config: TrainConfig,
@@ -114,10 +113,11 @@ def run_optimizer_steps(
     progress inside a step. Each step's `logprob_mismatch` is measured on its tokens before its update: in
     the first step that is pure engine/trainer drift, later it includes the updates made so far.
 
-    With `master` (low-precision `parameters`), `optimizer` steps `master.parameters`: gradients are moved
-    into them after every micro-batch and the model's parameters are refreshed after every step.
+    `optimizer` owns the parameters that are trained (and clipped). With `master`, those are its fp32
+    copies of the model's low-precision parameters: gradients are moved into them after every micro-batch
+    and the model's parameters are refreshed after every step.
     """
-    optimized = master.parameters if master is not None else list(parameters)
+    optimized = [p for group in optimizer.param_groups for p in group["params"]]
     for group in optimizer.param_groups:
         group["lr"] = config.learning_rate
         group["weight_decay"] = config.weight_decay

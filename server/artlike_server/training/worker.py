@@ -34,7 +34,6 @@ from artlike_server.training.adapters import AdapterSlots, check_writable, peft_
 from artlike_server.training.batch_file import read_batch
 from artlike_server.training.loop import run_optimizer_steps, validate_batch
 from artlike_server.training.packing import plan_optimizer_steps
-from artlike_server.training.precision import MasterWeights
 
 logger = logging.getLogger("artlike.trainer")
 
@@ -138,13 +137,9 @@ class Worker:
         slot = self._adapters.load(command.model_name, Path(command.adapter_dir))
         reused = slot.optimizer is not None
         parameters = self._adapters.parameters(command.model_name)
-        if slot.optimizer is None:
-            slot.master = MasterWeights(parameters) if MasterWeights.needed(parameters) else None
-            slot.optimizer = torch.optim.AdamW(
-                slot.master.parameters if slot.master is not None else parameters,
-                lr=command.config.learning_rate,
-                weight_decay=command.config.weight_decay,
-            )
+        optimizer = slot.optimizer if slot.optimizer is not None else slot.start_optimizer(
+            parameters, learning_rate=command.config.learning_rate, weight_decay=command.config.weight_decay
+        )
         model = self._adapters.model
         config = command.config
         trainable = [sum(s.trainable[1:]) for s in sequences]
@@ -163,8 +158,7 @@ class Worker:
         try:
             run_optimizer_steps(
                 model,
-                parameters,
-                slot.optimizer,
+                optimizer,
                 sequences,
                 config,
                 pad_token_id=self._pad_token_id,
