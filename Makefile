@@ -29,6 +29,7 @@ test-unit: setup
 
 bench: setup
 	$(PY) -m bench.proxy_overhead
+	$(PY) -m bench.proxy_cpu
 	$(PY) -m bench.train_throughput
 
 # The measured CPU run of examples/email_agent/README.md (~28 min on 2 cores).

@@ -1,0 +1,122 @@
+"""The proxy's CPU cost per request, and what one bare Python HTTP hop costs on the same machine.
+
+    python -m bench.proxy_cpu [--requests 200]
+
+Latency ratios on a shared 2-core VM are noisy; CPU time is not. One `artlike serve` with a known engine
+port; sequential 1-token chat completions sent straight to vLLM, through the proxy, and through a
+trajectory URL (recorded), alternating request by request. For each, the CPU seconds the proxy process
+(all its threads; vLLM is a separate process) used per request. The floor: a trivial Starlette endpoint
+under uvicorn, called with httpx from the same process, CPU per request for both sides together. Prints
+a table, writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import statistics
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import uvicorn
+from artlike_server.launcher import ServerProcess, free_port
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+_BODY = b'{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"Hi"}}]}'
+
+
+def _cpu_seconds(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return float(times.user + times.system)
+
+
+async def proxy_cpu(server: ServerProcess, engine_port: int, requests: int) -> dict[str, dict[str, float]]:
+    assert server.process is not None
+    proxy = psutil.Process(server.process.pid)
+    urls = {
+        "direct": f"http://127.0.0.1:{engine_port}/v1/chat/completions",
+        "proxy": f"{server.base_url}/v1/chat/completions",
+        "proxy+record": f"{server.base_url}/t/{{tid}}/v1/chat/completions",
+    }
+    body = {"model": server.model_id, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1,
+            "temperature": 0.0}
+    cpu = {target: 0.0 for target in urls}
+    latency: dict[str, list[float]] = {target: [] for target in urls}
+    async with httpx.AsyncClient(timeout=60, headers=server.headers) as client:
+        for url in urls.values():  # warm every path
+            for _ in range(5):
+                (await client.post(url.format(tid=uuid.uuid4().hex), json=body)).raise_for_status()
+        for _ in range(requests):
+            for target, url in urls.items():
+                before, started = _cpu_seconds(proxy), time.perf_counter()
+                (await client.post(url.format(tid=uuid.uuid4().hex), json=body)).raise_for_status()
+                latency[target].append(time.perf_counter() - started)
+                cpu[target] += _cpu_seconds(proxy) - before
+    return {target: {"proxy_cpu_ms_per_request": cpu[target] / requests * 1000,
+                     "p50_ms": statistics.median(latency[target]) * 1000} for target in urls}
+
+
+def bare_hop_cpu(requests: int) -> float:
+    """CPU ms per request of a trivial Starlette endpoint plus its httpx caller, both in this process."""
+
+    async def answer(request: Request) -> Response:
+        await request.body()
+        return Response(_BODY, media_type="application/json")
+
+    port = free_port()
+    app = Starlette(routes=[Route("/v1/chat/completions", answer, methods=["POST"])])
+    server = uvicorn.Server(uvicorn.Config(app, port=port, log_level="warning", access_log=False))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.05)
+    me = psutil.Process()
+    with httpx.Client() as client:
+        url = f"http://127.0.0.1:{port}/v1/chat/completions"
+        for _ in range(50):
+            client.post(url, json={"a": 1})
+        before = _cpu_seconds(me)
+        for _ in range(requests):
+            client.post(url, json={"a": 1})
+        spent = _cpu_seconds(me) - before
+    server.should_exit = True
+    thread.join()
+    return spent / requests * 1000
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=int, default=200, help="per target")
+    parser.add_argument("--output", type=Path, default=Path("bench/results/proxy_cpu.json"))
+    args = parser.parse_args()
+
+    floor = bare_hop_cpu(args.requests * 5)
+    engine_port = free_port()
+    with ServerProcess(Path(tempfile.mkdtemp(prefix="artlike-bench-")),
+                       args=["--engine-port", str(engine_port)]) as server:
+        targets = asyncio.run(proxy_cpu(server, engine_port, args.requests))
+    print(f"{'target':<13} {'proxy CPU ms/request':>21} {'p50 ms':>8}")
+    for target, row in targets.items():
+        print(f"{target:<13} {row['proxy_cpu_ms_per_request']:>21.2f} {row['p50_ms']:>8.1f}")
+    print(f"\nbare Starlette endpoint + httpx caller, one process: {floor:.2f} CPU ms per request")
+    report: dict[str, Any] = {"targets": targets, "bare_hop_cpu_ms_per_request": floor,
+                              "machine": {"platform": platform.platform(), "python": platform.python_version()},
+                              "config": {"requests": args.requests}}
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(report, indent=2))
+    print(f"written {args.output}")
+
+
+if __name__ == "__main__":
+    main()
