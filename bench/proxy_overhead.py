@@ -3,9 +3,18 @@
     python -m bench.proxy_overhead [--quick]
 
 One `artlike serve` is started with a known engine port, so "direct" and "proxy" hit the very same
-vLLM process; rounds alternate direct / proxy / proxy+record to cancel drift on a shared machine.
+vLLM process; rounds alternate the targets to cancel drift on a shared machine:
+    direct           straight to vLLM
+    proxy            through the proxy, not recorded
+    direct+fields    straight to vLLM, asking for what recording forces (logprobs, token ids)
+    proxy+record     through a trajectory URL: recorded
+"proxy+record / direct+fields" is the proxy's own cost when recording; "direct+fields / direct" is what
+the engine spends on the fields a recorded completion needs.
 Scenarios: 1, 8 and 32 concurrent requests, streaming and not, fixed-length outputs (`ignore_eos`), plus
-a latency probe of sequential 1-token requests (the added p50 latency). Prints a table, writes JSON.
+a latency probe of sequential 1-token requests, alternating targets request by request (the added p50
+latency, the median of per-pair differences). Throughput ratios are the median over rounds of the paired
+per-round ratio. On a shared VM both pairings matter: a slow second slows both sides of a pair instead of
+whichever target ran in it. Prints a table, writes JSON.
 Targets: proxy throughput ≥ 97% of direct, added p50 latency ≤ 2 ms.
 """
 
@@ -19,7 +28,7 @@ import statistics
 import tempfile
 import time
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -48,11 +57,19 @@ class Result:
     p50_ms: float
     p99_ms: float
     ttft_p50_ms: float | None
+    round_tokens_per_s: list[float] = field(default_factory=list)  # one per round, paired across targets
+    latencies_ms: list[float] = field(default_factory=list)  # latency probe: one per pair, paired across targets
+
+
+RECORDED_FIELDS = {"logprobs": True, "return_token_ids": True}
 
 
 async def one_request(client: httpx.AsyncClient, url: str, model: str, max_tokens: int, stream: bool) -> Sample:
-    body = {"model": model, "messages": PROMPT, "max_tokens": max_tokens, "temperature": 0.0,
-            "ignore_eos": True, "stream": stream}
+    body: dict[str, Any] = {"model": model, "messages": PROMPT, "max_tokens": max_tokens, "temperature": 0.0,
+                            "ignore_eos": True, "stream": stream}
+    if url.endswith("#fields"):
+        url = url.removesuffix("#fields")
+        body |= RECORDED_FIELDS
     if stream:
         body["stream_options"] = {"include_usage": True}
     started = time.perf_counter()
@@ -103,20 +120,28 @@ async def run(args: argparse.Namespace, server: ServerProcess, engine_port: int)
     targets = {
         "direct": f"http://127.0.0.1:{engine_port}/v1/chat/completions",
         "proxy": f"{server.base_url}/v1/chat/completions",
+        "direct+fields": f"http://127.0.0.1:{engine_port}/v1/chat/completions#fields",
         "proxy+record": f"{server.base_url}/t/{{tid}}/v1/chat/completions",
     }
     results: list[Result] = []
-    limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
+    # keep-alive shorter than the servers' 5 s, so no request goes out on a connection being closed
+    limits = httpx.Limits(max_connections=256, max_keepalive_connections=256, keepalive_expiry=2.0)
     async with httpx.AsyncClient(timeout=600, limits=limits) as client:
         for url in targets.values():  # warm every path once (compiles, connection pools)
             await one_request(client, url.format(tid=uuid.uuid4().hex), server.model_id, 4, False)
 
         for concurrency in args.concurrency:
             for stream in (False, True):
-                requests = concurrency * args.requests_per_slot
+                requests = max(concurrency, args.min_requests)
                 per_target: dict[str, list[tuple[float, list[Sample]]]] = {t: [] for t in targets}
-                for _ in range(args.rounds):
-                    for target, url in targets.items():
+                # Unmeasured: the engine's first batches of a new shape are slower (kernel selection).
+                await load(client, targets["direct"], server.model_id, concurrency=concurrency,
+                           requests=requests, max_tokens=args.max_tokens, stream=stream)
+                for round_index in range(args.rounds):
+                    # every round runs each target once, back to back, starting from a different one
+                    order = list(targets)[round_index % len(targets):] + list(targets)[:round_index % len(targets)]
+                    for target in order:
+                        url = targets[target]
                         per_target[target].append(await load(
                             client, url.format(tid=uuid.uuid4().hex), server.model_id, concurrency=concurrency,
                             requests=requests, max_tokens=args.max_tokens, stream=stream))
@@ -124,6 +149,7 @@ async def run(args: argparse.Namespace, server: ServerProcess, engine_port: int)
                     wall = sum(w for w, _ in runs)
                     samples = [s for _, ss in runs for s in ss]
                     results.append(summarise("throughput", target, concurrency, stream, wall, samples))
+                    results[-1].round_tokens_per_s = [sum(s.tokens for s in ss) / w for w, ss in runs]
                     print(_row(results[-1]), flush=True)
 
         # Added latency: sequential 1-token requests, alternating targets request by request.
@@ -135,6 +161,7 @@ async def run(args: argparse.Namespace, server: ServerProcess, engine_port: int)
         for target, samples in samples_by_target.items():
             wall = sum(s.seconds for s in samples)
             results.append(summarise("latency-1tok", target, 1, False, wall, samples))
+            results[-1].latencies_ms = [sample.seconds * 1000 for sample in samples]
             print(_row(results[-1]), flush=True)
     return {"results": [asdict(r) for r in results], "summary": _ratios(results)}
 
@@ -145,18 +172,32 @@ def _row(r: Result) -> str:
             f"{r.tokens_per_s:>9.1f} {r.p50_ms:>9.1f} {r.p99_ms:>9.1f} {ttft}")
 
 
+COMPARISONS = (("proxy", "direct"), ("proxy+record", "direct+fields"), ("direct+fields", "direct"),
+               ("proxy+record", "direct"))
+"""(target, baseline): the proxy's cost plain and recording, the engine's cost of the recorded fields, and
+the whole cost of recording."""
+
+
 def _ratios(results: list[Result]) -> list[dict[str, Any]]:
     by_key = {(r.scenario, r.concurrency, r.stream, r.target): r for r in results}
     summary = []
     for (scenario, concurrency, stream, target), r in by_key.items():
-        if target == "direct":
-            continue
-        direct = by_key[(scenario, concurrency, stream, "direct")]
-        summary.append({
-            "scenario": scenario, "target": target, "concurrency": concurrency, "stream": stream,
-            "throughput_ratio": r.tokens_per_s / direct.tokens_per_s,
-            "added_p50_ms": r.p50_ms - direct.p50_ms,
-        })
+        for compared, baseline in COMPARISONS:
+            if compared != target:
+                continue
+            base = by_key[(scenario, concurrency, stream, baseline)]
+            # The median of per-round ratios: a round's targets ran back to back, so a slow minute of the
+            # shared VM slows both sides of a ratio instead of whichever target happened to run in it.
+            paired = [t / b for t, b in zip(r.round_tokens_per_s, base.round_tokens_per_s, strict=True)]
+            # Added latency: the median of per-pair differences (the two requests of a pair ran back to back).
+            differences = [t - b for t, b in zip(r.latencies_ms, base.latencies_ms, strict=True)]
+            summary.append({
+                "scenario": scenario, "target": target, "baseline": baseline, "concurrency": concurrency,
+                "stream": stream,
+                "throughput_ratio": statistics.median(paired) if paired else r.tokens_per_s / base.tokens_per_s,
+                "round_ratios": paired,
+                "added_p50_ms": statistics.median(differences) if differences else r.p50_ms - base.p50_ms,
+            })
     return summary
 
 
@@ -166,10 +207,10 @@ def main() -> None:
     parser.add_argument("--output", type=Path, default=Path("bench/results/proxy_overhead.json"))
     args = parser.parse_args()
     args.concurrency = [1, 8, 32]
-    args.requests_per_slot = 1 if args.quick else 2
-    args.rounds = 1 if args.quick else 2
+    args.min_requests = 2  # per round and target (at least the concurrency)
+    args.rounds = 2 if args.quick else 6
     args.max_tokens = 32 if args.quick else 64
-    args.latency_requests = 20 if args.quick else 100
+    args.latency_requests = 20 if args.quick else 200
 
     engine_port = free_port()
     data_dir = Path(tempfile.mkdtemp(prefix="artlike-bench-"))
@@ -178,10 +219,13 @@ def main() -> None:
     with ServerProcess(data_dir, args=["--engine-port", str(engine_port)]) as server:
         report = asyncio.run(run(args, server, engine_port))
     print("\nratios (same engine, same run):")
-    print(f"{'scenario':<13} {'target':<13} {'conc':>4} {'stream':>6} {'tput ratio':>10} {'+p50 ms':>8}")
+    print(f"{'scenario':<13} {'target / baseline':<29} {'conc':>4} {'stream':>6} {'tput ratio':>10} "
+          f"{'rounds min-max':>14} {'+p50 ms':>8}")
     for s in report["summary"]:
-        print(f"{s['scenario']:<13} {s['target']:<13} {s['concurrency']:>4} {'yes' if s['stream'] else 'no':>6} "
-              f"{s['throughput_ratio']:>10.3f} {s['added_p50_ms']:>8.2f}")
+        pair = f"{s['target']} / {s['baseline']}"
+        spread = f"{min(s['round_ratios']):.2f}-{max(s['round_ratios']):.2f}" if s["round_ratios"] else "-"
+        print(f"{s['scenario']:<13} {pair:<29} {s['concurrency']:>4} {'yes' if s['stream'] else 'no':>6} "
+              f"{s['throughput_ratio']:>10.3f} {spread:>14} {s['added_p50_ms']:>8.2f}")
     report["machine"] = {"platform": platform.platform(), "python": platform.python_version()}
     report["config"] = {k: v for k, v in vars(args).items() if k != "output"}
     args.output.parent.mkdir(parents=True, exist_ok=True)

@@ -5,10 +5,14 @@
 1. Peak: the best of several 2048³ matmuls (bf16 and fp32) on this process's threads — the machine's
    measured ceiling, not a datasheet number.
 2. Trainer: the real trainer worker (the same subprocess and protocol the server uses) trains a fixed
-   batch (8 sequences × 256 tokens, all trainable, LoRA r=8 on all linear layers) for several optimizer
-   steps; each step reports its tokens and seconds. Model FLOPs per trained token ≈ 4·N (forward 2·N plus
-   the backward's activation gradients 2·N; the frozen base needs no weight gradients) plus attention;
-   the fraction of peak is achieved FLOP/s ÷ measured peak of the same dtype.
+   batch (8 sequences × 256 tokens, the last 7/8 of each sampled and trained, LoRA r=8 on all linear
+   layers) for several optimizer steps; each step reports its trained tokens and seconds. Model FLOPs of
+   a step: every position goes through the decoder, forward and backward (a prompt token's keys and values
+   feed the trained tokens after it, so its activation gradients are needed too): 4·N_decoder per position
+   (forward 2·N plus the backward's activation gradients 2·N; the frozen base needs no weight gradients)
+   plus attention; the LM head runs on trained positions only: 4·N_head each. The fraction of peak is
+   achieved FLOP/s ÷ measured peak of the same dtype. (Until 2026-11-22 this counted 4·(N_decoder +
+   N_head) per *trained* token only, under-counting the prompt positions' work by about 10%.)
 3. Swap: a real server trains one step; we time from the last `step` line to the first token served by
    the new step (`done` includes writing the adapter, loading it into vLLM and moving the alias).
 Targets on CPU: ≥ 35% of the measured bf16 matmul peak during the step, ≤ 0.5 s from last step to serving.
@@ -53,16 +57,22 @@ def matmul_peak_gflops(dtype: torch.dtype, size: int = 2048, repeats: int = 8) -
     return 2 * size**3 / best / 1e9
 
 
-def flops_per_token(model_dir: Path, seq_len: int) -> float:
-    """≈ 4·N_matmul (forward + activation gradients) + attention scores/values, per trained token."""
+def step_flops(model_dir: Path, sequences: int, length: int, trained_per_sequence: int) -> float:
+    """Model FLOPs of one optimizer step over `sequences` rows of `length` tokens (see the module docstring)."""
     config = AutoConfig.from_pretrained(model_dir)
     d, layers, ffn = config.hidden_size, config.num_hidden_layers, config.intermediate_size
     head_dim = d // config.num_attention_heads
     kv = config.num_key_value_heads * head_dim
-    per_layer = d * d * 2 + d * kv * 2 + 3 * d * ffn  # q,o + k,v + gate,up,down
-    matmul_params = layers * per_layer + config.vocab_size * d  # + lm_head (tied to the embeddings)
-    attention = layers * 2 * 2 * seq_len * d  # QKᵀ and AV, causal average ≈ seq_len/2 each way ×2 flops
-    return 4 * matmul_params + 2 * attention
+    decoder_params = layers * (d * d * 2 + d * kv * 2 + 3 * d * ffn)  # q,o + k,v + gate,up,down
+    head_params = config.vocab_size * d  # lm_head (tied to the embeddings)
+    positions = length - 1  # the last token is only a target
+    attention = layers * 2 * 2 * positions * d  # QKᵀ and AV, causal average ≈ positions/2 each way ×2 flops
+    per_position = 4 * decoder_params + 2 * attention
+    return sequences * (positions * per_position + trained_per_sequence * 4 * head_params)
+
+
+def prompt_length(length: int) -> int:
+    return length // 8
 
 
 def synthetic_batch(vocab: int, sequences: int, length: int, seed: int = 0) -> list[TrainSequence]:
@@ -70,7 +80,7 @@ def synthetic_batch(vocab: int, sequences: int, length: int, seed: int = 0) -> l
     batch = []
     for i in range(sequences):
         ids = torch.randint(100, vocab, (length,), generator=generator).tolist()
-        trainable = [j >= length // 8 for j in range(length)]  # a short prompt, the rest sampled
+        trainable = [j >= prompt_length(length) for j in range(length)]  # a short prompt, the rest sampled
         batch.append(TrainSequence(
             token_ids=ids, trainable=trainable,
             behaviour_logprobs=[float("nan") if t else 0.0 for t in trainable],  # unknown: on-policy ratio 1
@@ -99,7 +109,7 @@ async def trainer_throughput(model_dir: Path, dtype: str, steps: int, sequences:
     measured = step_events[1:] or step_events  # the first step pays one-time costs (allocations, kernels)
     tokens_per_s = statistics.median(e["tokens"] / e["seconds"] for e in measured)
     return {"dtype": dtype, "ready": ready, "steps": step_events, "tokens_per_s": tokens_per_s,
-            "seconds_per_step": statistics.median(e["seconds"] for e in measured)}
+            "seconds_per_step": statistics.median(e["seconds"] for e in measured)}  # each step: the whole batch
 
 
 def swap_latency(work: Path) -> dict[str, Any]:
@@ -158,19 +168,19 @@ def main() -> None:
     peak = {"bfloat16": matmul_peak_gflops(torch.bfloat16), "float32": matmul_peak_gflops(torch.float32)}
     print(f"measured matmul peak (2048³, {torch.get_num_threads()} threads): "
           f"bf16 {peak['bfloat16']:.0f} GFLOP/s, fp32 {peak['float32']:.0f} GFLOP/s")
-    per_token = flops_per_token(model_dir, length)
+    flops = step_flops(model_dir, sequences, length, trained_per_sequence=length - prompt_length(length))
     runs = []
-    print(f"\n{'dtype':<9} {'tok/s':>8} {'s/step':>7} {'GFLOP/s':>8} {'of peak':>8}")
+    print(f"\n{'dtype':<9} {'trained tok/s':>13} {'s/step':>7} {'GFLOP/s':>8} {'of peak':>8}")
     for dtype in ("bfloat16", "float32"):
         run = asyncio.run(trainer_throughput(model_dir, dtype, steps, sequences, length, work))
         peak[dtype] = max(peak[dtype], matmul_peak_gflops(getattr(torch, dtype)))
         run["peak_gflops"] = peak[dtype]
-        run["gflops"] = run["tokens_per_s"] * per_token / 1e9
+        run["gflops"] = flops / run["seconds_per_step"] / 1e9
         run["fraction_of_peak"] = run["gflops"] / peak[dtype]
         runs.append(run)
-        print(f"{dtype:<9} {run['tokens_per_s']:>8.0f} {run['seconds_per_step']:>7.2f} {run['gflops']:>8.0f} "
+        print(f"{dtype:<9} {run['tokens_per_s']:>13.0f} {run['seconds_per_step']:>7.2f} {run['gflops']:>8.0f} "
               f"{run['fraction_of_peak']:>8.1%}")
-    report: dict[str, Any] = {"peak_gflops": peak, "flops_per_token": per_token, "batch": [sequences, length],
+    report: dict[str, Any] = {"peak_gflops": peak, "flops_per_step": flops, "batch": [sequences, length],
                               "runs": runs}
     if not args.skip_swap:
         swap = swap_latency(work)

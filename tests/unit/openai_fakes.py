@@ -1,8 +1,8 @@
 """Stand-ins for the app's shared objects, to run the OpenAI routers without `artlike serve`.
 
-`build_app` wires the real routers, middleware, completion log and metrics around an httpx client that
-talks to whatever plays the engine: a real vLLM (base_url) or `FakeVLLM` (in process, httpx.MockTransport),
-which answers in vLLM 0.32's response shapes (captured from the real server) and can fail on demand.
+`build_app` wires the real routers, middleware, completion log and metrics around an `Upstream` client
+that talks to whatever plays the engine: a real vLLM or `FakeVLLM` (an aiohttp server in the test's event
+loop), which answers in vLLM 0.32's response shapes (captured from the real server) and fails on demand.
 """
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
-import httpx
 import orjson
+from aiohttp import web
 from artlike_server.completion_log import CompletionLog
+from artlike_server.engine.upstream import Upstream
 from artlike_server.errors import NotFound, install_error_handlers
 from artlike_server.metrics import Metrics
 from artlike_server.metrics import router as metrics_router
@@ -88,7 +89,7 @@ class Settings:
 
 
 def build_app(
-    http: httpx.AsyncClient,
+    upstream: Upstream,
     log: CompletionLog,
     *,
     models: FakeModels,
@@ -110,7 +111,7 @@ def build_app(
     metrics.track_completion_log(log)
     app.state.artlike = SimpleNamespace(
         engine=engine,
-        engine_client=SimpleNamespace(http=http),
+        engine_client=SimpleNamespace(upstream=upstream),
         models=models,
         log=log,
         metrics=metrics,
@@ -131,57 +132,86 @@ def fake_logprob(choice: int, position: int) -> float:
     return -(position + 1) / (4 * (choice + 1))
 
 
-class _Stream(httpx.AsyncByteStream):
-    def __init__(self, events: list[bytes], fake: FakeVLLM) -> None:
-        self.events = events
-        self.fake = fake
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        for number, event in enumerate(self.events):
-            if number == self.fake.stall_after_events:
-                self.fake.stalled.set()
-                await asyncio.Event().wait()  # a slow engine: only a client disconnect ends this
-            if number == self.fake.break_after_events:
-                raise httpx.RemoteProtocolError(
-                    "peer closed connection without sending complete message body"
-                )
-            yield event
-
-    async def aclose(self) -> None:
-        self.fake.closed_streams += 1
-
-
 class FakeVLLM:
-    """Plays vLLM's OpenAI server for chat completions and completions; records what it was sent."""
+    """Plays vLLM's OpenAI server for chat completions and completions, over real HTTP on a loopback port
+    (aiohttp), so the proxy's real `Upstream` client talks to it; records what it was sent.
+
+    `start()` before use (in the test's event loop), `stop()` after. Failure modes, set at any time:
+    `disconnect` (close the connection without answering), `error` (answer this status and body),
+    `stall_after_events` (a slow engine: keep the stream open until the client goes; 0 also stalls a
+    non-streamed answer), `break_after_events` (close the connection mid-stream). `closed_streams` counts
+    the answers whose client went away before they ended: what makes vLLM abort a generation.
+    """
 
     def __init__(self) -> None:
         self.requests: list[dict[str, Any]] = []
-        self.connect_error = False
+        self.disconnect = False
         self.error: tuple[int, bytes] | None = None  # (status, body) answered instead of a completion
         self.stall_after_events: int | None = None
         self.break_after_events: int | None = None
         self.stalled = asyncio.Event()
         self.closed_streams = 0
+        self.stream_closed = asyncio.Event()  # set at each client hang-up
+        self._runner: web.AppRunner | None = None
+        self.base_url = ""
 
-    def client(self) -> httpx.AsyncClient:
-        return httpx.AsyncClient(transport=httpx.MockTransport(self.handle), base_url="http://engine")
+    async def start(self) -> Upstream:
+        """Listen on a free loopback port; returns an `Upstream` client for it."""
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self.handle)
+        app.router.add_post("/v1/completions", self.handle)
+        # handler_cancellation: a client that hangs up cancels the handler, as in vLLM (which then aborts)
+        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = self._runner.addresses[0][1]
+        self.base_url = f"http://127.0.0.1:{port}"
+        return Upstream(self.base_url)
 
-    async def handle(self, request: httpx.Request) -> httpx.Response:
-        if self.connect_error:
-            raise httpx.ConnectError("connection refused", request=request)
-        body = orjson.loads(request.content)
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        if self.disconnect:
+            assert request.transport is not None
+            request.transport.close()
+            return web.Response()  # never sent: the connection is gone
+        body = orjson.loads(await request.read())
         self.requests.append(body)
         if self.error is not None:
             status, content = self.error
-            return httpx.Response(status, content=content, headers={"content-type": "application/json"})
-        chat = request.url.path == "/v1/chat/completions"
-        if body.get("stream"):
+            return web.Response(status=status, body=content, content_type="application/json")
+        chat = request.path == "/v1/chat/completions"
+        try:
+            if not body.get("stream"):
+                if self.stall_after_events == 0:
+                    await self._stall()
+                return web.Response(body=orjson.dumps(self._response(body, chat)), content_type="application/json")
+            response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await response.prepare(request)
             events = [b"data: " + orjson.dumps(chunk) + b"\n\n" for chunk in self._chunks(body, chat)]
             events.append(b"data: [DONE]\n\n")
-            return httpx.Response(
-                200, headers={"content-type": "text/event-stream"}, stream=_Stream(events, self)
-            )
-        return httpx.Response(200, content=orjson.dumps(self._response(body, chat)))
+            for number, event in enumerate(events):
+                if number == self.stall_after_events:
+                    await self._stall()
+                if number == self.break_after_events:
+                    assert request.transport is not None
+                    request.transport.close()  # the engine died mid-stream
+                    return response
+                await response.write(event)
+                await asyncio.sleep(0)  # one event per network write, as vLLM sends them
+            await response.write_eof()
+            return response
+        except asyncio.CancelledError:
+            self.closed_streams += 1
+            self.stream_closed.set()
+            raise
+
+    async def _stall(self) -> None:
+        self.stalled.set()
+        await asyncio.Event().wait()  # only the client going away ends this
 
     @staticmethod
     def _logprob_entry(choice: int, position: int, token: str) -> dict[str, Any]:

@@ -124,7 +124,8 @@ async def test_openai_routes_and_metrics_endpoint_behind_the_key(tmp_path: Path)
     log = CompletionLog(tmp_path / "log.sqlite")
     log.open()
     fake = FakeVLLM()
-    app = build_app(fake.client(), log, models=FakeModels("base"), settings=Settings(api_key=KEY))
+    upstream = await fake.start()
+    app = build_app(upstream, log, models=FakeModels("base"), settings=Settings(api_key=KEY))
     try:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
             assert (await http.get("/v1/models")).status_code == 401
@@ -136,6 +137,8 @@ async def test_openai_routes_and_metrics_endpoint_behind_the_key(tmp_path: Path)
             assert scraped.status_code == 200 and scraped.headers["content-type"].startswith("text/plain")
             assert "artlike_engine_ready 1.0" in scraped.text
     finally:
+        await upstream.aclose()
+        await fake.stop()
         log.close()
 
 

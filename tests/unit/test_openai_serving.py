@@ -13,6 +13,7 @@ import httpx
 import orjson
 import pytest
 from artlike_server.completion_log import CompletionLog
+from artlike_server.engine.upstream import Upstream
 from artlike_server.errors import InvalidRequest, NotFound, ServiceUnavailable
 from artlike_server.metrics import Metrics
 from artlike_server.openai_api import serving
@@ -395,17 +396,18 @@ def test_engine_errors_keep_status_and_parameter() -> None:
 
 
 class Proxy:
-    """The app around a FakeVLLM, plus its log and metrics."""
+    """The app around a FakeVLLM (over real HTTP), plus its log and metrics. `await Proxy.start(...)`."""
 
-    def __init__(self, tmp_path: Path, **app_options: Any) -> None:
-        self.fake = FakeVLLM()
+    def __init__(self, tmp_path: Path, fake: FakeVLLM, upstream: Upstream, **app_options: Any) -> None:
+        self.fake = fake
+        self.upstream = upstream
         self.log = CompletionLog(tmp_path / "completions.sqlite")
         self.log.open()
         self.models = FakeModels(BASE, {"agent": 2})
         self.metrics = Metrics()
         self.engine = app_options.pop("engine", FakeEngine())
         self.app = build_app(
-            self.fake.client(),
+            upstream,
             self.log,
             models=self.models,
             engine=self.engine,
@@ -414,17 +416,24 @@ class Proxy:
         )
         self.http = httpx.AsyncClient(transport=httpx.ASGITransport(app=self.app), base_url="http://proxy")
 
+    @classmethod
+    async def start(cls, tmp_path: Path, **app_options: Any) -> Proxy:
+        fake = FakeVLLM()
+        return cls(tmp_path, fake, await fake.start(), **app_options)
+
     async def chat(self, path: str = "/t/traj-1/v1/chat/completions", **body: Any) -> httpx.Response:
         return await self.http.post(path, json={"model": "agent", "messages": MESSAGES} | body)
 
     async def close(self) -> None:
         await self.http.aclose()
+        await self.upstream.aclose()
+        await self.fake.stop()
         self.log.close()
 
 
 @pytest.fixture
 async def proxy(tmp_path: Path) -> AsyncIterator[Proxy]:
-    running = Proxy(tmp_path)
+    running = await Proxy.start(tmp_path)
     yield running
     await running.close()
 
@@ -511,8 +520,8 @@ async def test_stream_usage_is_kept_when_asked(proxy: Proxy) -> None:
     assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == len(OUTPUT_IDS)
 
 
-async def run_sse(stream: ProxyStream, disconnect_after_bodies: int) -> list[bytes]:
-    """Serve `stream` as the ASGI server would, with a client that hangs up after some body messages."""
+async def run_sse(stream: ProxyStream, disconnect_after_events: int) -> list[bytes]:
+    """Serve `stream` as the ASGI server would, with a client that hangs up after some SSE events."""
     bodies: list[bytes] = []
     hang_up = asyncio.Event()
 
@@ -523,7 +532,7 @@ async def run_sse(stream: ProxyStream, disconnect_after_bodies: int) -> list[byt
     async def send(message: dict[str, Any]) -> None:
         if message["type"] == "http.response.body" and message.get("body"):
             bodies.append(message["body"])
-            if len(bodies) >= disconnect_after_bodies:
+            if b"".join(bodies).count(b"data: ") >= disconnect_after_events:
                 hang_up.set()
 
     await SSEResponse(stream)({"type": "http", "asgi": {"spec_version": "2.3"}}, receive, send)
@@ -534,7 +543,7 @@ async def test_client_disconnect_aborts_the_engine_and_records_what_was_generate
     proxy.fake.stall_after_events = 4  # role chunk + 3 tokens, then the "engine" keeps generating
     serving = OpenAIServing(
         engine=proxy.engine,
-        http=proxy.fake.client(),
+        upstream=proxy.upstream,
         models=proxy.models,
         log=proxy.log,
         metrics=proxy.metrics,
@@ -543,13 +552,37 @@ async def test_client_disconnect_aborts_the_engine_and_records_what_was_generate
     body = orjson.dumps({"model": "agent", "messages": MESSAGES, "stream": True})
     stream = await serving.create_completion("chat.completions", body, "traj-4")
     assert isinstance(stream, ProxyStream) and proxy.models.leased == ["agent@2"]
-    await asyncio.wait_for(run_sse(stream, disconnect_after_bodies=1), timeout=10)
+    await asyncio.wait_for(run_sse(stream, disconnect_after_events=4), timeout=10)
 
-    assert proxy.fake.closed_streams == 1  # the upstream connection was dropped: vLLM aborts
-    assert proxy.models.leased == []
+    # the upstream connection was dropped: vLLM aborts
+    await asyncio.wait_for(proxy.fake.stream_closed.wait(), timeout=10)
+    assert proxy.fake.closed_streams == 1 and proxy.models.leased == []
     rows = await asyncio.wait_for(_rows_when_present(proxy.log, "traj-4"), timeout=10)
     assert [(r.output_token_ids, r.finish_reason) for r in rows] == [(OUTPUT_IDS[:3], "abort")]
     assert rows[0].logprobs == [fake_logprob(0, k) for k in range(3)]
+
+
+async def test_cancelled_request_aborts_the_engine(proxy: Proxy) -> None:
+    """A non-streamed request whose client goes away (the router cancels it) drops the engine connection."""
+    proxy.fake.stall_after_events = 0
+    serving = OpenAIServing(
+        engine=proxy.engine,
+        upstream=proxy.upstream,
+        models=proxy.models,
+        log=proxy.log,
+        metrics=proxy.metrics,
+        settings=Settings(),
+    )
+    body = orjson.dumps({"model": "agent", "messages": MESSAGES})
+    request = asyncio.ensure_future(serving.create_completion("chat.completions", body, "traj-6"))
+    await asyncio.wait_for(proxy.fake.stalled.wait(), timeout=10)
+    request.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await request
+    await asyncio.wait_for(proxy.fake.stream_closed.wait(), timeout=10)
+    assert proxy.fake.closed_streams == 1 and proxy.models.leased == []
+    proxy.fake.stall_after_events = None
+    assert (await proxy.chat()).status_code == 200  # the pool recovered
 
 
 async def _rows_when_present(log: CompletionLog, trajectory_id: str) -> list[Any]:
@@ -573,7 +606,7 @@ async def test_engine_breaking_mid_stream_ends_the_stream_with_an_error(proxy: P
 
 
 async def test_engine_not_ready_is_503_with_retry_after(tmp_path: Path) -> None:
-    proxy = Proxy(tmp_path, engine=FakeEngine(state="restarting", retry_seconds=12))
+    proxy = await Proxy.start(tmp_path, engine=FakeEngine(state="restarting", retry_seconds=12))
     try:
         response = await proxy.chat()
         assert response.status_code == 503 and response.headers["retry-after"] == "12"
@@ -583,13 +616,24 @@ async def test_engine_not_ready_is_503_with_retry_after(tmp_path: Path) -> None:
         await proxy.close()
 
 
-async def test_engine_unreachable_is_503(proxy: Proxy) -> None:
-    proxy.fake.connect_error = True
-    for stream in (False, True):
-        response = await proxy.chat(stream=stream)
-        assert response.status_code == 503 and response.headers["retry-after"] == "7"
-        assert response.json()["error"]["type"] == "service_unavailable_error"
-    assert proxy.models.leased == []
+async def test_engine_unreachable_is_503(tmp_path: Path) -> None:
+    """Nothing listening (the engine is down), or a connection closed without an answer (it crashed)."""
+    fake = FakeVLLM()
+    upstream = await fake.start()
+    await fake.stop()
+    refused = Proxy(tmp_path / "refused", fake, upstream)
+    dropped = await Proxy.start(tmp_path / "dropped")
+    dropped.fake.disconnect = True
+    try:
+        for proxy in (refused, dropped):
+            for stream in (False, True):
+                response = await proxy.chat(stream=stream)
+                assert response.status_code == 503 and response.headers["retry-after"] == "7"
+                assert response.json()["error"]["type"] == "service_unavailable_error"
+            assert proxy.models.leased == []
+    finally:
+        await refused.close()
+        await dropped.close()
 
 
 async def test_engine_errors_pass_through(proxy: Proxy) -> None:
@@ -635,8 +679,8 @@ async def test_malformed_json(proxy: Proxy) -> None:
 
 
 async def test_seed_policy(tmp_path: Path) -> None:
-    rejecting = Proxy(tmp_path / "a", settings=Settings(reject_seed=True))
-    forwarding = Proxy(tmp_path / "b")
+    rejecting = await Proxy.start(tmp_path / "a", settings=Settings(reject_seed=True))
+    forwarding = await Proxy.start(tmp_path / "b")
     try:
         response = await rejecting.chat(seed=1)
         assert response.status_code == 400

