@@ -64,12 +64,17 @@ class Result:
 RECORDED_FIELDS = {"logprobs": True, "return_token_ids": True}
 
 
-async def one_request(client: httpx.AsyncClient, url: str, model: str, max_tokens: int, stream: bool) -> Sample:
+@dataclass(frozen=True)
+class Target:
+    url: str  # may hold "{tid}": a fresh trajectory id per load
+    extra: dict[str, Any] = field(default_factory=dict)  # request fields added to the common body
+
+
+async def one_request(client: httpx.AsyncClient, target: Target, model: str, max_tokens: int,
+                      stream: bool) -> Sample:
+    url = target.url.format(tid=uuid.uuid4().hex)
     body: dict[str, Any] = {"model": model, "messages": PROMPT, "max_tokens": max_tokens, "temperature": 0.0,
-                            "ignore_eos": True, "stream": stream}
-    if url.endswith("#fields"):
-        url = url.removesuffix("#fields")
-        body |= RECORDED_FIELDS
+                            "ignore_eos": True, "stream": stream, **target.extra}
     if stream:
         body["stream_options"] = {"include_usage": True}
     started = time.perf_counter()
@@ -94,13 +99,13 @@ async def one_request(client: httpx.AsyncClient, url: str, model: str, max_token
     return Sample(time.perf_counter() - started, ttft, tokens)
 
 
-async def load(client: httpx.AsyncClient, url: str, model: str, *, concurrency: int, requests: int,
+async def load(client: httpx.AsyncClient, target: Target, model: str, *, concurrency: int, requests: int,
                max_tokens: int, stream: bool) -> tuple[float, list[Sample]]:
     limit = asyncio.Semaphore(concurrency)
 
     async def bounded() -> Sample:
         async with limit:
-            return await one_request(client, url, model, max_tokens, stream)
+            return await one_request(client, target, model, max_tokens, stream)
 
     started = time.perf_counter()
     samples = await asyncio.gather(*(bounded() for _ in range(requests)))
@@ -117,18 +122,19 @@ def summarise(scenario: str, target: str, concurrency: int, stream: bool, wall: 
 
 
 async def run(args: argparse.Namespace, server: ServerProcess, engine_port: int) -> dict[str, Any]:
+    direct = f"http://127.0.0.1:{engine_port}/v1/chat/completions"
     targets = {
-        "direct": f"http://127.0.0.1:{engine_port}/v1/chat/completions",
-        "proxy": f"{server.base_url}/v1/chat/completions",
-        "direct+fields": f"http://127.0.0.1:{engine_port}/v1/chat/completions#fields",
-        "proxy+record": f"{server.base_url}/t/{{tid}}/v1/chat/completions",
+        "direct": Target(direct),
+        "proxy": Target(f"{server.base_url}/v1/chat/completions"),
+        "direct+fields": Target(direct, RECORDED_FIELDS),
+        "proxy+record": Target(f"{server.base_url}/t/{{tid}}/v1/chat/completions"),
     }
     results: list[Result] = []
     # keep-alive shorter than the servers' 5 s, so no request goes out on a connection being closed
     limits = httpx.Limits(max_connections=256, max_keepalive_connections=256, keepalive_expiry=2.0)
     async with httpx.AsyncClient(timeout=600, limits=limits) as client:
-        for url in targets.values():  # warm every path once (compiles, connection pools)
-            await one_request(client, url.format(tid=uuid.uuid4().hex), server.model_id, 4, False)
+        for target in targets.values():  # warm every path once (compiles, connection pools)
+            await one_request(client, target, server.model_id, 4, False)
 
         for concurrency in args.concurrency:
             for stream in (False, True):
@@ -140,27 +146,25 @@ async def run(args: argparse.Namespace, server: ServerProcess, engine_port: int)
                 for round_index in range(args.rounds):
                     # every round runs each target once, back to back, starting from a different one
                     order = list(targets)[round_index % len(targets):] + list(targets)[:round_index % len(targets)]
-                    for target in order:
-                        url = targets[target]
-                        per_target[target].append(await load(
-                            client, url.format(tid=uuid.uuid4().hex), server.model_id, concurrency=concurrency,
+                    for name in order:
+                        per_target[name].append(await load(
+                            client, targets[name], server.model_id, concurrency=concurrency,
                             requests=requests, max_tokens=args.max_tokens, stream=stream))
-                for target, runs in per_target.items():
+                for name, runs in per_target.items():
                     wall = sum(w for w, _ in runs)
                     samples = [s for _, ss in runs for s in ss]
-                    results.append(summarise("throughput", target, concurrency, stream, wall, samples))
+                    results.append(summarise("throughput", name, concurrency, stream, wall, samples))
                     results[-1].round_tokens_per_s = [sum(s.tokens for s in ss) / w for w, ss in runs]
                     print(_row(results[-1]), flush=True)
 
         # Added latency: sequential 1-token requests, alternating targets request by request.
         samples_by_target: dict[str, list[Sample]] = {t: [] for t in targets}
         for _ in range(args.latency_requests):
-            for target, url in targets.items():
-                samples_by_target[target].append(
-                    await one_request(client, url.format(tid=uuid.uuid4().hex), server.model_id, 1, False))
-        for target, samples in samples_by_target.items():
+            for name, target in targets.items():
+                samples_by_target[name].append(await one_request(client, target, server.model_id, 1, False))
+        for name, samples in samples_by_target.items():
             wall = sum(s.seconds for s in samples)
-            results.append(summarise("latency-1tok", target, 1, False, wall, samples))
+            results.append(summarise("latency-1tok", name, 1, False, wall, samples))
             results[-1].latencies_ms = [sample.seconds * 1000 for sample in samples]
             print(_row(results[-1]), flush=True)
     return {"results": [asdict(r) for r in results], "summary": _ratios(results)}

@@ -39,7 +39,7 @@ class EngineConnectionError(EngineError):
 
 
 class UpstreamResponse:
-    """One engine answer: status and content type at once, the body read whole or chunk by chunk."""
+    """One engine answer: its status at once, the body read whole or chunk by chunk."""
 
     def __init__(self, response: aiohttp.ClientResponse) -> None:
         self._response = response
@@ -84,8 +84,8 @@ class Upstream:
         self._urls: dict[str, yarl.URL] = {}
         self._session: aiohttp.ClientSession | None = None  # created on first use, inside the event loop
 
-    def _session_for_loop(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
+    def _session_or_new(self) -> aiohttp.ClientSession:
+        if self._session is None:
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=_MAX_CONNECTIONS, keepalive_timeout=_KEEPALIVE_S),
                 timeout=_TIMEOUT,
@@ -101,7 +101,7 @@ class Upstream:
         if url is None:
             url = self._urls[path] = self._base_url.join(yarl.URL(path))
         try:
-            response = await self._session_for_loop().post(url, data=body, headers=_JSON_HEADERS)
+            response = await self._session_or_new().post(url, data=body, headers=_JSON_HEADERS)
         except _CONNECTION_ERRORS as error:
             raise EngineConnectionError(f"the engine is unreachable ({error!r})") from error
         return UpstreamResponse(response)

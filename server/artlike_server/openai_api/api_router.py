@@ -109,29 +109,21 @@ async def _complete(request: Request, endpoint: Endpoint, trajectory_id: str | N
     return Response(result, media_type="application/json")
 
 
+def _trajectory_id(request: Request) -> str | None:
+    """The id in a trajectory-scoped path (`/t/{trajectory_id}/...`), None on the plain routes."""
+    return request.path_params.get("trajectory_id")
+
+
 async def chat_completions(request: Request) -> Response:
-    return await _complete(request, "chat.completions", None)
-
-
-async def trajectory_chat_completions(request: Request) -> Response:
-    return await _complete(request, "chat.completions", request.path_params["trajectory_id"])
+    return await _complete(request, "chat.completions", _trajectory_id(request))
 
 
 async def completions(request: Request) -> Response:
-    return await _complete(request, "completions", None)
-
-
-async def trajectory_completions(request: Request) -> Response:
-    return await _complete(request, "completions", request.path_params["trajectory_id"])
+    return await _complete(request, "completions", _trajectory_id(request))
 
 
 async def list_models(request: Request) -> Response:
-    return Response(await _serving(request).list_models(), media_type="application/json")
-
-
-async def trajectory_list_models(request: Request) -> Response:
-    trajectory_id = request.path_params["trajectory_id"]
-    return Response(await _serving(request).list_models(trajectory_id), media_type="application/json")
+    return Response(await _serving(request).list_models(_trajectory_id(request)), media_type="application/json")
 
 
 async def get_trajectory(request: Request) -> Response:
@@ -144,11 +136,11 @@ async def get_trajectory(request: Request) -> Response:
 # own CPU per completion. They are left out of the OpenAPI schema: the OpenAI API reference documents them.
 for _path, _endpoint, _method in (
     ("/v1/chat/completions", chat_completions, "POST"),
-    ("/t/{trajectory_id}/v1/chat/completions", trajectory_chat_completions, "POST"),
+    ("/t/{trajectory_id}/v1/chat/completions", chat_completions, "POST"),
     ("/v1/completions", completions, "POST"),
-    ("/t/{trajectory_id}/v1/completions", trajectory_completions, "POST"),
+    ("/t/{trajectory_id}/v1/completions", completions, "POST"),
     ("/v1/models", list_models, "GET"),
-    ("/t/{trajectory_id}/v1/models", trajectory_list_models, "GET"),
+    ("/t/{trajectory_id}/v1/models", list_models, "GET"),
     ("/v1/trajectories/{trajectory_id}", get_trajectory, "GET"),
     ("/t/{trajectory_id}/v1/trajectory", get_trajectory, "GET"),
 ):

@@ -39,8 +39,8 @@ Streams: SSE events are split from the raw bytes, each JSON chunk rewritten and 
 µs). When the client goes away, `ProxyStream.aclose()` drops the upstream connection, so vLLM aborts the
 request, and records what was generated with finish_reason "abort" (choices with no token are skipped).
 
-The engine is reached through `engine.upstream.Upstream` (aiohttp; see there why not httpx): anything that
-`post(path, body)`s and answers with a status, a whole body or its chunks, and can `abort()`.
+The engine is reached through `engine.upstream.Upstream` (aiohttp; see there why not httpx). Unit tests give
+it a fake vLLM that answers over real HTTP, so there is no stand-in interface for it here.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ import orjson
 
 from artlike.types import TrajectoryRecord, is_valid_trajectory_id
 from artlike_server.completion_log import NewCompletion
-from artlike_server.engine.upstream import EngineConnectionError
+from artlike_server.engine.upstream import EngineConnectionError, Upstream, UpstreamResponse
 from artlike_server.errors import (
     APIError,
     Conflict,
@@ -86,23 +86,6 @@ _NULL_EXTRAS_CHOICE = ("stop_reason", "routed_experts", "prompt_logprobs")
 
 
 # ------------------------------------------------------------------------------------- collaborators
-
-
-class UpstreamResponseLike(Protocol):
-    @property
-    def status(self) -> int: ...
-
-    async def read(self) -> bytes: ...
-
-    def iter_chunks(self) -> AsyncIterator[bytes]: ...
-
-    def abort(self) -> None: ...
-
-
-class UpstreamLike(Protocol):
-    async def post(self, path: str, body: bytes) -> UpstreamResponseLike:
-        """Raises `EngineConnectionError` when the engine cannot be reached."""
-        ...
 
 
 class EngineLike(Protocol):
@@ -477,7 +460,7 @@ class ProxyStream:
     def __init__(
         self,
         serving: OpenAIServing,
-        upstream: UpstreamResponseLike,
+        upstream: UpstreamResponse,
         *,
         endpoint: Endpoint,
         asked: CallerAsked,
@@ -605,7 +588,7 @@ class OpenAIServing:
         self,
         *,
         engine: EngineLike,
-        upstream: UpstreamLike,
+        upstream: Upstream,
         models: ModelResolver,
         log: CompletionLogLike,
         metrics: MetricsLike,
@@ -680,7 +663,7 @@ class OpenAIServing:
         finally:
             await lease.aclose()  # a no-op once a stream took the lease over
 
-    async def _send(self, path: str, body: bytes) -> UpstreamResponseLike:
+    async def _send(self, path: str, body: bytes) -> UpstreamResponse:
         """Send to the engine; transport failures are 503, engine errors come back in OpenAI shape."""
         try:
             response = await self.upstream.post(path, body)
@@ -693,7 +676,7 @@ class OpenAIServing:
             raise engine_error(response.status, content, retry_after=self.engine.retry_after())
         return response
 
-    async def _read(self, response: UpstreamResponseLike) -> bytes:
+    async def _read(self, response: UpstreamResponse) -> bytes:
         try:
             return await response.read()
         except EngineConnectionError as exc:
