@@ -19,9 +19,11 @@ from examples.email_agent.tools import TOOL_SPECS
 
 pytestmark = pytest.mark.integration
 
-# Forcing the first call through the server's structured output guarantees a parsed search_inbox call, hence a
-# second turn, whatever the 135M model would have written on its own. Its arguments are still sampled: at
-# temperature 1 they are sometimes invalid (extra keys), and the tool then answers with an error message.
+# Forcing the first call through the server's structured output makes the model write a search_inbox call,
+# whatever the 135M model would have written on its own. Its arguments are still sampled: at temperature 1 they
+# are sometimes invalid (extra keys), and the tool then answers with an error message; and about one call in eight
+# rambles in a string value past the token limit, so the cut-off call does not parse and the agent answers with
+# its "could not be parsed" feedback instead. Either way there is a second turn.
 FORCE_SEARCH = {"type": "function", "function": {"name": "search_inbox"}}
 REWARD_METRICS = {"reward/answer", "reward/sources", "reward/found", "reward/read", "reward/turns", "reward/invalid",
                   "turns", "invalid_tool_calls", "answer_correct", "sources_correct"}
@@ -65,19 +67,27 @@ async def test_email_agent_records_multi_turn_trajectories_and_trains(server: An
         assert len(trajectories) == GROUP_SIZE
         assert len(set(group.rewards)) > 1, f"{MAX_ATTEMPTS} groups with equal rewards: {group.rewards}"
 
+        searched = 0
         for t in trajectories:
             assert t.reward is not None and set(t.metrics) >= REWARD_METRICS
-            assert t.metrics["turns"] == MAX_TURNS and t.metrics["tool_calls"] >= 1
+            assert t.metrics["turns"] == MAX_TURNS
             record = await t.get_record()
             assert len(record.completions) == MAX_TURNS
             assert all(c.step == 0 and c.output_token_ids for c in record.completions)
             first, second = record.completions[:2]
             assert first.request["tools"] == TOOL_SPECS
-            # The second request carries the first call and the search results the tool returned for it.
-            *_, call, tool_reply = second.request["messages"]
-            assert (call["role"], tool_reply["role"]) == ("assistant", "tool")
-            assert [c["function"]["name"] for c in call["tool_calls"]] == ["search_inbox"]
-            assert tool_reply["content"].startswith(SEARCH_REPLIES)
+            # The second request carries the first turn and what the agent answered to it: the search results
+            # (or the tool's error) for the forced call, or the feedback when no call came back.
+            *_, reply, answer = second.request["messages"]
+            assert reply["role"] == "assistant"
+            if reply.get("tool_calls"):
+                searched += 1
+                assert [c["function"]["name"] for c in reply["tool_calls"]] == ["search_inbox"]
+                assert answer["role"] == "tool" and answer["content"].startswith(SEARCH_REPLIES)
+            else:
+                assert t.metrics["tool_calls"] == 0 and t.metrics["unparsed_tool_calls"] == 1
+                assert answer["role"] == "user" and answer["content"].startswith("Error: your tool call could not")
+        assert searched >= 1, "no trajectory of the group made the forced search_inbox call"
 
         result = await model.train([group], learning_rate=1e-5)
         assert result.trained, result.done.reason
