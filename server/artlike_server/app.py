@@ -29,6 +29,7 @@ from .middleware import ApiKeyMiddleware, BodySizeLimitMiddleware, RequestMetric
 from .models.api_router import router as models_router
 from .models.manager import ModelManager
 from .models.store import ModelStore
+from .openai_api.api_router import CompletionRoutes
 from .openai_api.api_router import router as openai_router
 from .settings import ServerSettings
 from .state import AppState, get_state
@@ -79,6 +80,7 @@ def create_app(settings: ServerSettings, *, on_fatal: Callable[[BaseException], 
     metrics = Metrics()
     app = FastAPI(title="artlike", version="0.1.0", lifespan=lifespan)
     install_error_handlers(app)
+    app.add_middleware(CompletionRoutes)  # innermost: the completion hot path skips FastAPI's layers
     # Outermost last: every request is counted (401/413 too); a bad key is rejected before the body is read.
     app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=settings.max_body_bytes)
     app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key)

@@ -109,6 +109,10 @@ class Metrics:
             buckets=_STEP_BUCKETS,
             registry=r,
         )
+        # Labelled children of the per-request metrics, looked up once: `labels()` validates and locks on
+        # every call, and these are updated on every request. The label values are bounded (see above).
+        self._per_request: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}
+        self._per_endpoint: dict[str, tuple[Counter, Counter]] = {}
 
     # --------------------------------------------------------------------------------------- sources
 
@@ -127,12 +131,21 @@ class Metrics:
     # ---------------------------------------------------------------------------------------- events
 
     def request_finished(self, route: str, method: str, status: int, seconds: float) -> None:
-        self.requests.labels(route, method, str(status)).inc()
-        self.request_seconds.labels(route).observe(seconds)
+        key = (route, method, status)
+        if (children := self._per_request.get(key)) is None:
+            children = self._per_request[key] = (self.requests.labels(route, method, str(status)),
+                                                 self.request_seconds.labels(route))
+        requests, request_seconds = children
+        requests.inc()
+        request_seconds.observe(seconds)
 
     def tokens(self, endpoint: str, prompt: int, completion: int) -> None:
-        self.prompt_tokens.labels(endpoint).inc(prompt)
-        self.completion_tokens.labels(endpoint).inc(completion)
+        if (children := self._per_endpoint.get(endpoint)) is None:
+            children = self._per_endpoint[endpoint] = (self.prompt_tokens.labels(endpoint),
+                                                       self.completion_tokens.labels(endpoint))
+        prompt_tokens, completion_tokens = children
+        prompt_tokens.inc(prompt)
+        completion_tokens.inc(completion)
 
     def time_to_first_token(self, endpoint: str, seconds: float) -> None:
         self.ttft_seconds.labels(endpoint).observe(seconds)

@@ -23,6 +23,7 @@ from artlike_server.errors import NotFound, install_error_handlers
 from artlike_server.metrics import Metrics
 from artlike_server.metrics import router as metrics_router
 from artlike_server.middleware import ApiKeyMiddleware, BodySizeLimitMiddleware, RequestMetricsMiddleware
+from artlike_server.openai_api.api_router import CompletionRoutes
 from artlike_server.openai_api.api_router import router as openai_router
 from fastapi import FastAPI
 
@@ -102,6 +103,7 @@ def build_app(
     engine = engine or FakeEngine()
     app = FastAPI()
     install_error_handlers(app)
+    app.add_middleware(CompletionRoutes)
     app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=settings.max_body_bytes)
     app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key)
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics)

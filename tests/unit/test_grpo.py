@@ -1,4 +1,4 @@
-"""GRPO math on hand-computed examples (see the module docstring of artlike_server.training.grpo)."""
+"""GRPO math on hand-computed examples (see the module docstrings of artlike_server.training.advantages and .grpo)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import math
 
 import pytest
 import torch
-from artlike_server.training.grpo import group_advantages, is_zero_variance, policy_loss
+from artlike_server.training.advantages import group_advantages, is_zero_variance
+from artlike_server.training.grpo import policy_loss
 
 EPS_LOW, EPS_HIGH = 0.2, 0.28
 

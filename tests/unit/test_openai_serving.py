@@ -16,8 +16,8 @@ from artlike_server.completion_log import CompletionLog
 from artlike_server.engine.upstream import Upstream
 from artlike_server.errors import InvalidRequest, NotFound, ServiceUnavailable
 from artlike_server.metrics import Metrics
-from artlike_server.openai_api import serving
-from artlike_server.openai_api.api_router import SSEResponse
+from artlike_server.openai_api import api_router, serving
+from artlike_server.openai_api.api_router import RouteTemplate, SSEResponse, match_completion_path
 from artlike_server.openai_api.protocol import validate_request
 from artlike_server.openai_api.serving import (
     CallerAsked,
@@ -715,3 +715,33 @@ async def test_unknown_trajectory_is_404(proxy: Proxy) -> None:
     response = await proxy.http.get("/v1/trajectories/never-seen")
     assert response.status_code == 404 and response.json()["error"]["code"] == "trajectory_not_found"
     assert (await proxy.http.get("/v1/trajectories/bad.id")).status_code == 400
+
+
+@pytest.mark.parametrize(("path", "expected"), [
+    ("/v1/chat/completions", ("/v1/chat/completions", "chat.completions", None)),
+    ("/v1/completions", ("/v1/completions", "completions", None)),
+    ("/t/run-7/v1/chat/completions", ("/t/{trajectory_id}/v1/chat/completions", "chat.completions", "run-7")),
+    ("/t/run-7/v1/completions", ("/t/{trajectory_id}/v1/completions", "completions", "run-7")),
+    ("/t//v1/chat/completions", None),  # no id: left to the router (404), as `{trajectory_id}` would not match
+    ("/t/run-7/v1/models", None),
+    ("/t/a/b/v1/chat/completions", None),
+    ("/v1/chat/completions/", None),
+    ("/v2/chat/completions", None),
+])
+def test_completion_paths_are_matched_like_the_routes(path: str, expected: tuple[str, str, str | None] | None) -> None:
+    match = match_completion_path(path)
+    assert (None if match is None else (match[0].path, match[1], match[2])) == expected
+    if match is not None:
+        assert match[0] == RouteTemplate(expected[0])  # type: ignore[index]
+
+
+def test_api_router_doctests() -> None:
+    assert doctest.testmod(api_router, raise_on_error=True).attempted >= 1
+
+
+async def test_other_methods_on_a_completion_path_get_the_routers_405(proxy: Proxy) -> None:
+    for path in ("/v1/chat/completions", "/t/traj-1/v1/completions"):
+        response = await proxy.http.get(path)
+        assert response.status_code == 405
+        assert response.json()["error"]["type"] == "invalid_request_error"
+    assert (await proxy.http.post("/t//v1/chat/completions", json={})).status_code == 404

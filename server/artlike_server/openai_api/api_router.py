@@ -5,7 +5,9 @@
     GET  /v1/models                        GET  /t/{trajectory_id}/v1/models
     GET  /v1/trajectories/{trajectory_id}  GET  /t/{trajectory_id}/v1/trajectory         -> TrajectoryRecord
 
-Bodies are read raw (no FastAPI body model): serving parses them once with orjson and names the bad
+POSTs to the completion paths are answered by `CompletionRoutes`, a pure ASGI middleware, before FastAPI's
+exception middleware, dependency exit stack and route table (the same handlers are also routes, so other methods
+get the router's 405). Bodies are read raw (no FastAPI body model): serving parses them once with orjson and names the bad
 parameter itself. Shared objects come from `request.app.state.artlike` (engine, engine_client, models, log,
 metrics, settings). A client that disconnects cancels its request, which closes the engine connection: vLLM
 aborts the generation instead of finishing it for nobody.
@@ -15,14 +17,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable
+from dataclasses import dataclass
 from typing import TypeVar
 
 import anyio
 from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
+from artlike_server.errors import APIError, error_response
 from artlike_server.openai_api.protocol import Endpoint
 from artlike_server.openai_api.serving import OpenAIServing, ProxyStream
 
@@ -50,22 +54,33 @@ class ClientDisconnected(Exception):
 
 
 async def _unless_disconnected(request: Request, work: Awaitable[_T]) -> _T:
-    """Await `work`, cancelling it if the client disconnects first (as vLLM's own `with_cancellation`)."""
-    task = asyncio.ensure_future(work)
+    """Await `work`, cancelling it if the client disconnects first (as vLLM's own `with_cancellation`).
 
-    async def client_gone() -> None:
+    `work` runs in the calling task and one watcher task cancels it on a disconnect: a task and an
+    `asyncio.wait` fewer per request than racing two tasks, on the proxy's hottest path.
+    """
+    current = asyncio.current_task()
+    assert current is not None, "called outside a task"
+    finished = disconnected = False
+
+    async def cancel_when_client_goes() -> None:
+        nonlocal disconnected
         while (await request.receive())["type"] != "http.disconnect":
             pass
+        if not finished:  # never cancel a task whose work already returned: the cancel would hit its caller
+            disconnected = True
+            current.cancel()
 
-    watcher = asyncio.ensure_future(client_gone())
+    watcher = asyncio.create_task(cancel_when_client_goes())
     try:
-        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
+        return await work
+    except asyncio.CancelledError:
+        if disconnected and current.uncancel() == 0:
+            raise ClientDisconnected from None
+        raise  # cancelled from outside (shutdown): not ours to swallow
     finally:
+        finished = True  # runs before any other task can: nothing is awaited between `work` and here
         watcher.cancel()
-    if task.done():
-        return task.result()
-    task.cancel()
-    raise ClientDisconnected
 
 
 class SSEResponse(StreamingResponse):
@@ -129,6 +144,62 @@ async def list_models(request: Request) -> Response:
 async def get_trajectory(request: Request) -> Response:
     trajectory_id = request.path_params["trajectory_id"]
     return Response(await _serving(request).get_trajectory(trajectory_id), media_type="application/json")
+
+
+_COMPLETION_PATHS: dict[str, Endpoint] = {"/v1/chat/completions": "chat.completions", "/v1/completions": "completions"}
+
+
+@dataclass(frozen=True, slots=True)
+class RouteTemplate:
+    """What `scope["route"]` needs for per-route metrics: the path template, as Starlette's routes have it."""
+
+    path: str
+
+
+def match_completion_path(path: str) -> tuple[RouteTemplate, Endpoint, str | None] | None:
+    """The completion endpoint a path names, with its route template and trajectory id; None for other paths.
+
+    >>> match_completion_path("/t/run-7/v1/completions")
+    (RouteTemplate(path='/t/{trajectory_id}/v1/completions'), 'completions', 'run-7')
+    """
+    endpoint = _COMPLETION_PATHS.get(path)
+    if endpoint is not None:
+        return RouteTemplate(path), endpoint, None
+    if not path.startswith("/t/"):
+        return None
+    trajectory_id, slash, rest = path[3:].partition("/")
+    endpoint = _COMPLETION_PATHS.get("/" + rest)
+    if not trajectory_id or not slash or endpoint is None:
+        return None
+    return RouteTemplate("/t/{trajectory_id}/" + rest), endpoint, trajectory_id
+
+
+class CompletionRoutes:
+    """Answers POSTs to the completion paths itself; passes everything else on.
+
+    Completions carry every token the proxy serves, and the layers FastAPI puts between its middleware and
+    a route (exception middleware, dependency exit stack, route table, request/response wrapper) measured a
+    quarter of the proxy's CPU per request, and they wrap every streamed event's `send`. Add it first
+    (innermost of the app's middleware), so the API key, body size and metrics middleware still see every
+    request. `APIError`s are rendered here; anything else propagates to the server error middleware.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        match = match_completion_path(scope["path"]) if scope["type"] == "http" else None
+        if match is None or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        template, endpoint, trajectory_id = match
+        scope["route"] = template
+        request = Request(scope, receive, send)
+        try:
+            response = await _complete(request, endpoint, trajectory_id)
+        except APIError as error:
+            response = error_response(error)
+        await response(scope, receive, send)
 
 
 # Plain Starlette routes, not FastAPI's: nothing here uses dependency injection or body models (bodies are

@@ -1,11 +1,6 @@
-"""The GRPO objective: group-relative advantages and a clipped, importance-weighted policy-gradient loss.
+"""The GRPO objective: a clipped, importance-weighted policy-gradient loss on group-relative advantages.
 
-For a group of G trajectories sampled for the same task, with rewards r_1..r_G:
-
-    A_i = (r_i - mean(r)) / (std(r) + eps)        std = population std (divide by G), like ART and TRL
-    A_i = r_i - mean(r)                           with scale_rewards=False (Dr. GRPO)
-
-Every token t the model sampled in trajectory i gets the advantage A_i. With logπθ the trainer's logprob of
+Every token t the model sampled in trajectory i gets its group's advantage A_i (`advantages.py`). With logπθ the trainer's logprob of
 that token and logπ_b the engine's logprob when it was sampled (the behaviour policy):
 
     ρ_t      = exp(logπθ_t - logπ_b_t)                                    importance ratio
@@ -26,8 +21,6 @@ logprob: ρ = 1.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -37,31 +30,6 @@ Aggregation = Literal["token", "sequence"]
 
 _MAX_ABS_LOG_RATIO = 20.0
 """exp(±20) is far outside any clip range; clamping keeps exp() finite for a mis-recorded logprob."""
-
-
-def group_advantages(
-    rewards: Sequence[float], *, scale_rewards: bool = True, eps: float = 1e-4
-) -> list[float]:
-    """Advantages of one group: rewards minus the group mean, divided by the population std when scaling.
-
-    >>> group_advantages([1.0, 0.0, 0.0, 1.0])   # mean 0.5, std 0.5
-    [0.9998000399920016, -0.9998000399920016, -0.9998000399920016, 0.9998000399920016]
-    """
-    if not rewards:
-        return []
-    if is_zero_variance(rewards):  # exactly 0, not rounding noise divided by eps
-        return [0.0] * len(rewards)
-    mean = math.fsum(rewards) / len(rewards)
-    centred = [r - mean for r in rewards]
-    if not scale_rewards:
-        return centred
-    std = math.sqrt(math.fsum(c * c for c in centred) / len(rewards))
-    return [c / (std + eps) for c in centred]
-
-
-def is_zero_variance(rewards: Sequence[float]) -> bool:
-    """True when every reward of the group is equal: all advantages are 0 and the group carries no signal."""
-    return all(r == rewards[0] for r in rewards)
 
 
 @dataclass(frozen=True)

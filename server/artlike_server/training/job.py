@@ -37,8 +37,8 @@ from ..errors import Conflict, InvalidRequest, NotFound
 from ..metrics import Metrics
 from ..models.manager import ModelManager, served_name
 from ..models.store import ModelStore
+from .advantages import group_advantages, is_zero_variance
 from .batch_file import write_batch
-from .grpo import group_advantages, is_zero_variance
 from .packing import count_gradient_steps
 from .sequences import TrainSequence, sequences_from_completions, sequences_from_offline
 from .trainer_client import TrainerCrashed, TrainerError, TrainerProcess, TrainerTimeout
