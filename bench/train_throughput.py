@@ -2,20 +2,27 @@
 
     python -m bench.train_throughput [--quick] [--skip-swap]
 
-1. Peak: the best of several 2048³ matmuls (bf16 and fp32) on this process's threads — the machine's
-   measured ceiling, not a datasheet number.
-2. Trainer: the real trainer worker (the same subprocess and protocol the server uses) trains a fixed
-   batch (8 sequences × 256 tokens, the last 7/8 of each sampled and trained, LoRA r=8 on all linear
-   layers) for several optimizer steps; each step reports its trained tokens and seconds. Model FLOPs of
-   a step: every position goes through the decoder, forward and backward (a prompt token's keys and values
-   feed the trained tokens after it, so its activation gradients are needed too): 4·N_decoder per position
-   (forward 2·N plus the backward's activation gradients 2·N; the frozen base needs no weight gradients)
-   plus attention; the LM head runs on trained positions only: 4·N_head each. The fraction of peak is
-   achieved FLOP/s ÷ measured peak of the same dtype. (Until 2026-11-22 this counted 4·(N_decoder +
-   N_head) per *trained* token only, under-counting the prompt positions' work by about 10%.)
+1. Peak: the best of several 2048³ matmuls on this process's threads, per dtype — the machine's measured
+   ceiling, not a datasheet number. bf16 runs only where the CPU has native bf16 (AVX-512 BF16 or AMX;
+   `artlike_server.hardware`): elsewhere it is emulated (0.2 GFLOP/s vs 72 fp32 measured on an AVX2 EPYC),
+   the trainer's "auto" picks fp32 there, and the bench records why bf16 was skipped.
+2. Trainer: the real trainer worker (the same subprocess and protocol the server uses) trains fixed batches
+   for several optimizer steps (LoRA r=8 on all linear layers); each step reports its trained tokens,
+   seconds and decoder positions. Two batches, 8 sequences × 256 tokens each:
+   - "random": unrelated sequences, the first 32 tokens a prompt and the rest trained;
+   - "grpo": 2 groups × 4 samples, each group's 192-token prompt shared, 64 sampled tokens trained, run
+     with `share_prefixes` on (the default: the prompt goes through the decoder once per micro-batch) and off.
+   Model FLOPs of a step count the work the trainer does, from the same micro-batch plan it uses
+   (`training.loop.plan_step`): 4·N_decoder per decoder position (forward 2·N plus the backward's
+   activation gradients 2·N; the frozen base needs no weight gradients; a prompt position counts, since its
+   keys and values feed the trained tokens), attention at 16·layers·d per attended (query, key) pair
+   (forward and backward), and 4·N_head per trained token (the LM head runs on those only). The fraction of
+   peak is achieved FLOP/s ÷ measured peak of the same dtype. "Sharing speed-up" is trained tokens/s with
+   shared prefixes over without, same batch.
 3. Swap: a real server trains one step; we time from the last `step` line to the first token served by
    the new step (`done` includes writing the adapter, loading it into vLLM and moving the alias).
-Targets on CPU: ≥ 35% of the measured bf16 matmul peak during the step, ≤ 0.5 s from last step to serving.
+Targets on CPU: ≥ 35% of the measured bf16 matmul peak during the step (fp32 peak where bf16 is emulated),
+≤ 0.5 s from last step to serving.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ import statistics
 import tempfile
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,13 +44,19 @@ import httpx
 import orjson
 import torch
 from artlike_server.default_model import ensure_default_model
+from artlike_server.hardware import cpu_has_native_bf16
 from artlike_server.launcher import ServerProcess
 from artlike_server.training.batch_file import write_batch
+from artlike_server.training.loop import plan_step
 from artlike_server.training.sequences import TrainSequence
 from artlike_server.training.trainer_client import TrainerProcess
 from transformers import AutoConfig
 
 from artlike.types import LoraConfig, TrainConfig
+
+SEQUENCES, LENGTH = 8, 256
+RANDOM_PROMPT = 32
+GRPO_GROUPS, GRPO_PROMPT = 2, 192
 
 
 def matmul_peak_gflops(dtype: torch.dtype, size: int = 2048, repeats: int = 8) -> float:
@@ -57,59 +71,93 @@ def matmul_peak_gflops(dtype: torch.dtype, size: int = 2048, repeats: int = 8) -
     return 2 * size**3 / best / 1e9
 
 
-def step_flops(model_dir: Path, sequences: int, length: int, trained_per_sequence: int) -> float:
-    """Model FLOPs of one optimizer step over `sequences` rows of `length` tokens (see the module docstring)."""
-    config = AutoConfig.from_pretrained(model_dir)
-    d, layers, ffn = config.hidden_size, config.num_hidden_layers, config.intermediate_size
-    head_dim = d // config.num_attention_heads
-    kv = config.num_key_value_heads * head_dim
-    decoder_params = layers * (d * d * 2 + d * kv * 2 + 3 * d * ffn)  # q,o + k,v + gate,up,down
-    head_params = config.vocab_size * d  # lm_head (tied to the embeddings)
-    positions = length - 1  # the last token is only a target
-    attention = layers * 2 * 2 * positions * d  # QKᵀ and AV, causal average ≈ positions/2 each way ×2 flops
-    per_position = 4 * decoder_params + 2 * attention
-    return sequences * (positions * per_position + trained_per_sequence * 4 * head_params)
+@dataclass(frozen=True)
+class ModelDims:
+    decoder_params: int
+    head_params: int
+    layers: int
+    hidden: int
+
+    @classmethod
+    def of(cls, model_dir: Path) -> ModelDims:
+        config = AutoConfig.from_pretrained(model_dir)
+        d, layers, ffn = config.hidden_size, config.num_hidden_layers, config.intermediate_size
+        kv = config.num_key_value_heads * (d // config.num_attention_heads)
+        decoder = layers * (d * d * 2 + d * kv * 2 + 3 * d * ffn)  # q,o + k,v + gate,up,down
+        return cls(decoder, config.vocab_size * d, layers, d)  # lm_head tied to the embeddings
 
 
-def prompt_length(length: int) -> int:
-    return length // 8
+def step_flops(dims: ModelDims, batch: list[TrainSequence], config: TrainConfig) -> float:
+    """Model FLOPs of one optimizer step over `batch` (see the module docstring); padding is not counted."""
+    positions = pairs = trained = 0
+    for plan in plan_step(batch, config.micro_batch_tokens, share_prefixes=config.share_prefixes):
+        prefix = plan.prefix_length
+        positions += prefix
+        pairs += prefix * (prefix + 1) // 2
+        for index in plan.members:
+            own = batch[index].num_tokens - 1 - prefix  # the last token is only a target
+            positions += own
+            pairs += own * prefix + own * (own + 1) // 2
+            trained += batch[index].num_trainable_tokens
+    return 4 * dims.decoder_params * positions + 16 * dims.layers * dims.hidden * pairs + 4 * dims.head_params * trained
 
 
-def synthetic_batch(vocab: int, sequences: int, length: int, seed: int = 0) -> list[TrainSequence]:
+def random_batch(vocab: int, seed: int = 0) -> list[TrainSequence]:
     generator = torch.Generator().manual_seed(seed)
     batch = []
-    for i in range(sequences):
-        ids = torch.randint(100, vocab, (length,), generator=generator).tolist()
-        trainable = [j >= prompt_length(length) for j in range(length)]  # a short prompt, the rest sampled
-        batch.append(TrainSequence(
-            token_ids=ids, trainable=trainable,
-            behaviour_logprobs=[float("nan") if t else 0.0 for t in trainable],  # unknown: on-policy ratio 1
-            advantage=1.0 if i % 2 == 0 else -1.0, group_index=i // 4))
+    for i in range(SEQUENCES):
+        ids = torch.randint(100, vocab, (LENGTH,), generator=generator).tolist()
+        batch.append(_sequence(ids, RANDOM_PROMPT, i))
     return batch
 
 
-async def trainer_throughput(model_dir: Path, dtype: str, steps: int, sequences: int, length: int,
-                             work: Path) -> dict[str, Any]:
+def grpo_batch(vocab: int, seed: int = 0) -> list[TrainSequence]:
+    generator = torch.Generator().manual_seed(seed)
+    batch = []
+    for group in range(GRPO_GROUPS):
+        prompt = torch.randint(100, vocab, (GRPO_PROMPT,), generator=generator).tolist()
+        for sample in range(SEQUENCES // GRPO_GROUPS):
+            sampled = torch.randint(100, vocab, (LENGTH - GRPO_PROMPT,), generator=generator).tolist()
+            batch.append(_sequence(prompt + sampled, GRPO_PROMPT, sample, group))
+    return batch
+
+
+def _sequence(ids: list[int], prompt: int, index: int, group: int = 0) -> TrainSequence:
+    trainable = [j >= prompt for j in range(len(ids))]
+    return TrainSequence(
+        token_ids=ids, trainable=trainable,
+        behaviour_logprobs=[float("nan") if t else 0.0 for t in trainable],  # unknown: on-policy ratio 1
+        advantage=1.0 if index % 2 == 0 else -1.0, group_index=group)  # fmt: skip
+
+
+async def trainer_throughput(model_dir: Path, dtype: str, workloads: dict[str, tuple[list[TrainSequence], TrainConfig]],
+                             work: Path) -> dict[str, dict[str, Any]]:
+    """Train each workload on one trainer worker (one base model load); step events per workload."""
     trainer = TrainerProcess(model_dir, dtype=dtype,  # type: ignore[arg-type]
                              log_path=work / f"trainer-{dtype}.log")
-    ready = await trainer.start()
+    await trainer.start()
+    results = {}
     try:
-        adapter = work / f"adapter-{dtype}"
-        await trainer.init_adapter("bench", LoraConfig(rank=8), adapter)
-        vocab = AutoConfig.from_pretrained(model_dir).vocab_size
-        batch_path = work / f"batch-{dtype}.bin"
-        write_batch(batch_path, synthetic_batch(vocab, sequences, length))
-        config = TrainConfig(learning_rate=1e-5, epochs=steps, micro_batch_tokens=sequences * length)
-        step_events = []
-        async for event in trainer.train("bench", adapter, work / f"out-{dtype}", batch_path, config):
-            if event.get("event") == "step":
-                step_events.append(event)
+        for name, (batch, config) in workloads.items():
+            adapter = work / f"adapter-{dtype}-{name}"
+            await trainer.init_adapter(f"bench-{name}", LoraConfig(rank=8), adapter)
+            batch_path = work / f"batch-{dtype}-{name}.bin"
+            write_batch(batch_path, batch)
+            step_events = []
+            async for event in trainer.train(f"bench-{name}", adapter, work / f"out-{dtype}-{name}", batch_path,
+                                             config):
+                if event.get("event") == "step":
+                    step_events.append(event)
+            measured = step_events[1:] or step_events  # the first step pays one-time costs (allocations, kernels)
+            results[name] = {
+                "steps": step_events,
+                "tokens_per_s": statistics.median(e["tokens"] / e["seconds"] for e in measured),
+                "seconds_per_step": statistics.median(e["seconds"] for e in measured),  # each step: the whole batch
+                "decoder_positions": measured[0].get("decoder_positions"),
+            }
     finally:
         await trainer.stop()
-    measured = step_events[1:] or step_events  # the first step pays one-time costs (allocations, kernels)
-    tokens_per_s = statistics.median(e["tokens"] / e["seconds"] for e in measured)
-    return {"dtype": dtype, "ready": ready, "steps": step_events, "tokens_per_s": tokens_per_s,
-            "seconds_per_step": statistics.median(e["seconds"] for e in measured)}  # each step: the whole batch
+    return results
 
 
 def swap_latency(work: Path) -> dict[str, Any]:
@@ -157,41 +205,70 @@ def main() -> None:
     parser.add_argument("--skip-swap", action="store_true")
     parser.add_argument("--output", type=Path, default=Path("bench/results/train_throughput.json"))
     args = parser.parse_args()
-    steps = 3 if args.quick else 5
-    sequences, length = 8, 256
+    steps = 2 if args.quick else 4
     torch.set_num_threads(os.cpu_count() or 1)
     model_dir = ensure_default_model()
+    dims = ModelDims.of(model_dir)
+    vocab = AutoConfig.from_pretrained(model_dir).vocab_size
     work = Path(tempfile.mkdtemp(prefix="artlike-train-bench-"))
 
+    dtypes = ["bfloat16", "float32"] if cpu_has_native_bf16() else ["float32"]
     # The peak is measured before and after each trainer run and the highest value kept: on a shared VM a
     # single measurement taken in a slow moment inflates the fraction (one run showed "65%" that way).
-    peak = {"bfloat16": matmul_peak_gflops(torch.bfloat16), "float32": matmul_peak_gflops(torch.float32)}
+    peak = {dtype: matmul_peak_gflops(getattr(torch, dtype)) for dtype in dtypes}
+    report: dict[str, Any] = {"batch": [SEQUENCES, LENGTH], "peak_gflops": peak, "runs": []}
+    if "bfloat16" not in dtypes:
+        emulated = matmul_peak_gflops(torch.bfloat16, size=512, repeats=2)
+        report["bfloat16_skipped"] = (f"no native bf16 on this CPU (no avx512_bf16/amx): a 512³ bf16 matmul runs "
+                                      f"at {emulated:.2f} GFLOP/s; the trainer's auto dtype is float32 here")
+        print(f"bf16 skipped: {report['bfloat16_skipped']}")
     print(f"measured matmul peak (2048³, {torch.get_num_threads()} threads): "
-          f"bf16 {peak['bfloat16']:.0f} GFLOP/s, fp32 {peak['float32']:.0f} GFLOP/s")
-    flops = step_flops(model_dir, sequences, length, trained_per_sequence=length - prompt_length(length))
-    runs = []
-    print(f"\n{'dtype':<9} {'trained tok/s':>13} {'s/step':>7} {'GFLOP/s':>8} {'of peak':>8}")
-    for dtype in ("bfloat16", "float32"):
-        run = asyncio.run(trainer_throughput(model_dir, dtype, steps, sequences, length, work))
+          + ", ".join(f"{dtype} {gflops:.0f} GFLOP/s" for dtype, gflops in peak.items()))
+
+    base = TrainConfig(learning_rate=1e-5, epochs=steps, micro_batch_tokens=SEQUENCES * LENGTH)
+    workloads = {
+        "random": (random_batch(vocab), base),
+        "grpo": (grpo_batch(vocab), base),
+        "grpo-unshared": (grpo_batch(vocab), base.model_copy(update={"share_prefixes": False})),
+    }
+    print(f"\n{'dtype':<9} {'batch':<14} {'trained tok/s':>13} {'s/step':>7} {'positions':>9} {'GFLOP/s':>8} "
+          f"{'of peak':>8}")
+    for dtype in dtypes:
+        results = asyncio.run(trainer_throughput(model_dir, dtype, workloads, work))
         peak[dtype] = max(peak[dtype], matmul_peak_gflops(getattr(torch, dtype)))
-        run["peak_gflops"] = peak[dtype]
-        run["gflops"] = flops / run["seconds_per_step"] / 1e9
-        run["fraction_of_peak"] = run["gflops"] / peak[dtype]
-        runs.append(run)
-        print(f"{dtype:<9} {run['tokens_per_s']:>13.0f} {run['seconds_per_step']:>7.2f} {run['gflops']:>8.0f} "
-              f"{run['fraction_of_peak']:>8.1%}")
-    report: dict[str, Any] = {"peak_gflops": peak, "flops_per_step": flops, "batch": [sequences, length],
-                              "runs": runs}
+        for name, run in results.items():
+            batch, config = workloads[name]
+            run.update(dtype=dtype, batch_kind=name, share_prefixes=config.share_prefixes,
+                       flops_per_step=step_flops(dims, batch, config), peak_gflops=peak[dtype])
+            run["gflops"] = run["flops_per_step"] / run["seconds_per_step"] / 1e9
+            run["fraction_of_peak"] = run["gflops"] / peak[dtype]
+            report["runs"].append(run)
+            print(f"{dtype:<9} {name:<14} {run['tokens_per_s']:>13.0f} {run['seconds_per_step']:>7.2f} "
+                  f"{run['decoder_positions']:>9} {run['gflops']:>8.0f} {run['fraction_of_peak']:>8.1%}")
+        speedup = results["grpo"]["tokens_per_s"] / results["grpo-unshared"]["tokens_per_s"]
+        report.setdefault("sharing_speedup", {})[dtype] = speedup
+        print(f"{dtype:<9} sharing speed-up on the grpo batch (trained tok/s, shared / unshared): {speedup:.2f}x")
     if not args.skip_swap:
         swap = swap_latency(work)
         report["swap"] = swap
         print(f"\nswap: last step → done {swap['last_step_to_done_s']:.3f} s (server-side swap "
               f"{swap['swap_seconds_server']:.3f} s); last step → first token of {swap['new_model']} "
               f"{swap['last_step_to_first_token_s']:.3f} s")
-    report["machine"] = {"platform": platform.platform(), "cpus": os.cpu_count(), "torch": torch.__version__}
+    report["machine"] = {"platform": platform.platform(), "cpus": os.cpu_count(), "torch": torch.__version__,
+                         "cpu": _cpu_model(), "native_bf16": cpu_has_native_bf16()}
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(report, indent=2, default=str))
     print(f"\nwritten {args.output}")
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.processor()
 
 
 if __name__ == "__main__":

@@ -144,8 +144,10 @@ async def health(request: Request) -> Response:
     engine_state = state.engine.state
     body = {
         "status": "ok" if engine_state == EngineState.READY else str(engine_state),
-        "engine": {"state": str(engine_state), "restarts": state.engine.restarts, "pid": state.engine.pid},
-        "trainer": {"running": state.trainer.is_running, "pid": state.trainer.pid},
+        "engine": {"state": str(engine_state), "restarts": state.engine.restarts, "pid": state.engine.pid,
+                   "dtype": state.settings.engine_dtype},
+        "trainer": {"running": state.trainer.is_running, "pid": state.trainer.pid,
+                    "dtype": state.settings.trainer_dtype},
         "models": len(state.models.served_models),  # in memory: /health is polled often
         "training": state.training.active(),
     }

@@ -13,6 +13,7 @@ import uvicorn
 from .default_model import DEFAULT_MODEL_ID, ensure_default_model
 from .engine.launch import detect_device
 from .engine.templates import resolve_chat_template
+from .hardware import DTYPE_CHOICES, resolve_dtype
 from .settings import ServerSettings
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="artlike: serve a model and train it with RL.")
@@ -33,8 +34,11 @@ def serve(
     data_dir: Annotated[Path, typer.Option(help="Adapters, history, completion log, logs.")] = Path("~/.artlike"),
     api_key: Annotated[str | None, typer.Option(envvar="ARTLIKE_API_KEY", help="Require this bearer token.")] = None,
     device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
-    dtype: Annotated[str, typer.Option(help="Engine dtype: bfloat16, float32, auto.")] = "bfloat16",
-    trainer_dtype: Annotated[str, typer.Option(help="Trainer dtype: auto, bfloat16, float32.")] = "auto",
+    dtype: Annotated[str, typer.Option(
+        help="Engine dtype: auto, bfloat16, float32. auto: bfloat16 on CUDA and on CPUs with native bf16 "
+             "(AVX-512 BF16, AMX), float32 on other CPUs (bf16 is emulated there, ~100x slower).")] = "auto",
+    trainer_dtype: Annotated[str, typer.Option(help="Trainer dtype: auto, bfloat16, float32 (auto as for "
+                                               "--dtype).")] = "auto",
     max_loaded_adapters: Annotated[int, typer.Option(help="Latest K steps kept loaded in the engine.")] = 4,
     max_lora_rank: int = 64,
     max_model_len: int = 4096,
@@ -56,6 +60,9 @@ def serve(
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per engine health check is noise
     resolved_device = detect_device() if device == "auto" else device
+    for option, value in (("--dtype", dtype), ("--trainer-dtype", trainer_dtype)):
+        if value not in DTYPE_CHOICES:
+            raise typer.BadParameter(f"must be one of {', '.join(DTYPE_CHOICES)}, not {value!r}", param_hint=option)
     if model is None:
         typer.echo("artlike: preparing the embedded default model (first run converts it once)...", err=True)
         model_path = ensure_default_model()
@@ -78,7 +85,7 @@ def serve(
         api_key=api_key or None,
         reject_seed=_seed_is_unsafe(resolved_device, engine_arg or []) if reject_seed is None else reject_seed,
         device=resolved_device,
-        engine_dtype=dtype,
+        engine_dtype=resolve_dtype(dtype, resolved_device),
         engine_port=engine_port,
         max_loaded_adapters=max_loaded_adapters,
         max_lora_rank=max_lora_rank,
@@ -87,7 +94,7 @@ def serve(
         chat_template=template,
         tool_call_parser=tool_call_parser,
         engine_args=tuple(engine_arg or ()),
-        trainer_dtype=trainer_dtype,
+        trainer_dtype=resolve_dtype(trainer_dtype, resolved_device),
         gradient_checkpointing=gradient_checkpointing,
     )
     raise typer.Exit(run(settings, log_level=log_level))

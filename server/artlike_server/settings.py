@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .hardware import Dtype
+
 
 @dataclass(frozen=True)
 class ServerSettings:
@@ -19,7 +21,7 @@ class ServerSettings:
     reject_seed: bool = False
     # engine
     device: str = "cpu"
-    engine_dtype: str = "bfloat16"
+    engine_dtype: Dtype = "float32"  # the CLI resolves "auto" to what this machine runs fast (hardware.py)
     engine_port: int | None = None
     max_loaded_adapters: int = 4
     max_lora_rank: int = 64
@@ -30,7 +32,7 @@ class ServerSettings:
     engine_args: tuple[str, ...] = field(default_factory=tuple)
     engine_startup_timeout_s: float = 600.0
     # trainer
-    trainer_dtype: str = "auto"
+    trainer_dtype: Dtype = "float32"
     gradient_checkpointing: bool = False
 
     @property

@@ -127,6 +127,9 @@ class TrainConfig(_Strict):
     scale_rewards: bool = True  # False: Dr. GRPO (advantages not divided by the group std)
     mask_truncated: bool = False  # drop completions that hit max_tokens (finish_reason "length")
     weight_decay: float = Field(0.0, ge=0.0)
+    # Trajectories of a group share their prompt: the trainer runs it once per micro-batch and lets every
+    # sample attend to its keys and values. Same result up to float rounding; off: each sequence whole.
+    share_prefixes: bool = True
 
 
 class TrajectoryRef(_Strict):
@@ -215,6 +218,8 @@ class StepEvent(BaseModel):
     seconds: float
     # mean |logπθ - logπ_behaviour| over trainable tokens: engine/trainer drift plus staleness
     logprob_mismatch: float = 0.0
+    # positions the decoder ran over in this step: shared prompt prefixes count once per micro-batch
+    decoder_positions: int = 0
 
 
 class DoneEvent(BaseModel):

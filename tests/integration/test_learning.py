@@ -1,8 +1,13 @@
-"""The default model learns: a few GRPO steps on the arithmetic task raise its reward clearly.
+"""The default model learns: three GRPO steps move its sampled behaviour where the reward points, on held-out prompts.
 
-Rollouts go through the official `openai` client and a trajectory URL, rewards are checked by code
-(examples/arithmetic/task.py: 1 for the right number in <answer> tags, 0.1 for the format alone), and the
-before/after comparison samples the same held-out problems from step 0 and from the final step."""
+The task is deliberately simple and its reward dense: yes/no questions, reward 1 when the answer starts with
+"yes". The base model says "yes" to about a third of them, so almost every group of 8 samples carries
+signal, and the policy moves within a few steps (measured on a 2-core CPU: held-out 0.25-0.38 before, 0.97-1.0
+after three steps, about a minute). A sign error anywhere in advantages, loss or ratio would push it the
+other way. Rollouts go through the official `openai` client and trajectory URLs; held-out questions are
+never trained on and are sampled from step 0 before and from the final step after. `make demo` runs the
+longer arithmetic job (accuracy from the answer checked by code).
+"""
 
 from __future__ import annotations
 
@@ -15,60 +20,63 @@ import openai
 import orjson
 import pytest
 
-from examples.arithmetic.task import Problem, problems, reward
-
 pytestmark = pytest.mark.integration
 
-STEPS = 6
-PROBLEMS_PER_STEP = 4
+STEPS = 3
 SAMPLES = 8
-MAX_TOKENS = 16
+MAX_TOKENS = 8
+LEARNING_RATE = 5e-4
+INSTRUCTION = "Answer with yes or no. "
+TRAIN = ["Is water wet?", "Can cats fly?", "Is the moon made of cheese?", "Do fish swim?",
+         "Is fire cold?", "Are apples fruit?", "Is ice hot?", "Do birds have wings?"]  # fmt: skip
+HELD_OUT = ["Is grass green?", "Can dogs talk?", "Is the sun a star?", "Do rocks eat?"]
 
 
-async def sample(server: Any, model: str, problem: Problem, trajectory_id: str | None = None) -> tuple[float, str]:
+def reward(text: str) -> float:
+    return 1.0 if text.strip().lower().startswith("yes") else 0.0
+
+
+async def sample(server: Any, model: str, question: str, trajectory_id: str | None = None) -> float:
     path = f"/t/{trajectory_id}/v1" if trajectory_id else "/v1"
     client = openai.AsyncOpenAI(base_url=f"{server.base_url}{path}", api_key=server.api_key, max_retries=2,
-                                timeout=300)
+                                timeout=300)  # fmt: skip
     async with client:
         completion = await client.chat.completions.create(
-            model=model, messages=problem.messages(), max_tokens=MAX_TOKENS, temperature=1.0)  # type: ignore[arg-type]
-    text = completion.choices[0].message.content or ""
-    return reward(problem, text)[0], text
+            model=model, messages=[{"role": "user", "content": INSTRUCTION + question}], max_tokens=MAX_TOKENS,
+            temperature=1.0)  # fmt: skip
+    return reward(completion.choices[0].message.content or "")
 
 
-async def mean_reward(server: Any, model: str, held_out: list[Problem]) -> float:
-    results = await asyncio.gather(*(sample(server, model, p) for p in held_out for _ in range(4)))
-    return sum(r for r, _ in results) / len(results)
+async def held_out_reward(server: Any, model: str) -> float:
+    rewards = await asyncio.gather(*(sample(server, model, q) for q in HELD_OUT for _ in range(SAMPLES)))
+    return sum(rewards) / len(rewards)
 
 
 async def test_reward_rises_within_a_few_steps(server: Any) -> None:
     name = "learner"
-    async with httpx.AsyncClient(timeout=300, headers=server.headers) as http:
+    async with httpx.AsyncClient(timeout=600, headers=server.headers) as http:
         response = await http.post(f"{server.base_url}/v1/trainable_models",
                                    json={"name": name, "base_model": server.model_id, "lora": {"rank": 8}})
-    assert response.status_code in (200, 201), response.text
-    held_out = problems(seed=999, count=24)
-    before = await mean_reward(server, f"{name}@0", held_out)
+        assert response.status_code in (200, 201), response.text
+        before = await held_out_reward(server, f"{name}@0")
 
-    train_set = problems(seed=1, count=STEPS * PROBLEMS_PER_STEP)
-    step_rewards = []
-    for step in range(STEPS):
-        groups = []
-        for problem in train_set[step * PROBLEMS_PER_STEP:(step + 1) * PROBLEMS_PER_STEP]:
-            ids = [uuid.uuid4().hex for _ in range(SAMPLES)]
-            results = await asyncio.gather(*(sample(server, name, problem, tid) for tid in ids))
-            groups.append({"trajectories": [{"trajectory_id": tid, "reward": r} for tid, (r, _) in
-                                            zip(ids, results, strict=True)]})
-        step_rewards.append(sum(t["reward"] for g in groups for t in g["trajectories"]) / (len(groups) * SAMPLES))
-        body = {"model": name, "groups": groups, "config": {"learning_rate": 2e-4}}
-        async with httpx.AsyncClient(timeout=600, headers=server.headers) as http:
+        step_rewards = []
+        for step in range(STEPS):
+            questions = (TRAIN * 2)[4 * step:4 * step + 4]
+            ids = [[uuid.uuid4().hex for _ in range(SAMPLES)] for _ in questions]
+            rewards = await asyncio.gather(*(sample(server, name, q, tid)
+                                             for q, group in zip(questions, ids, strict=True) for tid in group))
+            groups = [{"trajectories": [{"trajectory_id": tid, "reward": rewards[g * SAMPLES + i]}
+                                        for i, tid in enumerate(group)]} for g, group in enumerate(ids)]
+            step_rewards.append(sum(rewards) / len(rewards))
+            body = {"model": name, "groups": groups, "config": {"learning_rate": LEARNING_RATE}}
             response = await http.post(f"{server.base_url}/_train_model", json=body)
-        if response.status_code == 400 and response.json()["error"]["code"] == "no_signal":
-            continue  # every group tied: nothing to learn from this batch (reported, not an error)
-        assert response.status_code == 200, response.text
-        last = orjson.loads(response.content.splitlines()[-1])
-        assert last["type"] == "done", last
+            if response.status_code == 400 and response.json()["error"]["code"] == "no_signal":
+                continue  # every group tied (all "yes" already): reported, not an error
+            assert response.status_code == 200, response.text
+            last = orjson.loads(response.content.splitlines()[-1])
+            assert last["type"] == "done", last
 
-    after = await mean_reward(server, name, held_out)
-    print(f"held-out sampled reward: before {before:.3f}, after {after:.3f}; per step {step_rewards}")
-    assert after >= before + 0.1, (before, after, step_rewards)
+    after = await held_out_reward(server, name)
+    print(f"held-out reward: before {before:.3f}, after {after:.3f}; sampled per step {step_rewards}")
+    assert after >= before + 0.3 and after >= 0.6, (before, after, step_rewards)

@@ -13,6 +13,7 @@ import httpx
 import openai
 import pytest
 
+from tests.integration.engine_helpers import engine_processes, still_running
 from tests.integration.test_training import greedy_probe, health, register, rollout_groups, train_lines
 
 pytestmark = pytest.mark.integration
@@ -62,6 +63,7 @@ def test_engine_crash_gives_503_then_recovers_with_adapters(server: Any) -> None
                          "config": {"learning_rate": 2e-3, "max_grad_norm": 10.0}})
     expected = greedy_probe(server, name)
     engine_pid = health(server)["engine"]["pid"]
+    killed = engine_processes(engine_pid)  # the API server, its EngineCore and worker
     os.kill(engine_pid, signal.SIGKILL)
 
     saw_503 = False
@@ -85,6 +87,7 @@ def test_engine_crash_gives_503_then_recovers_with_adapters(server: Any) -> None
     assert saw_503, "the proxy never reported the engine as unavailable"
     state = health(server)
     assert state["status"] == "ok" and state["engine"]["restarts"] >= 1 and state["engine"]["pid"] != engine_pid
+    assert still_running(killed) == [], "the killed engine's EngineCore/worker must not outlive it"
     assert greedy_probe(server, name) == expected  # the trained step was re-loaded after the restart
     metrics = httpx.get(f"{server.base_url}/metrics", headers=server.headers).text
     assert "artlike_engine_restarts" in metrics

@@ -7,6 +7,7 @@ import shutil
 import signal
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -32,23 +33,22 @@ def register(server: Any, name: str) -> dict[str, Any]:
 
 
 def rollout_groups(server: Any, model: str, *, groups: int = 2, size: int = 4, max_tokens: int = 12) -> list[dict]:
-    """Real completions through trajectory URLs; each trajectory's reward is its output length, so rewards
-    vary within a group and every group carries signal."""
-    out = []
-    for g in range(groups):
-        trajectories = []
-        for _ in range(size):
-            trajectory_id = uuid.uuid4().hex
-            client = openai.OpenAI(base_url=f"{server.base_url}/t/{trajectory_id}/v1", api_key=server.api_key,
-                                   max_retries=0, timeout=300)
+    """Real completions through trajectory URLs, all at once (the engine batches them); each trajectory's
+    reward is its output length, so rewards vary within a group and every group carries signal."""
+
+    def one(prompt: str) -> dict[str, Any]:
+        trajectory_id = uuid.uuid4().hex
+        with openai.OpenAI(base_url=f"{server.base_url}/t/{trajectory_id}/v1", api_key=server.api_key,
+                           max_retries=0, timeout=300) as client:  # fmt: skip
             completion = client.chat.completions.create(
-                model=model, messages=[{"role": "user", "content": PROMPTS[g % len(PROMPTS)]}],
-                max_tokens=max_tokens, temperature=1.0)
-            text = completion.choices[0].message.content or ""
-            trajectories.append({"trajectory_id": trajectory_id, "reward": float(len(text)),
-                                 "metrics": {"chars": float(len(text))}})
-        out.append({"trajectories": trajectories})
-    return out
+                model=model, messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens, temperature=1.0)
+        text = completion.choices[0].message.content or ""
+        return {"trajectory_id": trajectory_id, "reward": float(len(text)), "metrics": {"chars": float(len(text))}}
+
+    prompts = [PROMPTS[g % len(PROMPTS)] for g in range(groups) for _ in range(size)]
+    with ThreadPoolExecutor(max_workers=len(prompts)) as pool:
+        trajectories = list(pool.map(one, prompts))
+    return [{"trajectories": trajectories[g * size:(g + 1) * size]} for g in range(groups)]
 
 
 def train_lines(server: Any, body: dict[str, Any]) -> list[tuple[float, dict[str, Any]]]:

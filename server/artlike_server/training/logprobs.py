@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.nn import functional as F
+from transformers import DynamicCache
 
 DEFAULT_CHUNK_TOKENS = 1024
 
@@ -62,19 +63,27 @@ def token_logprobs(
     *,
     mask: torch.Tensor | None = None,
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    prefix_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """logπ(input_ids[:, t+1] | input_ids[:, :t+1]) and the entropy of that distribution, for t < T-1.
+    """logπ(input_ids[:, t+1] | prefix, input_ids[:, :t+1]) and the entropy of that distribution, for t < T-1.
 
     `model` is a transformers causal LM (or a PEFT model around one) whose logits are
     `decoder(...) @ output_embeddings.weight.T`. Takes input_ids [B, T] right-padded (no attention mask
     needed: causal attention never looks at the pads after a real token); returns two float32 [B, T-1]
     tensors; only the logprobs carry gradient. With `mask` [B, T-1], the LM head runs only where it is
     True (the trainable tokens: prompts are often most of a sequence) and the other entries are 0.
+
+    With `prefix_ids` [P], every row continues the same P tokens (`prefixes.py`): the decoder runs over
+    them once, and the rows attend to their keys and values, which carry gradient back into the prefix's
+    forward pass once for the whole batch. The prefix itself gets no logprobs.
     """
     causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
     decoder = causal_lm.get_decoder()
     head = causal_lm.get_output_embeddings()
-    hidden = decoder(input_ids=input_ids[:, :-1], use_cache=False).last_hidden_state  # [B, T-1, H]
+    past = None if prefix_ids is None else _prefix_cache(decoder, causal_lm.config, prefix_ids, input_ids.shape[0])
+    hidden = decoder(  # [B, T-1, H]
+        input_ids=input_ids[:, :-1], past_key_values=past, use_cache=past is not None
+    ).last_hidden_state
     targets = input_ids[:, 1:]  # [B, T-1]
     if mask is None:
         mask = torch.ones_like(targets, dtype=torch.bool)  # [B, T-1]
@@ -88,11 +97,36 @@ def token_logprobs(
         lp, ent = SelectedLogprobs.apply(h, head.weight, head.bias, t)
         chosen.append(lp)
         entropies.append(ent)
-    empty = hidden.new_zeros(0, dtype=torch.float32)
-    logprobs = hidden.new_zeros(targets.shape, dtype=torch.float32).masked_scatter(
+    dtype = torch.promote_types(hidden.dtype, torch.float32)  # as `_logits`: at least float32
+    empty = hidden.new_zeros(0, dtype=dtype)
+    logprobs = hidden.new_zeros(targets.shape, dtype=dtype).masked_scatter(
         mask, torch.cat(chosen) if chosen else empty
     )
-    entropy = hidden.new_zeros(targets.shape, dtype=torch.float32).masked_scatter(
+    entropy = hidden.new_zeros(targets.shape, dtype=dtype).masked_scatter(
         mask, torch.cat(entropies) if entropies else empty
     )
     return logprobs, entropy  # [B, T-1] each
+
+
+class PrefixCacheError(RuntimeError):
+    """The decoder returned no keys and values for a shared prefix (gradient checkpointing drops them)."""
+
+
+def supports_prefix_sharing(model: nn.Module) -> bool:
+    """Whether `token_logprobs(prefix_ids=...)` works: transformers drops the KV cache under gradient checkpointing."""
+    causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return not bool(getattr(causal_lm, "is_gradient_checkpointing", False))
+
+
+def _prefix_cache(decoder: nn.Module, config: Any, prefix_ids: torch.Tensor, rows: int) -> DynamicCache:
+    """The prefix's keys and values (with their autograd graph), seen by each of `rows` rows."""
+    cache = decoder(input_ids=prefix_ids.view(1, -1), use_cache=True).past_key_values
+    if cache is None or cache.get_seq_length() != prefix_ids.numel():
+        raise PrefixCacheError(
+            "the decoder kept no keys/values for the shared prefix (gradient checkpointing is on?)"
+        )
+    # expand() is a view: each row's first update concatenates its own tokens onto the shared tensors.
+    return DynamicCache(
+        [(keys.expand(rows, -1, -1, -1), values.expand(rows, -1, -1, -1)) for keys, values, *_ in cache],
+        config=config,
+    )

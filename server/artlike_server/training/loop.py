@@ -17,9 +17,10 @@ from torch import nn
 
 from artlike.types import StepEvent, TrainConfig
 from artlike_server.training.grpo import policy_loss
-from artlike_server.training.logprobs import DEFAULT_CHUNK_TOKENS, token_logprobs
-from artlike_server.training.packing import pack, plan_optimizer_steps
+from artlike_server.training.logprobs import DEFAULT_CHUNK_TOKENS, supports_prefix_sharing, token_logprobs
+from artlike_server.training.packing import MicroBatchPlan, plan_micro_batches, plan_optimizer_steps
 from artlike_server.training.precision import MasterWeights
+from artlike_server.training.prefixes import Family, first_needed_position, plan_families
 from artlike_server.training.sequences import TrainSequence
 
 
@@ -33,36 +34,76 @@ class NonFiniteGradient(ArithmeticError):
 
 @dataclass(frozen=True)
 class MicroBatch:
-    input_ids: torch.Tensor  # [B, T] long, right-padded
+    input_ids: torch.Tensor  # [B, T] long, right-padded: each row's tokens after the shared prefix
     mask: torch.Tensor  # [B, T-1] bool: target token t+1 is trainable
     behaviour_logprobs: torch.Tensor  # [B, T-1] float32, aligned with the targets
     advantages: torch.Tensor  # [B] float32
+    prefix_ids: torch.Tensor | None = None  # [P] long: the tokens every row starts with (prefixes.py)
+
+    @property
+    def decoder_positions(self) -> int:
+        """Positions the decoder runs over, padding included: P + B × (T − 1)."""
+        prefix = 0 if self.prefix_ids is None else self.prefix_ids.numel()
+        return prefix + self.input_ids.shape[0] * (self.input_ids.shape[1] - 1)
 
 
 def collate(
-    sequences: Sequence[TrainSequence], pad_token_id: int, device: torch.device | None = None
+    sequences: Sequence[TrainSequence],
+    pad_token_id: int,
+    device: torch.device | None = None,
+    *,
+    prefix_length: int = 0,
 ) -> MicroBatch:
     """Right-pad into tensors; per-token fields shift by one to align with next-token targets.
 
-    The first token of a sequence has no context and is never a target, even if marked trainable.
+    The first token of a sequence has no context and is never a target, even if marked trainable. With
+    `prefix_length` P > 0 the sequences share their first P tokens, which become `prefix_ids`; the rows
+    hold what follows (their targets start at token P + 1: nothing up to P may be trainable).
     """
-    length = max(s.num_tokens for s in sequences)
+    if prefix_length:
+        shared = sequences[0].token_ids[:prefix_length]
+        if any(s.token_ids[:prefix_length] != shared or any(s.trainable[1 : prefix_length + 1])
+               for s in sequences):  # fmt: skip
+            raise ValueError(f"the sequences do not share {prefix_length} untrained tokens")
+    length = max(s.num_tokens for s in sequences) - prefix_length
     count = len(sequences)
     input_ids = torch.full((count, length), pad_token_id, dtype=torch.long)
     mask = torch.zeros((count, length - 1), dtype=torch.bool)
     behaviour = torch.zeros((count, length - 1), dtype=torch.float32)
     for row, seq in enumerate(sequences):
-        n = seq.num_tokens
-        input_ids[row, :n] = torch.tensor(seq.token_ids, dtype=torch.long)
-        mask[row, : n - 1] = torch.tensor(seq.trainable[1:], dtype=torch.bool)
-        behaviour[row, : n - 1] = torch.tensor(seq.behaviour_logprobs[1:], dtype=torch.float32)
+        n = seq.num_tokens - prefix_length
+        input_ids[row, :n] = torch.tensor(seq.token_ids[prefix_length:], dtype=torch.long)
+        mask[row, : n - 1] = torch.tensor(seq.trainable[prefix_length + 1 :], dtype=torch.bool)
+        behaviour[row, : n - 1] = torch.tensor(seq.behaviour_logprobs[prefix_length + 1 :], dtype=torch.float32)
     advantages = torch.tensor([s.advantage for s in sequences], dtype=torch.float32)
+    prefix_ids = torch.tensor(sequences[0].token_ids[:prefix_length], dtype=torch.long) if prefix_length else None
     return MicroBatch(
         input_ids=input_ids.to(device),
         mask=mask.to(device),
         behaviour_logprobs=behaviour.to(device),
         advantages=advantages.to(device),
+        prefix_ids=None if prefix_ids is None else prefix_ids.to(device),
     )
+
+
+def plan_step(sequences: Sequence[TrainSequence], token_budget: int, *, share_prefixes: bool) -> list[MicroBatchPlan]:
+    """The micro-batches of one optimizer step: prefix families (when shared), the rest packed by length.
+
+    Sequences without a trainable target are left out: they contribute nothing to the loss.
+    """
+    trained = [i for i, s in enumerate(sequences) if first_needed_position(s.trainable) is not None]
+    lengths = [sequences[i].num_tokens for i in trained]
+    if share_prefixes:
+        families = plan_families(
+            [sequences[i].token_ids for i in trained],
+            [first_needed_position(sequences[i].trainable) or 0 for i in trained],
+        )
+    else:
+        families = [Family((index,), 0) for index in range(len(trained))]
+    return [
+        MicroBatchPlan(tuple(trained[i] for i in plan.members), plan.prefix_length)
+        for plan in plan_micro_batches(lengths, families, token_budget)
+    ]
 
 
 def validate_batch(sequences: Sequence[TrainSequence], vocab_size: int) -> None:
@@ -90,6 +131,7 @@ class _StepTotals:
     tokens: int = 0
     mismatch_sum: float = 0.0
     mismatch_tokens: int = 0
+    decoder_positions: int = 0
 
 
 def run_optimizer_steps(
@@ -113,6 +155,10 @@ def run_optimizer_steps(
     progress inside a step. Each step's `logprob_mismatch` is measured on its tokens before its update: in
     the first step that is pure engine/trainer drift, later it includes the updates made so far.
 
+    Sequences that share a prompt are trained as prefix families (`prefixes.py`: the prompt goes through
+    the decoder once per micro-batch) unless `config.share_prefixes` is off or the model cannot keep a KV cache
+    (gradient checkpointing); the result is the same up to float rounding.
+
     `optimizer` owns the parameters that are trained (and clipped). With `master`, those are its fp32
     copies of the model's low-precision parameters: gradients are moved into them after every micro-batch
     and the model's parameters are refreshed after every step.
@@ -126,6 +172,7 @@ def run_optimizer_steps(
         epochs=config.epochs,
         steps_per_epoch=config.gradient_steps_per_epoch,
     )
+    share_prefixes = config.share_prefixes and supports_prefix_sharing(model)
     use_kl = config.kl_beta > 0.0
     if use_kl and reference is None:
         raise ValueError("kl_beta > 0 needs a reference policy")
@@ -136,7 +183,7 @@ def run_optimizer_steps(
     for step_index, indices in enumerate(plan, start=1):
         started = time.perf_counter()
         step_sequences = [sequences[i] for i in indices]
-        micro_batches = pack([s.num_tokens for s in step_sequences], config.micro_batch_tokens)
+        micro_batches = plan_step(step_sequences, config.micro_batch_tokens, share_prefixes=share_prefixes)
         trainable_counts = [sum(s.trainable[1:]) for s in step_sequences]
         normalizer = (
             sum(trainable_counts)
@@ -144,21 +191,22 @@ def run_optimizer_steps(
             else sum(c > 0 for c in trainable_counts)
         )
         totals = _StepTotals()
-        for mb_index, members in enumerate(micro_batches):
+        for mb_index, micro_batch in enumerate(micro_batches):
             if on_micro_batch is not None:
                 on_micro_batch(step_index, mb_index, len(micro_batches))
-            batch = collate([step_sequences[i] for i in members], pad_token_id, device)
-            if not bool(batch.mask.any()):
-                continue  # nothing to train here (e.g. only the first token was marked)
+            batch = collate([step_sequences[i] for i in micro_batch.members], pad_token_id, device,
+                            prefix_length=micro_batch.prefix_length)  # fmt: skip
+            totals.decoder_positions += batch.decoder_positions
             logprobs, entropy = token_logprobs(  # [B, T-1] each, 0 where not trainable
-                model, batch.input_ids, mask=batch.mask, chunk_tokens=chunk_tokens
+                model, batch.input_ids, mask=batch.mask, chunk_tokens=chunk_tokens, prefix_ids=batch.prefix_ids
             )
             ref_logprobs = None
             if use_kl and reference is not None:
                 with torch.no_grad(), reference():
                     ref_logprobs, _ = token_logprobs(
-                        model, batch.input_ids, mask=batch.mask, chunk_tokens=chunk_tokens
-                    )
+                        model, batch.input_ids, mask=batch.mask, chunk_tokens=chunk_tokens,
+                        prefix_ids=batch.prefix_ids,
+                    )  # fmt: skip
             out = policy_loss(
                 logprobs,
                 batch.behaviour_logprobs,
@@ -206,6 +254,7 @@ def run_optimizer_steps(
             tokens=totals.tokens,
             seconds=time.perf_counter() - started,
             logprob_mismatch=totals.mismatch_sum / max(1, totals.mismatch_tokens),
+            decoder_positions=totals.decoder_positions,
         )
         events.append(event)
         on_step(event)

@@ -1,7 +1,8 @@
 """How a training batch is cut: into optimizer steps (balanced by trainable tokens) and micro-batches.
 
 Micro-batches are right-padded [B, T_max] tensors, so their cost is B × T_max tokens, not the sum of the
-lengths. Right padding needs no attention mask under a causal mask (a real token never attends to the pads
+lengths. A micro-batch of a prefix family (`prefixes.py`) is the shared prefix once plus the members'
+remaining tokens, right-padded: P + B × max(T_i − P). Right padding needs no attention mask under a causal mask (a real token never attends to the pads
 after it), which keeps SDPA on its fast causal path; packing several sequences into one row would instead
 need a block-diagonal mask and pay attention over the whole row (quadratic in the row length).
 """
@@ -9,8 +10,10 @@ need a block-diagonal mask and pay attention over the whole row (quadratic in th
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from artlike.types import TrainConfig
+from artlike_server.training.prefixes import Family
 
 
 def pack(lengths: Sequence[int], token_budget: int) -> list[list[int]]:
@@ -69,3 +72,45 @@ def plan_optimizer_steps(
     """All optimizer steps of a job: `epochs` passes over the same split of the batch."""
     per_epoch = split_into_steps(trainable_tokens, steps_per_epoch)
     return [list(step) for _ in range(epochs) for step in per_epoch]
+
+
+@dataclass(frozen=True)
+class MicroBatchPlan:
+    """Sequences (indices, longest first) that go through one forward/backward, and the prefix they share."""
+
+    members: tuple[int, ...]
+    prefix_length: int = 0
+
+
+def plan_micro_batches(
+    lengths: Sequence[int], families: Sequence[Family], token_budget: int
+) -> list[MicroBatchPlan]:
+    """Micro-batches for `families` (of the sequences whose token counts are `lengths`) under `token_budget`.
+
+    A family with a shared prefix of P tokens fills micro-batches of its own, each costing
+    P + B × (longest member − P) and holding at least one member (each recomputes the prefix). Sequences
+    without a family are packed together as before (`pack`).
+
+    >>> plan_micro_batches([50, 60, 70, 20], [Family((0, 1, 2), 40), Family((3,), 0)], token_budget=100)
+    [MicroBatchPlan(members=(2, 1), prefix_length=40), MicroBatchPlan(members=(0,), prefix_length=40), \
+MicroBatchPlan(members=(3,), prefix_length=0)]
+    """
+    plans: list[MicroBatchPlan] = []
+    alone: list[int] = []
+    for family in families:
+        if family.prefix_length == 0:
+            alone.extend(family.members)
+            continue
+        prefix = family.prefix_length
+        members = sorted(family.members, key=lambda i: (-lengths[i], i))
+        chunk: list[int] = []
+        for index in members:
+            # members arrive longest first: the chunk's first member sets its padded suffix length
+            if chunk and prefix + (len(chunk) + 1) * (lengths[chunk[0]] - prefix) > token_budget:
+                plans.append(MicroBatchPlan(tuple(chunk), prefix))
+                chunk = []
+            chunk.append(index)
+        plans.append(MicroBatchPlan(tuple(chunk), prefix))
+    for members in pack([lengths[i] for i in alone], token_budget):
+        plans.append(MicroBatchPlan(tuple(alone[i] for i in members)))
+    return plans

@@ -29,6 +29,7 @@ import torch
 from pydantic import TypeAdapter
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
+from artlike_server.hardware import resolve_dtype
 from artlike_server.training import protocol
 from artlike_server.training.adapters import AdapterSlots, check_writable, peft_lora_config
 from artlike_server.training.batch_file import read_batch
@@ -65,10 +66,8 @@ def choose_dtype(requested: str, device: torch.device) -> torch.dtype:
         return {"bfloat16": torch.bfloat16, "float32": torch.float32}[requested]
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
-    # torch.cpu exposes no public capability query; these are what its own kernels dispatch on.
-    # Without native bf16, bf16 matmuls are emulated and slower than fp32.
-    fast_bf16 = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
-    return torch.bfloat16 if fast_bf16 else torch.float32
+    # The engine's rule too (hardware.py): without native bf16, bf16 matmuls are emulated, ~300x slower.
+    return torch.bfloat16 if resolve_dtype("auto", "cpu") == "bfloat16" else torch.float32
 
 
 def unsloth_available(device: torch.device) -> bool:
