@@ -27,6 +27,7 @@ from typing import Any
 import httpx
 import psutil
 import uvicorn
+from artlike_server.hardware import cpu_model
 from artlike_server.launcher import ServerProcess, free_port
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -111,7 +112,8 @@ def main() -> None:
         print(f"{target:<13} {row['proxy_cpu_ms_per_request']:>21.2f} {row['p50_ms']:>8.1f}")
     print(f"\nbare Starlette endpoint + httpx caller, one process: {floor:.2f} CPU ms per request")
     report: dict[str, Any] = {"targets": targets, "bare_hop_cpu_ms_per_request": floor,
-                              "machine": {"platform": platform.platform(), "python": platform.python_version()},
+                              "machine": {"platform": platform.platform(), "python": platform.python_version(),
+                                          "cpu": cpu_model()},
                               "config": {"requests": args.requests}}
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(report, indent=2))

@@ -23,7 +23,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import platform
+import random
 import statistics
 import tempfile
 import time
@@ -34,6 +36,7 @@ from typing import Any
 
 import httpx
 import orjson
+from artlike_server.hardware import cpu_model
 from artlike_server.launcher import ServerProcess, free_port
 
 PROMPT = [{"role": "user", "content": "Write a short story about a lighthouse keeper and a storm."}]
@@ -182,6 +185,19 @@ COMPARISONS = (("proxy", "direct"), ("proxy+record", "direct+fields"), ("direct+
 the whole cost of recording."""
 
 
+def median_interval(values: list[float], *, confidence: float = 0.95, resamples: int = 2000,
+                    seed: int = 0) -> tuple[float, float]:
+    """A percentile-bootstrap confidence interval for the median of `values` (paired ratios or differences).
+
+    >>> median_interval([1.0, 1.0, 1.0])
+    (1.0, 1.0)
+    """
+    rng = random.Random(seed)
+    medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(resamples))
+    tail = (1 - confidence) / 2
+    return medians[int(tail * (resamples - 1))], medians[int((1 - tail) * (resamples - 1))]
+
+
 def _ratios(results: list[Result]) -> list[dict[str, Any]]:
     by_key = {(r.scenario, r.concurrency, r.stream, r.target): r for r in results}
     summary = []
@@ -199,8 +215,10 @@ def _ratios(results: list[Result]) -> list[dict[str, Any]]:
                 "scenario": scenario, "target": target, "baseline": baseline, "concurrency": concurrency,
                 "stream": stream,
                 "throughput_ratio": statistics.median(paired) if paired else r.tokens_per_s / base.tokens_per_s,
+                "throughput_ratio_ci95": median_interval(paired) if paired else None,
                 "round_ratios": paired,
                 "added_p50_ms": statistics.median(differences) if differences else r.p50_ms - base.p50_ms,
+                "added_p50_ms_ci95": median_interval(differences) if differences else None,
             })
     return summary
 
@@ -208,12 +226,14 @@ def _ratios(results: list[Result]) -> list[dict[str, Any]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer requests (a smoke run)")
+    parser.add_argument("--rounds", type=int, help="rounds per scenario (default 8; 2 with --quick)")
+    parser.add_argument("--max-tokens", type=int, help="tokens per request (default 64; 32 with --quick)")
     parser.add_argument("--output", type=Path, default=Path("bench/results/proxy_overhead.json"))
     args = parser.parse_args()
     args.concurrency = [1, 8, 32]
     args.min_requests = 2  # per round and target (at least the concurrency)
-    args.rounds = 2 if args.quick else 6
-    args.max_tokens = 32 if args.quick else 64
+    args.rounds = args.rounds or (2 if args.quick else 8)
+    args.max_tokens = args.max_tokens or (32 if args.quick else 64)
     args.latency_requests = 20 if args.quick else 200
 
     engine_port = free_port()
@@ -224,13 +244,17 @@ def main() -> None:
         report = asyncio.run(run(args, server, engine_port))
     print("\nratios (same engine, same run):")
     print(f"{'scenario':<13} {'target / baseline':<29} {'conc':>4} {'stream':>6} {'tput ratio':>10} "
-          f"{'rounds min-max':>14} {'+p50 ms':>8}")
+          f"{'95% CI':>11} {'rounds min-max':>14} {'+p50 ms':>8} {'95% CI':>11}")
     for s in report["summary"]:
         pair = f"{s['target']} / {s['baseline']}"
         spread = f"{min(s['round_ratios']):.2f}-{max(s['round_ratios']):.2f}" if s["round_ratios"] else "-"
+        ratio_ci = "{:.3f}-{:.3f}".format(*s["throughput_ratio_ci95"]) if s["throughput_ratio_ci95"] else "-"
+        latency_ci = "{:.2f}-{:.2f}".format(*s["added_p50_ms_ci95"]) if s["added_p50_ms_ci95"] else "-"
         print(f"{s['scenario']:<13} {pair:<29} {s['concurrency']:>4} {'yes' if s['stream'] else 'no':>6} "
-              f"{s['throughput_ratio']:>10.3f} {spread:>14} {s['added_p50_ms']:>8.2f}")
-    report["machine"] = {"platform": platform.platform(), "python": platform.python_version()}
+              f"{s['throughput_ratio']:>10.3f} {ratio_ci:>11} {spread:>14} {s['added_p50_ms']:>8.2f} "
+              f"{latency_ci:>11}")
+    report["machine"] = {"platform": platform.platform(), "python": platform.python_version(), "cpu": cpu_model(),
+                         "cpus": os.cpu_count()}
     report["config"] = {k: v for k, v in vars(args).items() if k != "output"}
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(report, indent=2))

@@ -44,7 +44,7 @@ import httpx
 import orjson
 import torch
 from artlike_server.default_model import ensure_default_model
-from artlike_server.hardware import cpu_has_native_bf16
+from artlike_server.hardware import cpu_has_native_bf16, cpu_model
 from artlike_server.launcher import ServerProcess
 from artlike_server.training.batch_file import write_batch
 from artlike_server.training.loop import plan_step
@@ -255,20 +255,10 @@ def main() -> None:
               f"{swap['swap_seconds_server']:.3f} s); last step → first token of {swap['new_model']} "
               f"{swap['last_step_to_first_token_s']:.3f} s")
     report["machine"] = {"platform": platform.platform(), "cpus": os.cpu_count(), "torch": torch.__version__,
-                         "cpu": _cpu_model(), "native_bf16": cpu_has_native_bf16()}
+                         "cpu": cpu_model(), "native_bf16": cpu_has_native_bf16()}
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(report, indent=2, default=str))
     print(f"\nwritten {args.output}")
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.partition(":")[2].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from artlike_server.hardware import cpu_flags, cpu_has_native_bf16, resolve_dtype
+from artlike_server.hardware import cpu_flags, cpu_has_native_bf16, cpu_model, resolve_dtype
 
 # Abridged /proc/cpuinfo of the two kinds of machine this project has run on.
 EPYC_AVX2 = """processor\t: 0
@@ -42,3 +42,9 @@ def test_an_explicit_dtype_wins_and_a_bad_one_is_refused() -> None:
     assert resolve_dtype("float32", "cuda") == "float32"
     with pytest.raises(ValueError, match="dtype must be one of"):
         resolve_dtype("fp8", "cpu")
+
+
+def test_cpu_model_reads_the_first_model_name() -> None:
+    cpuinfo = "processor\t: 0\nmodel name\t: AMD EPYC 7B13\nflags\t\t: fpu avx2\n\nprocessor\t: 1\nmodel name\t: other\n"
+    assert cpu_model(cpuinfo) == "AMD EPYC 7B13"
+    assert cpu_model("processor\t: 0\n") == "unknown"
