@@ -227,13 +227,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer requests (a smoke run)")
     parser.add_argument("--rounds", type=int, help="rounds per scenario (default 8; 2 with --quick)")
-    parser.add_argument("--max-tokens", type=int, help="tokens per request (default 64; 32 with --quick)")
+    parser.add_argument("--max-tokens", type=int, help="tokens per request (default 32; 16 with --quick)")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32], help="loads to run")
     parser.add_argument("--output", type=Path, default=Path("bench/results/proxy_overhead.json"))
     args = parser.parse_args()
-    args.concurrency = [1, 8, 32]
     args.min_requests = 2  # per round and target (at least the concurrency)
     args.rounds = args.rounds or (2 if args.quick else 8)
-    args.max_tokens = args.max_tokens or (32 if args.quick else 64)
+    args.max_tokens = args.max_tokens or (16 if args.quick else 32)
     args.latency_requests = 20 if args.quick else 200
 
     engine_port = free_port()
