@@ -1,13 +1,15 @@
 """The proxy's CPU cost per request, and what one bare Python HTTP hop costs on the same machine.
 
-    python -m bench.proxy_cpu [--requests 200]
+    python -m bench.proxy_cpu [--requests 200] [--stream-requests 30]
 
 Latency ratios on a shared 2-core VM are noisy; CPU time is not. One `artlike serve` with a known engine
 port; sequential 1-token chat completions sent straight to vLLM, through the proxy, and through a
 trajectory URL (recorded), alternating request by request. For each, the CPU seconds the proxy process
 (all its threads; vLLM is a separate process) used per request. The floor: a trivial Starlette endpoint
-under uvicorn, called with httpx from the same process, CPU per request for both sides together. Prints
-a table, writes JSON.
+under uvicorn, called with httpx from the same process, CPU per request for both sides together. Then
+streamed requests of a fixed length (`ignore_eos`), direct and through the proxy, alternating: the proxy's
+CPU per streamed chunk, which on a machine whose cores the engine also uses is taken from the engine.
+Prints a table, writes JSON.
 """
 
 from __future__ import annotations
@@ -68,6 +70,34 @@ async def proxy_cpu(server: ServerProcess, engine_port: int, requests: int) -> d
                      "p50_ms": statistics.median(latency[target]) * 1000} for target in urls}
 
 
+async def proxy_stream_cpu(server: ServerProcess, engine_port: int, requests: int,
+                           tokens: int) -> dict[str, dict[str, float]]:
+    """Proxy CPU per streamed request of `tokens` chunks, straight to vLLM and through the proxy."""
+    assert server.process is not None
+    proxy = psutil.Process(server.process.pid)
+    urls = {"direct": f"http://127.0.0.1:{engine_port}/v1/chat/completions",
+            "proxy": f"{server.base_url}/v1/chat/completions"}
+    body = {"model": server.model_id, "messages": [{"role": "user", "content": "Tell me a story."}],
+            "max_tokens": tokens, "temperature": 0.0, "ignore_eos": True, "stream": True}
+    cpu = {target: 0.0 for target in urls}
+    latency: dict[str, list[float]] = {target: [] for target in urls}
+    async with httpx.AsyncClient(timeout=120, headers=server.headers) as client:
+        for index in range(requests + 1):  # the first pair warms the path and is not counted
+            for target, url in urls.items():
+                before, started = _cpu_seconds(proxy), time.perf_counter()
+                async with client.stream("POST", url, json=body) as response:
+                    response.raise_for_status()
+                    async for _ in response.aiter_bytes():
+                        pass
+                if index:
+                    latency[target].append(time.perf_counter() - started)
+                    cpu[target] += _cpu_seconds(proxy) - before
+    result = {target: {"proxy_cpu_ms_per_request": cpu[target] / requests * 1000,
+                       "p50_ms": statistics.median(latency[target]) * 1000} for target in urls}
+    result["proxy"]["added_cpu_ms_per_chunk"] = (cpu["proxy"] - cpu["direct"]) / requests / tokens * 1000
+    return result
+
+
 def bare_hop_cpu(requests: int) -> float:
     """CPU ms per request of a trivial Starlette endpoint plus its httpx caller, both in this process."""
 
@@ -99,6 +129,8 @@ def bare_hop_cpu(requests: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=200, help="per target")
+    parser.add_argument("--stream-requests", type=int, default=30, help="streamed requests per target")
+    parser.add_argument("--stream-tokens", type=int, default=32, help="chunks per streamed request")
     parser.add_argument("--output", type=Path, default=Path("bench/results/proxy_cpu.json"))
     args = parser.parse_args()
 
@@ -107,14 +139,20 @@ def main() -> None:
     with ServerProcess(Path(tempfile.mkdtemp(prefix="artlike-bench-")),
                        args=["--engine-port", str(engine_port)]) as server:
         targets = asyncio.run(proxy_cpu(server, engine_port, args.requests))
+        streamed = asyncio.run(proxy_stream_cpu(server, engine_port, args.stream_requests, args.stream_tokens))
     print(f"{'target':<13} {'proxy CPU ms/request':>21} {'p50 ms':>8}")
     for target, row in targets.items():
         print(f"{target:<13} {row['proxy_cpu_ms_per_request']:>21.2f} {row['p50_ms']:>8.1f}")
-    print(f"\nbare Starlette endpoint + httpx caller, one process: {floor:.2f} CPU ms per request")
-    report: dict[str, Any] = {"targets": targets, "bare_hop_cpu_ms_per_request": floor,
+    for target, row in streamed.items():
+        print(f"{target + ' stream':<13} {row['proxy_cpu_ms_per_request']:>21.2f} {row['p50_ms']:>8.1f}")
+    print(f"\nstreamed, {args.stream_tokens} chunks: the proxy adds "
+          f"{streamed['proxy']['added_cpu_ms_per_chunk']:.3f} CPU ms per chunk")
+    print(f"bare Starlette endpoint + httpx caller, one process: {floor:.2f} CPU ms per request")
+    report: dict[str, Any] = {"targets": targets, "streamed": streamed, "bare_hop_cpu_ms_per_request": floor,
                               "machine": {"platform": platform.platform(), "python": platform.python_version(),
                                           "cpu": cpu_model()},
-                              "config": {"requests": args.requests}}
+                              "config": {"requests": args.requests, "stream_requests": args.stream_requests,
+                                         "stream_tokens": args.stream_tokens}}
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(report, indent=2))
     print(f"written {args.output}")
