@@ -44,57 +44,53 @@ def _cpu_seconds(process: psutil.Process) -> float:
     return float(times.user + times.system)
 
 
-async def proxy_cpu(server: ServerProcess, engine_port: int, requests: int) -> dict[str, dict[str, float]]:
+async def alternate(server: ServerProcess, urls: dict[str, str], body: dict[str, Any], *, requests: int,
+                    warm_up: int) -> dict[str, dict[str, float]]:
+    """Send `body` to each URL in turn, `requests` rounds after `warm_up` uncounted ones; per target the
+    proxy process's CPU ms per request and the p50 latency. A URL may hold "{tid}" (a fresh trajectory id)."""
     assert server.process is not None
     proxy = psutil.Process(server.process.pid)
-    urls = {
+    cpu = {target: 0.0 for target in urls}
+    latency: dict[str, list[float]] = {target: [] for target in urls}
+    async with httpx.AsyncClient(timeout=120, headers=server.headers) as client:
+        for index in range(warm_up + requests):
+            for target, url in urls.items():
+                before, started = _cpu_seconds(proxy), time.perf_counter()
+                # streamed or not, the whole body is read before the clock stops
+                async with client.stream("POST", url.format(tid=uuid.uuid4().hex), json=body) as response:
+                    response.raise_for_status()
+                    await response.aread()
+                if index >= warm_up:
+                    latency[target].append(time.perf_counter() - started)
+                    cpu[target] += _cpu_seconds(proxy) - before
+    return {target: {"proxy_cpu_ms_per_request": cpu[target] / requests * 1000,
+                     "p50_ms": statistics.median(latency[target]) * 1000} for target in urls}
+
+
+def _urls(server: ServerProcess, engine_port: int) -> dict[str, str]:
+    return {
         "direct": f"http://127.0.0.1:{engine_port}/v1/chat/completions",
         "proxy": f"{server.base_url}/v1/chat/completions",
         "proxy+record": f"{server.base_url}/t/{{tid}}/v1/chat/completions",
     }
+
+
+async def proxy_cpu(server: ServerProcess, engine_port: int, requests: int) -> dict[str, dict[str, float]]:
+    """Sequential 1-token chat completions: direct, proxied, recorded."""
     body = {"model": server.model_id, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1,
             "temperature": 0.0}
-    cpu = {target: 0.0 for target in urls}
-    latency: dict[str, list[float]] = {target: [] for target in urls}
-    async with httpx.AsyncClient(timeout=60, headers=server.headers) as client:
-        for url in urls.values():  # warm every path
-            for _ in range(5):
-                (await client.post(url.format(tid=uuid.uuid4().hex), json=body)).raise_for_status()
-        for _ in range(requests):
-            for target, url in urls.items():
-                before, started = _cpu_seconds(proxy), time.perf_counter()
-                (await client.post(url.format(tid=uuid.uuid4().hex), json=body)).raise_for_status()
-                latency[target].append(time.perf_counter() - started)
-                cpu[target] += _cpu_seconds(proxy) - before
-    return {target: {"proxy_cpu_ms_per_request": cpu[target] / requests * 1000,
-                     "p50_ms": statistics.median(latency[target]) * 1000} for target in urls}
+    return await alternate(server, _urls(server, engine_port), body, requests=requests, warm_up=5)
 
 
 async def proxy_stream_cpu(server: ServerProcess, engine_port: int, requests: int,
                            tokens: int) -> dict[str, dict[str, float]]:
     """Proxy CPU per streamed request of `tokens` chunks, straight to vLLM and through the proxy."""
-    assert server.process is not None
-    proxy = psutil.Process(server.process.pid)
-    urls = {"direct": f"http://127.0.0.1:{engine_port}/v1/chat/completions",
-            "proxy": f"{server.base_url}/v1/chat/completions"}
+    urls = {target: url for target, url in _urls(server, engine_port).items() if target != "proxy+record"}
     body = {"model": server.model_id, "messages": [{"role": "user", "content": "Tell me a story."}],
             "max_tokens": tokens, "temperature": 0.0, "ignore_eos": True, "stream": True}
-    cpu = {target: 0.0 for target in urls}
-    latency: dict[str, list[float]] = {target: [] for target in urls}
-    async with httpx.AsyncClient(timeout=120, headers=server.headers) as client:
-        for index in range(requests + 1):  # the first pair warms the path and is not counted
-            for target, url in urls.items():
-                before, started = _cpu_seconds(proxy), time.perf_counter()
-                async with client.stream("POST", url, json=body) as response:
-                    response.raise_for_status()
-                    async for _ in response.aiter_bytes():
-                        pass
-                if index:
-                    latency[target].append(time.perf_counter() - started)
-                    cpu[target] += _cpu_seconds(proxy) - before
-    result = {target: {"proxy_cpu_ms_per_request": cpu[target] / requests * 1000,
-                       "p50_ms": statistics.median(latency[target]) * 1000} for target in urls}
-    result["proxy"]["added_cpu_ms_per_chunk"] = (cpu["proxy"] - cpu["direct"]) / requests / tokens * 1000
+    result = await alternate(server, urls, body, requests=requests, warm_up=1)
+    added = result["proxy"]["proxy_cpu_ms_per_request"] - result["direct"]["proxy_cpu_ms_per_request"]
+    result["proxy"]["added_cpu_ms_per_chunk"] = added / tokens
     return result
 
 

@@ -91,13 +91,11 @@ def plan_step(sequences: Sequence[TrainSequence], token_budget: int, *, share_pr
 
     Sequences without a trainable target are left out: they contribute nothing to the loss.
     """
-    trained = [i for i, s in enumerate(sequences) if first_needed_position(s.trainable) is not None]
+    needed = [first_needed_position(s.trainable) for s in sequences]
+    trained = [i for i, position in enumerate(needed) if position is not None]
     lengths = [sequences[i].num_tokens for i in trained]
     if share_prefixes:
-        families = plan_families(
-            [sequences[i].token_ids for i in trained],
-            [first_needed_position(sequences[i].trainable) or 0 for i in trained],
-        )
+        families = plan_families([sequences[i].token_ids for i in trained], [needed[i] or 0 for i in trained])
     else:
         families = [Family((index,), 0) for index in range(len(trained))]
     return [

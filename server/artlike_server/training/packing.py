@@ -2,9 +2,10 @@
 
 Micro-batches are right-padded [B, T_max] tensors, so their cost is B × T_max tokens, not the sum of the
 lengths. A micro-batch of a prefix family (`prefixes.py`) is the shared prefix once plus the members'
-remaining tokens, right-padded: P + B × max(T_i − P). Right padding needs no attention mask under a causal mask (a real token never attends to the pads
-after it), which keeps SDPA on its fast causal path; packing several sequences into one row would instead
-need a block-diagonal mask and pay attention over the whole row (quadratic in the row length).
+remaining tokens, right-padded: P + B × max(T_i − P). Right padding needs no attention mask under a causal
+mask (a real token never attends to the pads after it), which keeps SDPA on its fast causal path; packing
+several sequences into one row would instead need a block-diagonal mask and pay attention over the whole
+row (quadratic in the row length).
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ import torch
 from pydantic import TypeAdapter
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from artlike_server.hardware import resolve_dtype
+from artlike_server.hardware import DTYPE_CHOICES, resolve_dtype
 from artlike_server.training import protocol
 from artlike_server.training.adapters import AdapterSlots, check_writable, peft_lora_config
 from artlike_server.training.batch_file import read_batch
@@ -62,12 +62,10 @@ def choose_device(requested: str) -> torch.device:
 
 
 def choose_dtype(requested: str, device: torch.device) -> torch.dtype:
-    if requested != "auto":
-        return {"bfloat16": torch.bfloat16, "float32": torch.float32}[requested]
-    if device.type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
-    # The engine's rule too (hardware.py): without native bf16, bf16 matmuls are emulated, ~300x slower.
-    return torch.bfloat16 if resolve_dtype("auto", "cpu") == "bfloat16" else torch.float32
+    """The engine's rule (`hardware.resolve_dtype`), plus the GPU's own bf16 check (older GPUs have none)."""
+    if requested == "auto" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        return torch.float32
+    return {"bfloat16": torch.bfloat16, "float32": torch.float32}[resolve_dtype(requested, device.type)]
 
 
 def unsloth_available(device: torch.device) -> bool:
@@ -184,7 +182,7 @@ class Worker:
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m artlike_server.training.worker", description=__doc__)
     parser.add_argument("--base-model", type=Path, required=True, help="Hugging Face model directory")
-    parser.add_argument("--dtype", choices=("auto", "bfloat16", "float32"), default="auto")
+    parser.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     parser.add_argument("--gradient-checkpointing", action="store_true")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: usable cores)")
