@@ -8,12 +8,15 @@
     ├── PayloadTooLarge           413  request body over the configured limit
     └── ServiceUnavailable        503  engine down or restarting (carries Retry-After)
 
-Routers raise these; one exception handler renders them. Anything else is a bug and surfaces as a 500
-with the exception type named (never swallowed).
+Routers raise these; one exception handler renders them. Anything else is a bug: it is logged with its
+traceback and a request id, and the client gets a 500 in the same shape naming the exception type and that
+request id (header `X-Request-Id` too) — never Starlette's plain-text "Internal Server Error".
 """
 
 from __future__ import annotations
 
+import logging
+import uuid
 from typing import Any
 
 import orjson
@@ -21,6 +24,8 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger(__name__)
 
 
 class APIError(Exception):
@@ -79,6 +84,15 @@ def error_response(error: APIError) -> Response:
     )
 
 
+def internal_error_response(exc: BaseException, where: str) -> Response:
+    """A 500 in the OpenAI error shape for a bug, logged with its traceback under a fresh request id."""
+    request_id = f"req_{uuid.uuid4().hex[:20]}"
+    log.error("unexpected error in %s (request id %s)", where, request_id, exc_info=exc)
+    error = APIError(f"internal server error ({type(exc).__name__}); request id {request_id} in the server log",
+                     code="internal_error", headers={"X-Request-Id": request_id})
+    return error_response(error)
+
+
 def validation_error(exc: RequestValidationError) -> InvalidRequest:
     """Turn pydantic's error list into one message that names the first offending parameter."""
     errors = exc.errors()
@@ -112,6 +126,12 @@ def install_error_handlers(app: FastAPI) -> None:
         error.status_code = exc.status_code
         return error_response(error)
 
+    async def on_unexpected_error(request: Request, exc: Exception) -> Response:
+        # Starlette's ServerErrorMiddleware calls this for anything no other handler took, then re-raises
+        # it (uvicorn logs it once more); the id ties the client's answer to this log line.
+        return internal_error_response(exc, f"{request.method} {request.url.path}")
+
     app.add_exception_handler(APIError, on_api_error)
+    app.add_exception_handler(Exception, on_unexpected_error)
     app.add_exception_handler(RequestValidationError, on_validation_error)
     app.add_exception_handler(StarletteHTTPException, on_http_error)

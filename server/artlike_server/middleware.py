@@ -55,8 +55,9 @@ class BodySizeLimitMiddleware:
     """Reject request bodies over `max_body_bytes` with 413, whether they declare a length or stream.
 
     A declared Content-Length over the limit is rejected before a byte is read. A chunked body is counted
-    as it arrives; the receive wrapper raises `PayloadTooLarge` inside whatever reads the body, which the
-    app's error handler renders (and this middleware renders itself if nothing has been sent yet).
+    as it arrives; the receive wrapper raises `PayloadTooLarge` inside whatever reads the body, and this
+    middleware answers the 413 itself, whatever the app made of that error (unless a response had
+    already started, which no route does before reading its body).
     """
 
     def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
@@ -78,29 +79,35 @@ class BodySizeLimitMiddleware:
             return
 
         received = 0
-        response_started = False
+        exceeded = response_started = False
 
         async def counting_receive() -> Message:
-            nonlocal received
+            nonlocal received, exceeded
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.max_body_bytes:
+                    exceeded = True
                     raise self._too_large()
             return message
 
-        async def tracking_send(message: Message) -> None:
+        async def guarded_send(message: Message) -> None:
             nonlocal response_started
+            # Whatever the app answers once the body went over the limit (FastAPI turns any error while
+            # reading a body into "400 error parsing the body") is replaced by the 413 below.
+            if exceeded and not response_started:
+                return
             if message["type"] == "http.response.start":
                 response_started = True
             await send(message)
 
         try:
-            await self.app(scope, counting_receive, tracking_send)
-        except PayloadTooLarge as error:
-            if response_started:
+            await self.app(scope, counting_receive, guarded_send)
+        except Exception:
+            if not exceeded or response_started:
                 raise
-            await _reject(error, scope, receive, send)
+        if exceeded and not response_started:
+            await _reject(self._too_large(), scope, receive, send)
 
 
 class RequestMetricsMiddleware:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 STREAM_VERSION = 1
 """Version of the `/_train_model` NDJSON stream; sent in the `start` line and the X-Artlike-Stream-Version header."""
@@ -32,6 +32,8 @@ _TRAJECTORY_ID_RE = re.compile(TRAJECTORY_ID_PATTERN)
 
 ModelName = Annotated[str, Field(pattern=MODEL_NAME_PATTERN)]
 TrajectoryId = Annotated[str, Field(pattern=TRAJECTORY_ID_PATTERN)]
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+"""A reward or metric: NaN and ±inf (which Python's JSON reader accepts) would poison a whole batch."""
 
 DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -136,15 +138,8 @@ class TrajectoryRef(_Strict):
     """A trajectory recorded by the server (its completions went through /t/{trajectory_id}/v1)."""
 
     trajectory_id: TrajectoryId
-    reward: float
-    metrics: dict[str, float] = Field(default_factory=dict)
-
-    @field_validator("reward")
-    @classmethod
-    def _finite(cls, value: float) -> float:
-        if value != value or value in (float("inf"), float("-inf")):
-            raise ValueError("reward must be a finite number")
-        return value
+    reward: FiniteFloat
+    metrics: dict[str, FiniteFloat] = Field(default_factory=dict)
 
 
 class OfflineTrajectory(_Strict):
@@ -156,8 +151,8 @@ class OfflineTrajectory(_Strict):
 
     messages: list[dict[str, Any]] = Field(min_length=1)
     tools: list[dict[str, Any]] | None = None
-    reward: float
-    metrics: dict[str, float] = Field(default_factory=dict)
+    reward: FiniteFloat
+    metrics: dict[str, FiniteFloat] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _has_assistant_turn(self) -> OfflineTrajectory:

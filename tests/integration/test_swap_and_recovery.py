@@ -14,7 +14,14 @@ import openai
 import pytest
 
 from tests.integration.engine_helpers import engine_processes, still_running
-from tests.integration.test_training import greedy_probe, health, register, rollout_groups, train_lines
+from tests.integration.test_training import (
+    assert_same_output,
+    greedy_probe,
+    health,
+    register,
+    rollout_groups,
+    train_lines,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -88,6 +95,6 @@ def test_engine_crash_gives_503_then_recovers_with_adapters(server: Any) -> None
     state = health(server)
     assert state["status"] == "ok" and state["engine"]["restarts"] >= 1 and state["engine"]["pid"] != engine_pid
     assert still_running(killed) == [], "the killed engine's EngineCore/worker must not outlive it"
-    assert greedy_probe(server, name) == expected  # the trained step was re-loaded after the restart
+    assert_same_output(greedy_probe(server, name), expected)  # the trained step was re-loaded after the restart
     metrics = httpx.get(f"{server.base_url}/metrics", headers=server.headers).text
     assert "artlike_engine_restarts" in metrics

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 from artlike_server.engine.client import EngineModel
-from artlike_server.errors import NotFound
+from artlike_server.errors import InvalidRequest, NotFound
 from artlike_server.models.manager import ModelManager, ServedModel, parse_model_reference
 from artlike_server.models.store import ModelStore
 
@@ -41,8 +41,10 @@ def make_store(tmp_path: Path, steps: int) -> ModelStore:
 def test_parse_model_reference() -> None:
     assert parse_model_reference("m") == ("m", None)
     assert parse_model_reference("m@12") == ("m", 12)
-    with pytest.raises(NotFound):
-        parse_model_reference("m@latest")
+    for malformed in ("m@latest", "m@²", "m@-1", "m@"):
+        with pytest.raises(InvalidRequest) as caught:
+            parse_model_reference(malformed)
+        assert caught.value.status_code == 400 and caught.value.param == "model"
 
 
 async def test_restore_serves_latest_step_and_resolves_names(tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..errors import NotFound
+from ..errors import InvalidRequest, NotFound
 from .store import ModelStore
 
 if TYPE_CHECKING:
@@ -43,13 +43,16 @@ def served_name(model: str, step: int) -> str:
 
 
 def parse_model_reference(requested: str) -> tuple[str, int | None]:
-    """'name' → (name, None); 'name@3' → (name, 3). Raises NotFound on a malformed step."""
+    """'name' → (name, None); 'name@3' → (name, 3). Raises InvalidRequest on a malformed step.
+
+    Only ASCII digits count: `str.isdigit` accepts '²' and other digits `int()` then refuses.
+    """
     name, sep, step = requested.partition("@")
     if not sep:
         return name, None
-    if not step.isdigit():
-        raise NotFound(f"model {requested!r} does not exist: the step after '@' must be a number", param="model",
-                       code="model_not_found")
+    if not (step.isascii() and step.isdigit()):
+        raise InvalidRequest(f"model {requested!r} is malformed: the step after '@' must be a number "
+                             f"(e.g. {name}@3)", param="model", code="invalid_model_reference")
     return name, int(step)
 
 
