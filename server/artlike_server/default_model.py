@@ -70,7 +70,7 @@ def _convert(source: Path, out_dir: Path) -> None:
 
     tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
     model = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=torch.float32)
-    model.hf_quantizer = None
+    model.hf_quantizer = None  # type: ignore[assignment]  # transformers types it as always set
     model.config.quantization_config = None
     if hasattr(model.config, "_pre_quantization_dtype"):
         del model.config._pre_quantization_dtype

@@ -17,6 +17,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import peft
 import torch
@@ -38,7 +39,7 @@ class AdapterError(ValueError):
 def peft_lora_config(lora: LoraConfig, base_model_path: str) -> peft.LoraConfig:
     return peft.LoraConfig(
         r=lora.rank,
-        lora_alpha=lora.alpha,
+        lora_alpha=lora.alpha,  # type: ignore[arg-type]  # peft annotates int; a float scale works
         lora_dropout=lora.dropout,
         target_modules=list(lora.target_modules),
         bias="none",
@@ -137,7 +138,7 @@ class AdapterSlots:
             missing = sorted(set(current) ^ set(weights))[:3]
             raise AdapterError(f"{adapter_dir} does not match its adapter_config.json (e.g. {missing})")
         if not all(torch.equal(weights[k].to(current[k].dtype), current[k]) for k in current):
-            result = set_peft_model_state_dict(self.model, weights, adapter_name=slot.key)
+            result: Any = set_peft_model_state_dict(self.model, weights, adapter_name=slot.key)
             if result.unexpected_keys:
                 raise AdapterError(f"{adapter_dir} has unexpected keys, e.g. {result.unexpected_keys[:3]}")
             slot.drop_optimizer()
@@ -182,7 +183,7 @@ def check_writable(out_dir: Path) -> None:
 def _read_config(adapter_dir: Path) -> peft.LoraConfig:
     if not (Path(adapter_dir) / CONFIG_FILE).is_file():
         raise AdapterError(f"{adapter_dir} has no {CONFIG_FILE}")
-    config = peft.LoraConfig.from_pretrained(str(adapter_dir))
+    config: peft.LoraConfig = peft.LoraConfig.from_pretrained(str(adapter_dir))
     config.inference_mode = False
     return config
 

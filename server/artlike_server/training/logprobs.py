@@ -30,7 +30,7 @@ class SelectedLogprobs(torch.autograd.Function):
     """(log softmax(hidden·Wᵀ + b)[target], entropy) per row; only the first output has a gradient."""
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         logits = _logits(hidden, weight, bias)  # [C, V]
@@ -43,7 +43,7 @@ class SelectedLogprobs(torch.autograd.Function):
         return chosen, entropy
 
     @staticmethod
-    def backward(  # type: ignore[override]
+    def backward(
         ctx: Any, grad_chosen: torch.Tensor, _grad_entropy: torch.Tensor | None
     ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None, None]:
         hidden, weight, bias, targets, log_normaliser = ctx.saved_tensors
@@ -77,7 +77,7 @@ def token_logprobs(
     them once, and the rows attend to their keys and values, which carry gradient back into the prefix's
     forward pass once for the whole batch. The prefix itself gets no logprobs.
     """
-    causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
+    causal_lm: Any = getattr(model, "get_base_model", lambda: model)()  # PEFT wraps; plain models don't
     decoder = causal_lm.get_decoder()
     head = causal_lm.get_output_embeddings()
     past = None if prefix_ids is None else _prefix_cache(decoder, causal_lm.config, prefix_ids, input_ids.shape[0])
@@ -94,7 +94,7 @@ def token_logprobs(
     for start in range(0, selected_targets.shape[0], chunk_tokens):
         h = selected_hidden[start : start + chunk_tokens]  # [C, H]
         t = selected_targets[start : start + chunk_tokens]  # [C]
-        lp, ent = SelectedLogprobs.apply(h, head.weight, head.bias, t)
+        lp, ent = SelectedLogprobs.apply(h, head.weight, head.bias, t)  # type: ignore[no-untyped-call]
         chosen.append(lp)
         entropies.append(ent)
     dtype = torch.promote_types(hidden.dtype, torch.float32)  # as `_logits`: at least float32
@@ -114,7 +114,7 @@ class PrefixCacheError(RuntimeError):
 
 def supports_prefix_sharing(model: nn.Module) -> bool:
     """Whether `token_logprobs(prefix_ids=...)` works: transformers drops the KV cache under gradient checkpointing."""
-    causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
+    causal_lm: Any = getattr(model, "get_base_model", lambda: model)()  # PEFT wraps; plain models don't
     return not bool(getattr(causal_lm, "is_gradient_checkpointing", False))
 
 

@@ -217,7 +217,7 @@ def run_optimizer_steps(
                 kl_beta=config.kl_beta,
                 normalizer=normalizer,
             )
-            out.loss.backward()
+            out.loss.backward()  # type: ignore[no-untyped-call]
             if master is not None:
                 master.accumulate_grads()
             tokens = int(out.tokens)

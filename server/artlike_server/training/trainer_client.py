@@ -22,7 +22,7 @@ import os
 import sys
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO, Literal
 
@@ -142,7 +142,7 @@ class TrainerProcess:
 
     async def train(
         self, model_name: str, adapter_dir: Path, out_dir: Path, batch_path: Path, config: TrainConfig
-    ) -> AsyncIterator[dict[str, Any]]:
+    ) -> AsyncGenerator[dict[str, Any], None]:
         """Train from `adapter_dir` on the batch file; yields the worker's events, ending with `saved`.
 
         Events: `train_started`, `progress` (per micro-batch), `step` (StepEvent fields, per optimizer step),
@@ -235,7 +235,7 @@ class TrainerProcess:
             ) from None
         raise AssertionError("unreachable: the event stream ends only with a terminal event or an error")
 
-    async def _events_of(self, command_id: int, *, heartbeats: bool) -> AsyncIterator[dict[str, Any]]:
+    async def _events_of(self, command_id: int, *, heartbeats: bool) -> AsyncGenerator[dict[str, Any], None]:
         """Events of one command until its terminal event; raises on error, crash or silence."""
         started = last_event_at = time.monotonic()
         last_progress: dict[str, Any] = {}

@@ -22,7 +22,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 import orjson
 import torch
@@ -68,14 +68,20 @@ def choose_dtype(requested: str, device: torch.device) -> torch.dtype:
     return {"bfloat16": torch.bfloat16, "float32": torch.float32}[resolve_dtype(requested, device.type)]
 
 
+def vocab_size(model: Any) -> int:
+    """Rows of the input embedding (the ids a batch may hold; may exceed config.vocab_size after a resize)."""
+    return int(model.get_input_embeddings().weight.shape[0])
+
+
 def unsloth_available(device: torch.device) -> bool:
     """unsloth is CUDA-only: on a CPU machine it refuses to import (and pip would swap torch for a CUDA build)."""
     return device.type == "cuda" and importlib.util.find_spec("unsloth") is not None
 
 
 def load_with_transformers(path: Path, dtype: torch.dtype, device: torch.device) -> PreTrainedModel:
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, attn_implementation="sdpa")
-    return model.to(device)
+    model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, attn_implementation="sdpa")
+    model.to(device)  # type: ignore[arg-type]  # in place; transformers' wrapper hides Module.to's signature
+    return model
 
 
 def load_with_unsloth(path: Path, dtype: torch.dtype) -> PreTrainedModel:
@@ -88,7 +94,7 @@ def load_with_unsloth(path: Path, dtype: torch.dtype) -> PreTrainedModel:
     model, _tokenizer = FastLanguageModel.from_pretrained(
         model_name=str(path), dtype=dtype, load_in_4bit=False
     )
-    return model
+    return cast(PreTrainedModel, model)
 
 
 # ---------------------------------------------------------------------------------------- commands
@@ -99,7 +105,7 @@ class Worker:
         self._events = events
         self._base_model_path = str(base_model_path)
         self._adapters = AdapterSlots(model, self._base_model_path)
-        self._vocab_size = model.get_input_embeddings().weight.shape[0]
+        self._vocab_size = vocab_size(model)
         self._pad_token_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
         self._device = next(model.parameters()).device
 
@@ -216,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model.eval()
+    model.eval()  # type: ignore[no-untyped-call]
     worker = Worker(args.base_model, model, events)
     events.emit(
         protocol.READY,
@@ -226,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
         threads=threads,
         backend=backend,
         gradient_checkpointing=bool(args.gradient_checkpointing),
-        vocab_size=int(model.get_input_embeddings().weight.shape[0]),
+        vocab_size=vocab_size(model),
         load_seconds=time.perf_counter() - started,
     )
     logger.info("ready: %s %s on %s, %d threads", backend, dtype, device, threads)
