@@ -99,7 +99,7 @@ def _build_state(settings: ServerSettings, metrics: Metrics) -> AppState:
     completion_log.open()
     config = engine_config(settings, settings.engine_port or free_port())
     engine_client = EngineClient(config.base_url)  # one connection pool for the proxy, admin calls and health
-    engine = EngineSupervisor(config, client=engine_client)
+    engine = EngineSupervisor(config, client=engine_client, api_key=settings.engine_api_key)
     store = ModelStore(settings.data_dir)
     models = ModelManager(store, engine_client, settings.served_model_name,
                           max_loaded=settings.max_loaded_adapters, on_swap=metrics.adapter_swapped)

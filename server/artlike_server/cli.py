@@ -50,6 +50,9 @@ def serve(
         help="vLLM tool-call parser (e.g. hermes); turns on automatic tool choice.")] = None,
     engine_arg: Annotated[list[str] | None, typer.Option(help="Extra vLLM argument (repeatable).")] = None,
     engine_port: Annotated[int | None, typer.Option(help="Loopback port for vLLM (default: a free one).")] = None,
+    engine_api_key: Annotated[str | None, typer.Option(
+        envvar="ARTLIKE_ENGINE_API_KEY", help="The key vLLM requires on every route but /health. Default: a "
+        "random one per engine start; set it only for tools that call vLLM directly (the benchmarks).")] = None,
     reject_seed: Annotated[bool | None, typer.Option(
         help="Reject per-request `seed` with a 400. Default: only on CPU with chunked prefill turned back on "
              "through --engine-arg, where a seeded request whose prefill is split crashes vLLM-CPU.")] = None,
@@ -87,6 +90,7 @@ def serve(
         device=resolved_device,
         engine_dtype=resolve_dtype(dtype, resolved_device),
         engine_port=engine_port,
+        engine_api_key=engine_api_key or None,
         max_loaded_adapters=max_loaded_adapters,
         max_lora_rank=max_lora_rank,
         max_model_len=max_model_len,
