@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import json
 import platform
+import secrets
 import statistics
 import tempfile
 import threading
@@ -36,6 +37,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+# vLLM requires a key on every route; a fixed one (--engine-api-key) lets this bench call it directly.
+ENGINE_KEY = secrets.token_urlsafe(24)
+ENGINE_HEADERS = {"Authorization": f"Bearer {ENGINE_KEY}"}
 _BODY = b'{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"Hi"}}]}'
 
 
@@ -52,7 +56,8 @@ async def alternate(server: ServerProcess, urls: dict[str, str], body: dict[str,
     proxy = psutil.Process(server.process.pid)
     cpu = {target: 0.0 for target in urls}
     latency: dict[str, list[float]] = {target: [] for target in urls}
-    async with httpx.AsyncClient(timeout=120, headers=server.headers) as client:
+    # The proxy runs without a key; vLLM requires its own on every route (see main), sent to both.
+    async with httpx.AsyncClient(timeout=120, headers=ENGINE_HEADERS) as client:
         for index in range(warm_up + requests):
             for target, url in urls.items():
                 before, started = _cpu_seconds(proxy), time.perf_counter()
@@ -133,7 +138,7 @@ def main() -> None:
     floor = bare_hop_cpu(args.requests * 5)
     engine_port = free_port()
     with ServerProcess(Path(tempfile.mkdtemp(prefix="artlike-bench-")),
-                       args=["--engine-port", str(engine_port)]) as server:
+                       args=["--engine-port", str(engine_port), "--engine-api-key", ENGINE_KEY]) as server:
         targets = asyncio.run(proxy_cpu(server, engine_port, args.requests))
         streamed = asyncio.run(proxy_stream_cpu(server, engine_port, args.stream_requests, args.stream_tokens))
     print(f"{'target':<13} {'proxy CPU ms/request':>21} {'p50 ms':>8}")

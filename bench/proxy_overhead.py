@@ -26,6 +26,7 @@ import json
 import os
 import platform
 import random
+import secrets
 import statistics
 import tempfile
 import time
@@ -40,6 +41,10 @@ from artlike_server.hardware import cpu_model
 from artlike_server.launcher import ServerProcess, free_port
 
 PROMPT = [{"role": "user", "content": "Write a short story about a lighthouse keeper and a storm."}]
+
+# vLLM requires a key on every route; a fixed one (--engine-api-key) lets this bench call it directly.
+ENGINE_KEY = secrets.token_urlsafe(24)
+ENGINE_HEADERS = {"Authorization": f"Bearer {ENGINE_KEY}"}
 
 
 @dataclass
@@ -135,7 +140,8 @@ async def run(args: argparse.Namespace, server: ServerProcess, engine_port: int)
     results: list[Result] = []
     # keep-alive shorter than the servers' 5 s, so no request goes out on a connection being closed
     limits = httpx.Limits(max_connections=256, max_keepalive_connections=256, keepalive_expiry=2.0)
-    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+    # The proxy runs without a key; vLLM requires its own on every route (see main), sent to both.
+    async with httpx.AsyncClient(timeout=600, limits=limits, headers=ENGINE_HEADERS) as client:
         for target in targets.values():  # warm every path once (compiles, connection pools)
             await one_request(client, target, server.model_id, 4, False)
 
@@ -240,7 +246,7 @@ def main() -> None:
     data_dir = Path(tempfile.mkdtemp(prefix="artlike-bench-"))
     print(f"{'scenario':<13} {'target':<13} {'conc':>4} {'stream':>6} {'tok/s':>9} {'p50 ms':>9} "
           f"{'p99 ms':>9} {'ttft ms':>8}")
-    with ServerProcess(data_dir, args=["--engine-port", str(engine_port)]) as server:
+    with ServerProcess(data_dir, args=["--engine-port", str(engine_port), "--engine-api-key", ENGINE_KEY]) as server:
         report = asyncio.run(run(args, server, engine_port))
     print("\nratios (same engine, same run):")
     print(f"{'scenario':<13} {'target / baseline':<29} {'conc':>4} {'stream':>6} {'tput ratio':>10} "

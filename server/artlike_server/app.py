@@ -25,7 +25,7 @@ from .engine.supervisor import EngineStartError, EngineState, EngineSupervisor
 from .errors import install_error_handlers
 from .metrics import Metrics
 from .metrics import router as metrics_router
-from .middleware import ApiKeyMiddleware, BodySizeLimitMiddleware, RequestMetricsMiddleware
+from .middleware import ApiKeyMiddleware, BodySizeLimitMiddleware, RequestMetricsMiddleware, is_authorized
 from .models.api_router import router as models_router
 from .models.manager import ModelManager
 from .models.store import ModelStore
@@ -72,6 +72,7 @@ def create_app(settings: ServerSettings, *, on_fatal: Callable[[BaseException], 
             yield
         finally:
             starter.cancel()
+            await state.training.shutdown()  # usually done already (begin_shutdown); a running job holds the trainer
             await state.trainer.stop()
             await state.engine.stop()
             await state.engine_client.aclose()
@@ -93,13 +94,21 @@ def create_app(settings: ServerSettings, *, on_fatal: Callable[[BaseException], 
     return app
 
 
+async def begin_shutdown(app: FastAPI) -> None:
+    """Call when the server starts shutting down, before it waits for open responses: cancels training
+    jobs so their NDJSON streams end (with an `error` line) instead of running until the job is done."""
+    state: AppState | None = getattr(app.state, "artlike", None)
+    if state is not None:
+        await state.training.shutdown()
+
+
 def _build_state(settings: ServerSettings, metrics: Metrics) -> AppState:
     settings.log_dir.mkdir(parents=True, exist_ok=True)
     completion_log = CompletionLog(settings.data_dir / "completions.sqlite")
     completion_log.open()
     config = engine_config(settings, settings.engine_port or free_port())
     engine_client = EngineClient(config.base_url)  # one connection pool for the proxy, admin calls and health
-    engine = EngineSupervisor(config, client=engine_client)
+    engine = EngineSupervisor(config, client=engine_client, api_key=settings.engine_api_key)
     store = ModelStore(settings.data_dir)
     models = ModelManager(store, engine_client, settings.served_model_name,
                           max_loaded=settings.max_loaded_adapters, on_swap=metrics.adapter_swapped)
@@ -140,17 +149,19 @@ async def _start_engine_then_trainer(state: AppState, on_fatal: Callable[[BaseEx
 
 
 async def health(request: Request) -> Response:
+    """Up or down for anyone (liveness probes carry no key); pids, dtypes and training only with the key."""
     state = get_state(request)
     engine_state = state.engine.state
-    body = {
-        "status": "ok" if engine_state == EngineState.READY else str(engine_state),
-        "engine": {"state": str(engine_state), "restarts": state.engine.restarts, "pid": state.engine.pid,
-                   "dtype": state.settings.engine_dtype},
-        "trainer": {"running": state.trainer.is_running, "pid": state.trainer.pid,
-                    "dtype": state.settings.trainer_dtype},
-        "models": len(state.models.served_models),  # in memory: /health is polled often
-        "training": state.training.active(),
-    }
+    body: dict[str, Any] = {"status": "ok" if engine_state == EngineState.READY else str(engine_state)}
+    if is_authorized(request.scope):
+        body |= {
+            "engine": {"state": str(engine_state), "restarts": state.engine.restarts, "pid": state.engine.pid,
+                       "dtype": state.settings.engine_dtype},
+            "trainer": {"running": state.trainer.is_running, "pid": state.trainer.pid,
+                        "dtype": state.settings.trainer_dtype},
+            "models": len(state.models.served_models),  # in memory: /health is polled often
+            "training": state.training.active(),
+        }
     headers = {} if engine_state == EngineState.READY else {"Retry-After": str(round(state.engine.retry_after()))}
     return Response(orjson.dumps(body), status_code=200 if engine_state == EngineState.READY else 503,
                     media_type="application/json", headers=headers)

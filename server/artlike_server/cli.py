@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
+import socket
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Annotated
 
 import typer
 import uvicorn
 
+from .data_dir_lock import DataDirInUse, DataDirLock
 from .default_model import DEFAULT_MODEL_ID, ensure_default_model
 from .engine.launch import detect_device
 from .engine.templates import resolve_chat_template
@@ -33,6 +37,9 @@ def serve(
     port: int = 8000,
     data_dir: Annotated[Path, typer.Option(help="Adapters, history, completion log, logs.")] = Path("~/.artlike"),
     api_key: Annotated[str | None, typer.Option(envvar="ARTLIKE_API_KEY", help="Require this bearer token.")] = None,
+    insecure_no_api_key: Annotated[bool, typer.Option(
+        "--insecure-no-api-key", help="Serve a non-loopback --host without an API key: anyone who can reach "
+        "the port can then generate, train and delete models.")] = False,
     device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
     dtype: Annotated[str, typer.Option(
         help="Engine dtype: auto, bfloat16, float32. auto: bfloat16 on CUDA and on CPUs with native bf16 "
@@ -50,6 +57,9 @@ def serve(
         help="vLLM tool-call parser (e.g. hermes); turns on automatic tool choice.")] = None,
     engine_arg: Annotated[list[str] | None, typer.Option(help="Extra vLLM argument (repeatable).")] = None,
     engine_port: Annotated[int | None, typer.Option(help="Loopback port for vLLM (default: a free one).")] = None,
+    engine_api_key: Annotated[str | None, typer.Option(
+        envvar="ARTLIKE_ENGINE_API_KEY", help="The key vLLM requires on every route but /health. Default: a "
+        "random one per engine start; set it only for tools that call vLLM directly (the benchmarks).")] = None,
     reject_seed: Annotated[bool | None, typer.Option(
         help="Reject per-request `seed` with a 400. Default: only on CPU with chunked prefill turned back on "
              "through --engine-arg, where a seeded request whose prefill is split crashes vLLM-CPU.")] = None,
@@ -57,6 +67,14 @@ def serve(
     log_level: str = "info",
 ) -> None:
     """Serve the OpenAI API with recording and training."""
+    if not api_key and not is_loopback_host(host):
+        if not insecure_no_api_key:
+            typer.echo(f"artlike: refusing to serve on {host} without an API key: anyone who can reach it could "
+                       "generate, train and delete models. Pass --api-key (or set ARTLIKE_API_KEY), bind "
+                       "127.0.0.1, or pass --insecure-no-api-key if the network is trusted.", err=True)
+            raise typer.Exit(2)
+        typer.echo(f"artlike: WARNING: serving on {host} without an API key (--insecure-no-api-key): anyone who "
+                   "can reach it can generate, train and delete models.", err=True)
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per engine health check is noise
     resolved_device = detect_device() if device == "auto" else device
@@ -87,6 +105,7 @@ def serve(
         device=resolved_device,
         engine_dtype=resolve_dtype(dtype, resolved_device),
         engine_port=engine_port,
+        engine_api_key=engine_api_key or None,
         max_loaded_adapters=max_loaded_adapters,
         max_lora_rank=max_lora_rank,
         max_model_len=max_model_len,
@@ -100,27 +119,66 @@ def serve(
     raise typer.Exit(run(settings, log_level=log_level))
 
 
+def is_loopback_host(host: str) -> bool:
+    """Whether `host` binds loopback only. A name counts only if every address it resolves to is loopback
+    (an unresolvable name is not loopback: refusing is the safe answer)."""
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        pass
+    try:
+        addresses = {str(info[4][0]) for info in socket.getaddrinfo(host, None)}
+    except OSError:
+        return False
+    return bool(addresses) and all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addresses)
+
+
 def _seed_is_unsafe(device: str, engine_args: list[str]) -> bool:
     # engine/launch.py turns chunked prefill off on CPU, which makes `seed` safe (DESIGN §8); an operator
     # who turns it back on gets seeded requests rejected instead of a crashed engine.
     return device == "cpu" and "--enable-chunked-prefill" in engine_args
 
 
+class _Server(uvicorn.Server):
+    """uvicorn's server, which runs `before_shutdown` first when it stops: its graceful shutdown waits for
+    open responses, and a training stream stays open until its job ends unless the job is cancelled."""
+
+    def __init__(self, config: uvicorn.Config, before_shutdown: Callable[[], Awaitable[None]]) -> None:
+        super().__init__(config)
+        self._before_shutdown = before_shutdown
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        await self._before_shutdown()
+        await super().shutdown(sockets)
+
+
 def run(settings: ServerSettings, *, log_level: str = "info") -> int:
-    from .app import create_app
+    try:
+        lock = DataDirLock(settings.data_dir).acquire()  # before the engine: a second server exits at once
+    except DataDirInUse as error:
+        typer.echo(f"artlike: {error}", err=True)
+        return 1
+    try:
+        return _serve(settings, log_level)
+    finally:
+        lock.release()
+
+
+def _serve(settings: ServerSettings, log_level: str) -> int:
+    from .app import begin_shutdown, create_app
 
     fatal: list[BaseException] = []
     # proxy_headers off: nothing here reads the client address, and uvicorn's X-Forwarded-* layer costs
     # every request a trusted-host check on the hot path.
     config = uvicorn.Config(None, host=settings.host, port=settings.port, log_level=log_level,  # type: ignore[arg-type]
                             timeout_graceful_shutdown=10, access_log=False, proxy_headers=False)
-    server = uvicorn.Server(config)
+    server = _Server(config, lambda: begin_shutdown(fastapi_app))
 
     def on_fatal(error: BaseException) -> None:
         fatal.append(error)
         server.should_exit = True
 
-    config.app = create_app(settings, on_fatal=on_fatal)
+    config.app = fastapi_app = create_app(settings, on_fatal=on_fatal)
     typer.echo(f"artlike: serving {settings.served_model_name} on http://{settings.host}:{settings.port} "
                f"(data in {settings.data_dir}); the engine is starting, /health says when it is ready", err=True)
     server.run()

@@ -22,7 +22,14 @@ from artlike_server.metrics import Metrics
 
 OPEN_PATHS = frozenset({"/health"})
 """Paths served without the API key: liveness probes (load balancers, `artlike serve` readiness) carry no
-credentials, and /health reveals nothing but up/down. /metrics is protected: it names models."""
+credentials, and /health reveals nothing but up/down to them (details need the key: `is_authorized`).
+/metrics is protected: it names models."""
+_AUTHORIZED = "artlike_authorized"  # key in the ASGI scope's "state" (Starlette's `request.state`)
+
+
+def is_authorized(scope: Scope) -> bool:
+    """Whether a request to an open path carried a valid key (True when the server has no key)."""
+    return bool(scope.get("state", {}).get(_AUTHORIZED, False))
 
 
 async def _reject(error: APIError, scope: Scope, receive: Receive, send: Send) -> None:
@@ -36,11 +43,21 @@ class ApiKeyMiddleware:
         self._open_paths = frozenset(open_paths)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self._expected is None or scope["type"] != "http" or scope["path"] in self._open_paths:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if self._expected is None:
+            if scope["path"] in self._open_paths:
+                scope.setdefault("state", {})[_AUTHORIZED] = True
             await self.app(scope, receive, send)
             return
         supplied = next((value for name, value in scope["headers"] if name == b"authorization"), b"")
-        if hmac.compare_digest(supplied, self._expected):
+        authorized = hmac.compare_digest(supplied, self._expected)
+        if scope["path"] in self._open_paths:
+            scope.setdefault("state", {})[_AUTHORIZED] = authorized
+            await self.app(scope, receive, send)
+            return
+        if authorized:
             await self.app(scope, receive, send)
             return
         error = Unauthorized(

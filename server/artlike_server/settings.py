@@ -23,6 +23,7 @@ class ServerSettings:
     device: str = "cpu"
     engine_dtype: Dtype = "float32"  # the CLI resolves "auto" to what this machine runs fast (hardware.py)
     engine_port: int | None = None
+    engine_api_key: str | None = None  # None: a random key per engine start (see engine/supervisor.py)
     max_loaded_adapters: int = 4
     max_lora_rank: int = 64
     max_model_len: int | None = 4096

@@ -139,7 +139,6 @@ async def test_load_serve_list_and_unload_a_lora_adapter(engine: EngineSuperviso
         await engine.client.load_lora_adapter(ADAPTER, adapter_dir)  # the name is taken
     assert caught.value.status == 400
 
-    await engine.client.reset_prefix_cache()
     await engine.client.unload_lora_adapter(ADAPTER)
     assert ADAPTER not in {model.id for model in await engine.client.list_models()}
     with pytest.raises(EngineRequestError) as caught:

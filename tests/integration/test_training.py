@@ -94,7 +94,7 @@ def greedy_probe(server: Any, model: str) -> tuple[str, list[float]]:
 
 
 def health(server: Any) -> dict[str, Any]:
-    return httpx.get(f"{server.base_url}/health", timeout=30).json()
+    return httpx.get(f"{server.base_url}/health", headers=server.headers, timeout=30).json()  # details need the key
 
 
 def history(server: Any, name: str) -> list[dict[str, Any]]:

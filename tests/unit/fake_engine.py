@@ -7,6 +7,7 @@ Reads CONTROL_DIR/mode when it starts:
     exit      print a complaint and exit with code 3 at once
     stubborn  like ok, but ignore SIGTERM and start a child that ignores it too (a stuck EngineCore)
 While CONTROL_DIR/unhealthy exists, /health answers 500. Every process writes its pid to CONTROL_DIR/pids.
+Like the real engine, it answers POSTs without `Authorization: Bearer $VLLM_API_KEY` with 401.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 
 def main() -> None:
     port, control = int(sys.argv[1]), Path(sys.argv[2])
+    expected_auth = f"Bearer {os.environ['VLLM_API_KEY']}"
     with (control / "pids").open("a") as pids:
         pids.write(f"{os.getpid()}\n")
     mode = (control / "mode").read_text().strip()
@@ -39,7 +41,7 @@ def main() -> None:
 
         def do_POST(self) -> None:
             self.rfile.read(int(self.headers.get("content-length", 0)))
-            self._answer(200)
+            self._answer(200 if self.headers.get("authorization") == expected_auth else 401)
 
         def _answer(self, status: int) -> None:
             body = json.dumps({"ok": status == 200}).encode()

@@ -26,6 +26,7 @@ CONFIG = EngineConfig(
     port=18123,
     log_path=Path("/tmp/engine.log"),
 )
+KEY = "per-start-engine-key"
 
 
 def flag_value(command: list[str], flag: str) -> str:
@@ -97,11 +98,10 @@ def test_extra_args_come_last_so_they_override() -> None:
     assert command[-3:] == ["--max-num-seqs", "32", "--enable-chunked-prefill"]
 
 
-def test_env_turns_on_runtime_lora_and_dev_mode_and_binds_threads_on_cpu() -> None:
+def test_env_turns_on_runtime_lora_and_binds_threads_on_cpu() -> None:
     base = {"PATH": "/usr/bin", "VLLM_CPU_KVCACHE_SPACE": "8"}
-    env = build_env(CONFIG, base, cpu_ids=[0, 1])
+    env = build_env(CONFIG, base, api_key=KEY, cpu_ids=[0, 1])
     assert env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
-    assert env["VLLM_SERVER_DEV_MODE"] == "1"
     assert env["VLLM_CPU_OMP_THREADS_BIND"] == "0-1"
     assert env["PATH"] == "/usr/bin"
     # vLLM-CPU would let this legacy variable override --kv-cache-memory-bytes.
@@ -109,21 +109,34 @@ def test_env_turns_on_runtime_lora_and_dev_mode_and_binds_threads_on_cpu() -> No
     assert base == {"PATH": "/usr/bin", "VLLM_CPU_KVCACHE_SPACE": "8"}, "base_env must not be mutated"
 
 
+def test_the_engine_runs_without_dev_mode_and_with_the_key_in_its_environment_only() -> None:
+    # Dev mode opens /collective_rpc, /sleep and weight updates; an inherited setting is dropped too.
+    env = build_env(CONFIG, {"VLLM_SERVER_DEV_MODE": "1"}, api_key=KEY, cpu_ids=[0])
+    assert "VLLM_SERVER_DEV_MODE" not in env
+    assert env["VLLM_API_KEY"] == KEY
+    command = build_command(CONFIG)
+    # Not on the command line: any local user can read /proc/PID/cmdline (and engine.log logs it).
+    assert KEY not in " ".join(command) and "--api-key" not in command
+    # vLLM's own guard covers only /v1...; this one covers every route but /health.
+    assert flag_value(command, "--middleware") == "artlike_server.engine.engine_auth.EngineKeyMiddleware"
+
+
 def test_env_keeps_an_operators_thread_binding_and_applies_extra_env_last() -> None:
-    config = replace(CONFIG, extra_env=(("VLLM_SERVER_DEV_MODE", "0"), ("ARTLIKE_X", "1")))
-    env = build_env(config, {"VLLM_CPU_OMP_THREADS_BIND": "2-3"}, cpu_ids=[0, 1])
+    config = replace(CONFIG, extra_env=(("VLLM_SERVER_DEV_MODE", "1"), ("ARTLIKE_X", "1")))
+    env = build_env(config, {"VLLM_CPU_OMP_THREADS_BIND": "2-3"}, api_key=KEY, cpu_ids=[0, 1])
     assert env["VLLM_CPU_OMP_THREADS_BIND"] == "2-3"
-    assert env["VLLM_SERVER_DEV_MODE"] == "0"
+    assert env["VLLM_SERVER_DEV_MODE"] == "1"
     assert env["ARTLIKE_X"] == "1"
 
 
 def test_env_on_cuda_sets_no_cpu_variables() -> None:
-    env = build_env(replace(CONFIG, device="cuda"), {}, cpu_ids=[0, 1])
+    env = build_env(replace(CONFIG, device="cuda"), {}, api_key=KEY, cpu_ids=[0, 1])
     assert "VLLM_CPU_OMP_THREADS_BIND" not in env
 
 
 def test_env_defaults_to_this_process_cpu_affinity() -> None:
-    assert build_env(CONFIG, {})["VLLM_CPU_OMP_THREADS_BIND"] == format_cpu_list(os.sched_getaffinity(0))
+    expected = format_cpu_list(os.sched_getaffinity(0))
+    assert build_env(CONFIG, {}, api_key=KEY)["VLLM_CPU_OMP_THREADS_BIND"] == expected
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,9 @@ import asyncio
 import os
 import signal
 import sys
+import threading
 from collections.abc import AsyncIterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import psutil
@@ -63,9 +65,10 @@ class Fake:
 
 
 def supervisor_for(
-    tmp_path: Path, fake: Fake, startup_timeout_s: float = 20.0, **kwargs: object
+    tmp_path: Path, fake: Fake, startup_timeout_s: float = 20.0, port: int | None = None,
+    command: list[str] | None = None, **kwargs: object
 ) -> EngineSupervisor:
-    port = free_port()
+    port = port or free_port()
     config = EngineConfig(
         model_path=tmp_path / "model",
         served_model_name="fake",
@@ -73,7 +76,7 @@ def supervisor_for(
         log_path=tmp_path / "logs" / "engine.log",
         startup_timeout_s=startup_timeout_s,
     )
-    command = [sys.executable, str(FAKE_ENGINE), str(port), str(fake.control)]
+    command = command or [sys.executable, str(FAKE_ENGINE), str(port), str(fake.control)]
     return EngineSupervisor(config, policy=FAST, command=command, **kwargs)  # type: ignore[arg-type]
 
 
@@ -130,6 +133,68 @@ async def test_an_engine_that_exits_at_start_raises_with_the_log_tail(
     fake.mode("ok")  # a failed start can be retried
     await supervisor.start()
     assert supervisor.state is EngineState.READY
+
+
+class Impostor:
+    """Another local process's HTTP server that took the engine's port first: 200 to everything."""
+
+    def __init__(self, port: int) -> None:
+        self.authorizations: list[str | None] = []
+        seen = self.authorizations
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                self._answer()
+
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("content-length", 0)))
+                self._answer()
+
+            def _answer(self) -> None:
+                seen.append(self.headers.get("authorization"))
+                body = b'{"choices": []}'
+                self.send_response(200)
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: object) -> None:
+                return
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+async def test_a_process_posing_as_the_engine_on_its_port_gets_no_key_and_fails_the_start(
+    tmp_path: Path, fake: Fake
+) -> None:
+    impostor = Impostor(port := free_port())  # won the free_port race
+    # The real engine cannot bind the taken port; a stand-in that only waits plays it.
+    waits = [sys.executable, "-c", "import time; time.sleep(60)"]
+    supervisor = supervisor_for(tmp_path, fake, port=port, command=waits)
+    try:
+        with pytest.raises(EngineStartError, match="not this engine"):
+            await supervisor.start()
+    finally:
+        impostor.close()
+        await supervisor.stop()
+    assert all(auth is None for auth in impostor.authorizations), "the engine key went to the impostor"
+
+
+async def test_each_engine_start_gets_a_fresh_key_the_clients_send(supervisor: EngineSupervisor) -> None:
+    await supervisor.start()  # the fake answers the warm-up POSTs only with the key from its environment
+    first = supervisor.client.http.headers["Authorization"]
+    assert supervisor.pid is not None
+    os.kill(supervisor.pid, signal.SIGKILL)
+    await supervisor.wait_for_state(EngineState.RESTARTING, timeout_s=10)
+    assert await supervisor.wait_for_state(EngineState.READY, timeout_s=20) is EngineState.READY
+    assert supervisor.client.http.headers["Authorization"] != first
+    assert first.startswith("Bearer ") and len(first) > 40
 
 
 async def test_an_engine_that_never_gets_healthy_times_out(tmp_path: Path, fake: Fake) -> None:

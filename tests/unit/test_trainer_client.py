@@ -6,10 +6,13 @@ client launches; the real worker is exercised in tests/integration/test_trainer_
 
 from __future__ import annotations
 
+import asyncio
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
+import psutil
 import pytest
 from artlike_server.training.trainer_client import (
     HEARTBEAT,
@@ -147,3 +150,62 @@ async def test_a_crash_mid_command_is_reported_and_the_next_call_restarts(tmp_pa
     await process.ping()  # a fresh worker
     assert process.pid != first_pid
     await process.stop()
+
+
+BUSY_TRAINING = """
+emit("ready", 0)
+for command in commands():
+    emit("train_started", command["id"])
+    time.sleep(120)  # a long job: the worker reads no command until it ends
+"""
+
+
+async def test_an_abandoned_train_kills_the_busy_worker_so_stop_is_prompt(tmp_path: Path) -> None:
+    process = trainer(tmp_path, BUSY_TRAINING)
+    await process.start()
+    started = asyncio.Event()
+
+    async def consume() -> None:
+        async for event in process.train("m", tmp_path / "a", tmp_path / "b", tmp_path / "batch", TrainConfig()):
+            if event["event"] == "train_started":
+                started.set()
+
+    task = asyncio.create_task(consume())
+    await started.wait()
+    worker = psutil.Process(process.pid)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    async with asyncio.timeout(10):  # not command_timeout (120 s): the worker was killed, not asked
+        await process.stop()
+    assert not worker.is_running() or worker.status() == psutil.STATUS_ZOMBIE
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the parent-death signal is Linux's")
+def test_the_worker_dies_with_the_process_that_started_it(tmp_path: Path) -> None:
+    # A parent that starts a worker, says its pid, and is then SIGKILLed (no cleanup runs). The worker is
+    # busy (it reads no command, so it would not notice its stdin closing).
+    busy = stand_in(tmp_path, 'emit("ready", 0); time.sleep(120)')
+    script = f"""
+import asyncio, sys
+from pathlib import Path
+from artlike_server.training.trainer_client import TrainerProcess
+async def main():
+    process = TrainerProcess(Path("model"), python={busy!r}, start_timeout=10.0)
+    await process.start()
+    print(process.pid, flush=True)
+    await asyncio.sleep(120)
+asyncio.run(main())
+"""
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE)
+    try:
+        assert parent.stdout is not None
+        worker = psutil.Process(int(parent.stdout.readline()))
+    finally:
+        parent.kill()
+        parent.wait()
+    try:
+        worker.wait(timeout=10)  # the worker is not our child: psutil polls until it is gone
+    except psutil.TimeoutExpired:
+        worker.kill()
+        pytest.fail("the trainer worker outlived its parent")

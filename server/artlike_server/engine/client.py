@@ -2,7 +2,8 @@
 
 `EngineClient.upstream` (aiohttp, `upstream.py`) carries the completions the proxy forwards: the hot path,
 kept as cheap per request as it can be. `EngineClient.http` (httpx) carries everything else: adapter
-loads, model lists, health checks, warm-up; admin calls carry their own timeout.
+loads, model lists, health checks, warm-up; admin calls carry their own timeout. Both send the engine's
+API key (`set_api_key`, called by the supervisor with each engine start's fresh key).
 
 Errors: `errors.py` has the hierarchy; `EngineRequestError` (a non-2xx answer to an admin call) is here.
 """
@@ -60,14 +61,24 @@ class EngineClient:
         )
         self.upstream = Upstream(self.base_url)
 
+    def set_api_key(self, api_key: str) -> None:
+        """Send `Authorization: Bearer <api_key>` on every request from now on (both clients)."""
+        self.http.headers["Authorization"] = f"Bearer {api_key}"
+        self.upstream.set_api_key(api_key)
+
     async def aclose(self) -> None:
         await self.upstream.aclose()
         await self.http.aclose()
 
     async def is_healthy(self, timeout_s: float = 5.0) -> bool:
-        """`GET /health` answered 200 within `timeout_s` (a refused connection or a timeout is False)."""
+        """`GET /health` answered 200 within `timeout_s` (a refused connection or a timeout is False).
+
+        Sent without the key: until the supervisor has checked that the port is its engine's, whoever
+        answers /health may be another process."""
+        request = self.http.build_request("GET", "/health", timeout=timeout_s)
+        request.headers.pop("Authorization", None)
         try:
-            response = await self.http.get("/health", timeout=timeout_s)
+            response = await self.http.send(request)
         except httpx.TransportError:  # connect refused/reset, timeouts: the engine is not (yet) healthy
             return False
         return response.status_code == 200
@@ -83,10 +94,6 @@ class EngineClient:
         response = await self.http.get("/v1/models", timeout=ADMIN_TIMEOUT_S)
         _raise_for_status(response)
         return _ModelList.model_validate_json(response.content).data
-
-    async def reset_prefix_cache(self) -> None:
-        """Drop vLLM's prefix cache (needs VLLM_SERVER_DEV_MODE=1, which `build_env` sets)."""
-        await self._admin_post("/reset_prefix_cache", None)
 
     async def _admin_post(self, path: str, payload: dict[str, str] | None) -> None:
         response = await self.http.post(path, json=payload, timeout=ADMIN_TIMEOUT_S)

@@ -24,6 +24,8 @@ DEVICE_ENV = "ARTLIKE_DEVICE"
 # (~90 tokens) never hit the prefix cache; 32 gives ~80% hits on shared-prefix batches (16 is rejected).
 CPU_BLOCK_SIZE = 32
 _VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+API_KEY_ENV = "VLLM_API_KEY"  # read by vLLM's own /v1 guard and by engine_auth's guard of every other route
+_KEY_MIDDLEWARE = "artlike_server.engine.engine_auth.EngineKeyMiddleware"
 _GIB = 1 << 30
 
 
@@ -35,7 +37,7 @@ class EngineConfig:
     served_model_name: str
     port: int
     log_path: Path
-    host: str = "127.0.0.1"  # loopback: the proxy is the only client (dev-mode endpoints are on)
+    host: str = "127.0.0.1"  # loopback: the proxy is the only client (and every route but /health needs the key)
     device: Device = "cpu"
     dtype: str = "auto"  # "auto" | "bfloat16" | "float16" | "float32"
     max_lora_rank: int = 64
@@ -70,6 +72,9 @@ def build_command(config: EngineConfig, python: str = sys.executable) -> list[st
         "--enable-prefix-caching",
         # The proxy logs every request itself; vLLM's access log would only duplicate it.
         "--disable-uvicorn-access-log",
+        # vLLM's --api-key guards only /v1, /v2, /inference and /cohere; /invocations (SageMaker: any
+        # generation), /tokenize, /scale_elastic_ep... stay open. This guard covers all but /health.
+        "--middleware", _KEY_MIDDLEWARE,
     ]  # fmt: skip
     if config.max_model_len is not None:
         command += ["--max-model-len", str(config.max_model_len)]
@@ -98,18 +103,25 @@ def build_command(config: EngineConfig, python: str = sys.executable) -> list[st
 
 
 def build_env(
-    config: EngineConfig, base_env: Mapping[str, str], *, cpu_ids: Iterable[int] | None = None
+    config: EngineConfig,
+    base_env: Mapping[str, str],
+    *,
+    api_key: str,
+    cpu_ids: Iterable[int] | None = None,
 ) -> dict[str, str]:
     """The child's environment: a copy of `base_env` plus what the engine needs (`base_env` is not changed).
 
-    `cpu_ids` are the cores OpenMP threads bind to on CPU (default: this process's CPU affinity). An
-    operator's own VLLM_CPU_OMP_THREADS_BIND in `base_env` wins.
+    `api_key` is the key every engine route but /health requires (in the environment, not on the
+    command line, which any local user can read in /proc). `cpu_ids` are the cores OpenMP threads bind
+    to on CPU (default: this process's CPU affinity). An operator's own VLLM_CPU_OMP_THREADS_BIND in
+    `base_env` wins.
     """
     env = dict(base_env)
     env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"  # POST /v1/load_lora_adapter and unload
-    # Dev-mode endpoints (/reset_prefix_cache, /collective_rpc) are needed by the adapter store; the
-    # engine listens on loopback only, behind the proxy.
-    env["VLLM_SERVER_DEV_MODE"] = "1"
+    env[API_KEY_ENV] = api_key
+    # Dev mode adds /collective_rpc, /sleep and weight-update routes; nothing here needs them, so an
+    # inherited VLLM_SERVER_DEV_MODE is dropped (`extra_env` can still set it deliberately).
+    env.pop("VLLM_SERVER_DEV_MODE", None)
     if config.kv_cache_gib is not None:
         # vLLM-CPU lets this legacy variable override --kv-cache-memory-bytes; one source of truth.
         env.pop("VLLM_CPU_KVCACHE_SPACE", None)

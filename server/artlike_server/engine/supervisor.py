@@ -11,6 +11,11 @@ a worker), so stopping signals the whole group: SIGTERM, a grace period, then SI
 no process of the group is left. `orphan_guard` makes the engine get SIGTERM if this process dies
 without stopping it. Its output is appended to `config.log_path`; a start that fails raises
 `EngineStartError` carrying the log's tail, because that is where vLLM says why.
+
+Each start gets a fresh random API key (in the engine's environment; the client sends it), and before
+anything carrying the key is sent, the supervisor checks that the socket listening on the engine port
+belongs to its own child: `free_port` only names a port that was free a moment ago, and another local
+process that binds it first could otherwise answer /health and receive the key and every prompt.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import secrets
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -84,7 +90,8 @@ class EngineSupervisor:
     `on_ready` callbacks run after every successful (re)start, before the state becomes READY (the
     adapter store re-loads its adapters there). `progress` receives human-readable start-up progress
     lines (default: this module's logger). `base_env` defaults to `os.environ` (read at each start);
-    `command` replaces `build_command(config)` (a stand-in engine in tests).
+    `command` replaces `build_command(config)` (a stand-in engine in tests). `api_key` fixes the engine's
+    key (for tools that talk to the engine directly, like the benchmarks); None: a random one per start.
     """
 
     def __init__(
@@ -97,6 +104,7 @@ class EngineSupervisor:
         progress: Callable[[str], None] | None = None,
         base_env: Mapping[str, str] | None = None,
         command: Sequence[str] | None = None,
+        api_key: str | None = None,
     ) -> None:
         self.config = config
         self.policy = policy or SupervisionPolicy()
@@ -106,6 +114,7 @@ class EngineSupervisor:
         self._progress = progress or logger.info
         self._base_env = base_env
         self._command = list(command) if command is not None else build_command(config)
+        self._api_key = api_key
         self._state = EngineState.STOPPED
         self._stopped = False  # stop() was called: start() is refused from then on
         self._state_changed = asyncio.Condition()
@@ -212,7 +221,9 @@ class EngineSupervisor:
 
     async def _spawn(self) -> None:
         command = self._command
-        env = build_env(self.config, os.environ if self._base_env is None else self._base_env)
+        api_key = self._api_key or secrets.token_urlsafe(32)
+        env = build_env(self.config, os.environ if self._base_env is None else self._base_env, api_key=api_key)
+        self.client.set_api_key(api_key)
         if sys.platform == "linux":
             command = [
                 sys.executable,
@@ -248,6 +259,7 @@ class EngineSupervisor:
             if now >= deadline:
                 raise self._start_error(f"vLLM was not healthy after {self.config.startup_timeout_s:.0f}s")
             if await self.client.is_healthy(timeout_s=min(5.0, deadline - now)):
+                self._check_listener_is_ours()
                 return
             now = loop.time()
             if now >= next_progress:
@@ -255,6 +267,27 @@ class EngineSupervisor:
                 next_progress += self.policy.progress_interval_s
             # Wakes at once if the engine exits; otherwise this is the polling interval of /health.
             await asyncio.wait({self._exit_task}, timeout=max(0.0, min(1.0, deadline - now)))
+
+    def _check_listener_is_ours(self) -> None:
+        """Raise EngineStartError unless every socket listening on the engine port is our engine's.
+
+        /health answered, but an impostor can answer anything over HTTP; what it cannot do is put its
+        socket into our child's file table. (Only a process of the same user could share the port with
+        SO_REUSEPORT, and such a process can read our memory anyway.)"""
+        assert self._process is not None
+        ours = {process.pid for process in _group_members(self._process.pid)}
+        listeners = [
+            connection for connection in psutil.net_connections(kind="inet")
+            if connection.status == psutil.CONN_LISTEN and connection.laddr.port == self.config.port
+        ]  # fmt: skip
+        strangers = [connection.pid for connection in listeners if connection.pid not in ours]
+        if listeners and not strangers:
+            return
+        owner = ", ".join("another user's process" if pid is None else f"pid {pid}" for pid in strangers)
+        raise self._start_error(
+            f"port {self.config.port} is answered by a process that is not this engine ({owner or 'unknown'}); "
+            "nothing was sent to it"
+        )
 
     async def _warm_up(self) -> None:
         """Completions with logprobs for a batch of 1, then of 2 sequences, so the helper vLLM compiles

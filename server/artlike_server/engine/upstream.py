@@ -30,7 +30,6 @@ _KEEPALIVE_S = 4.0
 # Generation legitimately takes minutes: no read timeout. A hung engine is the supervisor's to detect; when
 # it restarts the engine, the dropped connection ends the request (EngineConnectionError -> 503).
 _TIMEOUT = aiohttp.ClientTimeout(total=None, connect=5.0, sock_connect=5.0, sock_read=None)
-_JSON_HEADERS = {"Content-Type": "application/json"}
 _CONNECTION_ERRORS = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError)
 
 
@@ -83,6 +82,11 @@ class Upstream:
         self._base_url = yarl.URL(base_url.rstrip("/"))
         self._urls: dict[str, yarl.URL] = {}
         self._session: aiohttp.ClientSession | None = None  # created on first use, inside the event loop
+        self._headers = {"Content-Type": "application/json"}  # built once, not per request
+
+    def set_api_key(self, api_key: str) -> None:
+        """Send the engine's key with every request from now on (a new dict: requests in flight keep theirs)."""
+        self._headers = {"Content-Type": "application/json", "Authorization": f"Bearer {api_key}"}
 
     def _session_or_new(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -101,7 +105,7 @@ class Upstream:
         if url is None:
             url = self._urls[path] = self._base_url.join(yarl.URL(path))
         try:
-            response = await self._session_or_new().post(url, data=body, headers=_JSON_HEADERS)
+            response = await self._session_or_new().post(url, data=body, headers=self._headers)
         except _CONNECTION_ERRORS as error:
             raise EngineConnectionError(f"the engine is unreachable ({error!r})") from error
         return UpstreamResponse(response)

@@ -3,7 +3,9 @@
 Everything that can be rejected is checked in `prepare()` before any work starts, so a bad request gets a
 4xx and changes nothing. `start()` runs the job as its own asyncio task: the HTTP stream only listens,
 so a client that disconnects neither cancels the job nor corrupts anything. On any failure the staging
-directory is discarded and the previous step stays served.
+directory is discarded and the previous step stays served. `shutdown()` (the server is stopping) cancels
+running jobs: each stream ends with an `error` line (code `server_shutting_down`), so no open stream holds
+up the server's exit until a job would have ended.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from artlike.types import (
 )
 
 from ..completion_log import CompletionLog
-from ..errors import Conflict, InvalidRequest, NotFound
+from ..errors import Conflict, InvalidRequest, NotFound, ServiceUnavailable
 from ..metrics import Metrics
 from ..models.manager import ModelManager, served_name
 from ..models.store import ModelStore
@@ -46,6 +48,8 @@ from .trainer_client import TrainerCrashed, TrainerError, TrainerProcess, Traine
 log = logging.getLogger(__name__)
 
 HEARTBEAT_SECONDS = 10.0
+SHUTDOWN_WAIT_SECONDS = 30.0  # for cancelled jobs to clean up (the trainer is killed at once, not waited for)
+SHUTTING_DOWN = "server_shutting_down"
 _STREAM_END = None
 
 
@@ -74,6 +78,7 @@ class RunningJob:
     stage: str = "queued"
     events: asyncio.Queue[BaseModel | None] = field(default_factory=asyncio.Queue)
     task: asyncio.Task[None] | None = None
+    cancelled_for: str | None = None  # set with task.cancel(): the error code the stream reports
 
     def emit(self, event: BaseModel) -> None:
         self.events.put_nowait(event)
@@ -111,6 +116,7 @@ class TrainingService:
         self._tokenizer = tokenizer  # loaded lazily: only offline trajectories need it
         self._chat_template = chat_template  # the template the engine serves with, for offline prompts
         self._active: dict[str, RunningJob] = {}
+        self._shutting_down = False
 
     def is_training(self, model: str) -> bool:
         return model in self._active
@@ -185,6 +191,9 @@ class TrainingService:
     # --------------------------------------------------------------------------------- run
 
     def start(self, prepared: PreparedJob) -> RunningJob:
+        if self._shutting_down:
+            raise ServiceUnavailable("the server is shutting down; retry against its next start",
+                                     code=SHUTTING_DOWN)
         if self.is_training(prepared.model):  # re-checked: another request may have started meanwhile
             raise Conflict(f"model {prepared.model!r} is already training", param="model",
                            code="training_in_progress")
@@ -192,6 +201,19 @@ class TrainingService:
         self._active[prepared.model] = job
         job.task = asyncio.create_task(self._run(job), name=f"train:{prepared.model}")
         return job
+
+    async def shutdown(self, timeout_s: float = SHUTDOWN_WAIT_SECONDS) -> None:
+        """Refuse new jobs, cancel the running ones and wait (at most `timeout_s`) until each has cleaned up
+        and ended its stream. Idempotent."""
+        self._shutting_down = True
+        jobs = [job for job in self._active.values() if job.task is not None]
+        for job in jobs:
+            log.warning("server shutting down: cancelling the training job for %s", job.prepared.model)
+            job.cancelled_for = SHUTTING_DOWN
+            assert job.task is not None
+            job.task.cancel()
+        if jobs:
+            await asyncio.wait([job.task for job in jobs if job.task is not None], timeout=timeout_s)
 
     async def _run(self, job: RunningJob) -> None:
         p = job.prepared
@@ -243,6 +265,12 @@ class TrainingService:
             self.store.append_history(p.model, _history_entry(p, new_step, steps, train_seconds, swap_seconds))
             job.emit(DoneEvent(model=served_name(p.model, new_step), step=new_step, adapter_path=str(adapter_path),
                                train_seconds=round(train_seconds, 3), swap_seconds=round(swap_seconds, 4)))
+        except asyncio.CancelledError:
+            if job.cancelled_for is None:  # not ours to report
+                raise
+            served = self.models.latest_step(p.model)
+            job.emit(ErrorEvent(message=f"the server is shutting down: the job was cancelled; step {served} "
+                                "stays served", code=job.cancelled_for, served_step=served))
         except (TrainerCrashed, TrainerError, TrainerTimeout) as error:
             log.warning("training %s failed: %s", p.model, error)
             job.emit(ErrorEvent(message=str(error), code=_error_code(error),

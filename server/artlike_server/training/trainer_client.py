@@ -11,6 +11,9 @@ whenever the worker has said nothing for `heartbeat_interval` seconds.
     └── TrainerTimeout        the worker said nothing for too long; it was killed
 
 After a crash or a timeout the next call starts a fresh worker (the base model loads again, a few seconds).
+A `train()` abandoned mid-command (its task cancelled, e.g. at server shutdown) kills the worker: it would
+otherwise train on to the end before reading the next command. On Linux the worker runs under the same
+parent-death guard as the engine (`engine/orphan_guard.py`): it gets SIGTERM if this process dies.
 """
 
 from __future__ import annotations
@@ -159,14 +162,18 @@ class TrainerProcess:
                 batch_path=str(batch_path),
                 config=config,
             )
-            await self._send(command)
-            async for event in self._events_of(command.id, heartbeats=True):
-                yield event
+            try:
+                await self._send(command)
+                async for event in self._events_of(command.id, heartbeats=True):
+                    yield event
+            except (asyncio.CancelledError, GeneratorExit):
+                self._abandon()
+                raise
 
     async def stop(self) -> None:
         """Ask the worker to exit; kill it if it does not within `command_timeout`."""
         async with self._lock:
-            if self.is_running:
+            if self.is_running and self.ready_info is not None:  # else: starting or abandoned, killed below
                 try:
                     await self._complete(protocol.Shutdown(id=self._take_id()))
                 except TrainerFailure as exc:
@@ -188,8 +195,11 @@ class TrainerProcess:
         await self._cleanup()
         self._events = asyncio.Queue()
         self._stderr_tail.clear()
+        argv = self._argv
+        if sys.platform == "linux":
+            argv = [sys.executable, "-m", "artlike_server.engine.orphan_guard", str(os.getpid()), "--", *argv]
         self._proc = await asyncio.create_subprocess_exec(
-            *self._argv,
+            *argv,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
@@ -316,6 +326,12 @@ class TrainerProcess:
         except TimeoutError:
             await self._kill()
             return self._proc.returncode
+
+    def _abandon(self) -> None:
+        """Kill the worker without waiting (a command was abandoned); the next call reaps it and starts anew."""
+        self.ready_info = None
+        if self._proc is not None and self._proc.returncode is None:
+            self._proc.kill()
 
     async def _kill(self) -> None:
         self.ready_info = None

@@ -1,0 +1,129 @@
+"""Who can drive the server and its engine, and how it stops: against the real server.
+
+The shared `server` fixture answers the engine and second-server tests; one extra server of its own is
+started (and SIGTERMed mid-training) by the shutdown test."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import psutil
+import pytest
+from artlike_server.launcher import ServerProcess, free_port
+
+from tests.conftest import SERVER_ARGS, TEST_API_KEY
+from tests.integration.test_training import health, register, rollout_groups
+
+pytestmark = pytest.mark.integration
+
+
+def engine_port(server: Any) -> int:
+    """The port of the engine's latest start, from the command line the supervisor logs."""
+    starts = re.findall(r"starting vLLM: .* --port (\d+)", (Path(server.data_dir) / "logs" / "engine.log").read_text())
+    return int(starts[-1])
+
+
+def serve(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "ARTLIKE_API_KEY"}
+    return subprocess.run([sys.executable, "-m", "artlike_server.cli", "serve", *args], env=env, timeout=timeout,
+                          capture_output=True, text=True)
+
+
+def test_the_engine_refuses_every_request_without_its_key(server: Any) -> None:
+    engine = f"http://127.0.0.1:{engine_port(server)}"
+    assert httpx.get(f"{engine}/health", timeout=30).status_code == 200  # the supervisor's probe stays open
+    load = {"lora_name": "intruder", "lora_path": str(server.data_dir)}
+    assert httpx.post(f"{engine}/v1/load_lora_adapter", json=load, timeout=30).status_code == 401
+    assert httpx.get(f"{engine}/v1/models", timeout=30).status_code == 401
+    # vLLM's own --api-key leaves this one open: it runs any generation.
+    invocation = {"model": server.model_id, "prompt": "Hi", "max_tokens": 1}
+    assert httpx.post(f"{engine}/invocations", json=invocation, timeout=30).status_code == 401
+
+    # The key lives only in the engine's environment (readable by this same user, not on its command line).
+    process = psutil.Process(health(server)["engine"]["pid"])
+    environ = process.environ()
+    key = environ["VLLM_API_KEY"]
+    assert key not in " ".join(process.cmdline()) and key != server.api_key
+    assert "VLLM_SERVER_DEV_MODE" not in environ
+    with httpx.Client(base_url=engine, headers={"Authorization": f"Bearer {key}"}, timeout=30) as http:
+        assert http.get("/v1/models").status_code == 200
+        assert http.post("/collective_rpc", json={"method": "get_model"}).status_code == 404  # no dev mode
+
+
+def test_health_without_the_key_says_up_and_nothing_else(server: Any) -> None:
+    response = httpx.get(f"{server.base_url}/health", timeout=30)
+    assert (response.status_code, response.json()) == (200, {"status": "ok"})
+    assert health(server)["engine"]["pid"] > 0  # with the key: the details
+
+
+def test_a_second_server_on_the_same_data_dir_exits_at_once_naming_the_first(server: Any) -> None:
+    started = time.monotonic()
+    second = serve("--data-dir", str(server.data_dir), "--port", str(free_port()), *SERVER_ARGS)
+    assert second.returncode == 1, second.stderr
+    assert f"in use by another artlike server (process {server.process.pid})" in second.stderr
+    assert time.monotonic() - started < 60  # refused before any engine started
+    assert health(server)["status"] == "ok"
+
+
+def test_a_non_loopback_bind_without_an_api_key_is_refused(tmp_path: Path) -> None:
+    refused = serve("--host", "0.0.0.0", "--port", str(free_port()), "--data-dir", str(tmp_path))
+    assert refused.returncode == 2
+    assert "refusing to serve on 0.0.0.0 without an API key" in refused.stderr
+
+
+def test_sigterm_during_training_cancels_the_job_and_stops_promptly(tmp_path: Path) -> None:
+    name = "interrupted"
+    with ServerProcess(tmp_path / "data", args=SERVER_ARGS, api_key=TEST_API_KEY) as server:
+        register(server, name)
+        groups = rollout_groups(server, name)
+        details = health(server)
+        engine_pid, trainer_pid = details["engine"]["pid"], details["trainer"]["pid"]
+        engine_group = [p.pid for p in psutil.process_iter() if _pgid(p.pid) == engine_pid]
+        assert server.process is not None
+        body = {"model": name, "groups": groups, "config": {"epochs": 30, "learning_rate": 1e-4}}
+        events: list[dict[str, Any]] = []
+        signalled: float | None = None
+        with httpx.Client(timeout=600, headers=server.headers) as http, \
+                http.stream("POST", f"{server.base_url}/_train_model", json=body) as response:
+            for line in response.iter_lines():
+                events.append(orjson.loads(line))
+                if events[-1]["type"] == "step" and signalled is None:
+                    signalled = time.monotonic()
+                    server.process.send_signal(signal.SIGTERM)  # the proxy alone, as a service manager does
+                    events.append({"type": "-- SIGTERM --"})
+        assert events[-1]["type"] == "error", events[-3:]
+        assert events[-1]["code"] == "server_shutting_down" and events[-1]["served_step"] == 0
+        assert "shutting down" in events[-1]["message"]
+        server.process.wait(timeout=60)
+        assert signalled is not None and time.monotonic() - signalled < 60
+        assert server.process.returncode in (0, -signal.SIGTERM), server.process.returncode
+    leftovers = [pid for pid in [*engine_group, trainer_pid] if _alive(pid)]
+    assert leftovers == [], "engine or trainer processes outlived the server"
+    model_dir = tmp_path / "data" / "models" / name
+    assert sorted(p.name for p in (model_dir / "steps").iterdir()) == ["0"]  # the old step is still the latest
+    assert not (model_dir / "history.jsonl").exists() or not (model_dir / "history.jsonl").read_text().strip()
+    staging = model_dir / ".staging"
+    assert not staging.exists() or not any(staging.iterdir())  # staging discarded
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
