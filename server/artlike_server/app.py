@@ -18,7 +18,7 @@ import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from .completion_log import CompletionLog
+from .completion_log import CompletionLog, RetentionPolicy, prune_periodically
 from .engine.client import EngineClient
 from .engine.launch import EngineConfig, free_port
 from .engine.supervisor import EngineStartError, EngineState, EngineSupervisor
@@ -34,7 +34,7 @@ from .openai_api.api_router import router as openai_router
 from .settings import ServerSettings
 from .state import AppState, get_state
 from .training.api_router import router as training_router
-from .training.job import TrainingService
+from .training.job import TrainingLimits, TrainingService
 from .training.trainer_client import TrainerProcess
 
 log = logging.getLogger(__name__)
@@ -59,6 +59,11 @@ def engine_config(settings: ServerSettings, port: int) -> EngineConfig:
     )
 
 
+def retention_policy(settings: ServerSettings) -> RetentionPolicy:
+    days = settings.log_retention_days
+    return RetentionPolicy(max_age_seconds=days * 86_400 if days else None, max_bytes=settings.log_max_bytes)
+
+
 def create_app(settings: ServerSettings, *, on_fatal: Callable[[BaseException], None] | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -68,10 +73,13 @@ def create_app(settings: ServerSettings, *, on_fatal: Callable[[BaseException], 
         metrics.track_engine(state.engine)
         metrics.track_completion_log(state.log)
         starter = asyncio.create_task(_start_engine_then_trainer(state, on_fatal), name="engine-start")
+        pruner = asyncio.create_task(prune_periodically(state.log, retention_policy(settings),
+                                                        settings.log_prune_interval_s), name="log-prune")
         try:
             yield
         finally:
             starter.cancel()
+            pruner.cancel()
             await state.trainer.stop()
             await state.engine.stop()
             await state.engine_client.aclose()
@@ -107,8 +115,11 @@ def _build_state(settings: ServerSettings, metrics: Metrics) -> AppState:
                              gradient_checkpointing=settings.gradient_checkpointing,
                              log_path=settings.log_dir / "trainer.log")
     chat_template = settings.chat_template.read_text() if settings.chat_template else None
+    limits = TrainingLimits(max_records=settings.max_train_records, max_bytes=settings.max_train_bytes,
+                            max_sequence_tokens=settings.sequence_token_limit,
+                            max_gradient_steps=settings.max_gradient_steps)
     training = TrainingService(store, models, completion_log, trainer, metrics, _tokenizer_loader(settings),
-                               chat_template=chat_template)
+                               chat_template=chat_template, limits=limits)
     return AppState(settings=settings, engine=engine, engine_client=engine_client, store=store, models=models,
                     log=completion_log, metrics=metrics, trainer=trainer, training=training)
 

@@ -348,9 +348,10 @@ class CompletionLog:
         self._closed = True
         self._queue.put(_STOP)
         self._writer.join()
-        if self._reader is not None:
-            self._reader.close()
-            self._reader = None
+        with self._reader_lock:  # a read or prune still running in its thread finishes first
+            if self._reader is not None:
+                self._reader.close()
+                self._reader = None
 
     def __enter__(self) -> CompletionLog:
         self.open()
@@ -561,3 +562,18 @@ class CompletionLog:
                 raise
             self._reader.execute("COMMIT")
             return result
+
+
+async def prune_periodically(log: CompletionLog, policy: RetentionPolicy, interval_s: float) -> None:
+    """Apply `policy` now and every `interval_s` seconds until cancelled (the app's lifespan owns the task).
+
+    The SQLite work runs in a thread; a failed prune is logged with its traceback and retried next time.
+    """
+    while True:
+        try:
+            await log.prune(policy)
+        except CompletionLogError:
+            return  # closed: the server is stopping
+        except Exception:
+            logger.exception("completion log: pruning failed; next try in %.0f s", interval_s)
+        await asyncio.sleep(interval_s)
