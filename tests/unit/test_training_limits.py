@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from artlike_server.completion_log import CompletionLog, NewCompletion
 from artlike_server.errors import InvalidRequest
@@ -128,3 +129,15 @@ async def test_offline_trajectories_are_tokenized_off_the_event_loop(tmp_path: P
                "reward": 0.0}
     await service(tmp_path, log, tokenizer).prepare(request([{"trajectory_id": "a", "reward": 1.0}, offline]))
     assert tokenizer.threads and threading.current_thread() not in tokenizer.threads
+
+
+def test_train_request_bodies_are_parsed_with_fastapis_400s() -> None:
+    from artlike_server.training.api_router import parse_train_request
+
+    with pytest.raises(InvalidRequest) as caught:
+        parse_train_request(b'{"model": "agent", "groups": []}')
+    assert (caught.value.param, caught.value.code) == ("groups", "invalid_value")
+    with pytest.raises(InvalidRequest) as caught:
+        parse_train_request(b"{not json")
+    assert caught.value.code == "invalid_json"
+    assert parse_train_request(orjson.dumps({"model": "agent", "groups": [{"trajectories": PAIR}]})).model == "agent"
