@@ -54,6 +54,8 @@ def engine_config(settings: ServerSettings, port: int) -> EngineConfig:
         tool_call_parser=settings.tool_call_parser,
         extra_args=settings.engine_args,
         log_path=settings.log_dir / "engine.log",
+        log_max_bytes=settings.log_file_max_bytes,
+        log_backups=settings.log_file_backups,
         startup_timeout_s=settings.engine_startup_timeout_s,
         device=settings.device,  # type: ignore[arg-type]
     )
@@ -113,7 +115,8 @@ def _build_state(settings: ServerSettings, metrics: Metrics) -> AppState:
                           max_loaded=settings.max_loaded_adapters, on_swap=metrics.adapter_swapped)
     trainer = TrainerProcess(settings.model_path, dtype=settings.trainer_dtype,
                              gradient_checkpointing=settings.gradient_checkpointing,
-                             log_path=settings.log_dir / "trainer.log")
+                             log_path=settings.log_dir / "trainer.log", log_max_bytes=settings.log_file_max_bytes,
+                             log_backups=settings.log_file_backups)
     chat_template = settings.chat_template.read_text() if settings.chat_template else None
     limits = TrainingLimits(max_records=settings.max_train_records, max_bytes=settings.max_train_bytes,
                             max_sequence_tokens=settings.sequence_token_limit,
