@@ -32,17 +32,18 @@ import sys
 import threading
 import time
 from array import array
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from queue import SimpleQueue
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
 from artlike.types import CompletionRecord
 
 logger = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 SCHEMA_VERSION = 2
 
@@ -545,7 +546,7 @@ class CompletionLog:
             logger.info("completion log: pruned %d trajectories (%d completions)", len(doomed), completions)
         return PruneResult(trajectories=len(doomed), completions=completions)
 
-    def _in_transaction(self, work: Any, *args: Any) -> Any:
+    def _in_transaction(self, work: Callable[..., _T], *args: Any) -> _T:
         """Run `work(connection, *args)` in one write transaction on the reader connection (in a thread).
 
         The writer thread keeps its own connection; SQLite serialises the two (busy timeout), and a
@@ -564,14 +565,22 @@ class CompletionLog:
             return result
 
 
-async def prune_periodically(log: CompletionLog, policy: RetentionPolicy, interval_s: float) -> None:
+async def prune_periodically(
+    log: CompletionLog,
+    policy: RetentionPolicy,
+    interval_s: float,
+    on_pruned: Callable[[PruneResult], None] | None = None,
+) -> None:
     """Apply `policy` now and every `interval_s` seconds until cancelled (the app's lifespan owns the task).
 
     The SQLite work runs in a thread; a failed prune is logged with its traceback and retried next time.
+    `on_pruned` is called after each successful prune.
     """
     while True:
         try:
-            await log.prune(policy)
+            result = await log.prune(policy)
+            if on_pruned is not None:
+                on_pruned(result)
         except CompletionLogError:
             return  # closed: the server is stopping
         except Exception:

@@ -10,6 +10,7 @@ import sqlite3
 import subprocess
 import sys
 import threading
+import time
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,6 +29,7 @@ from artlike_server.completion_log import (
     RetentionPolicy,
     pack_logprobs,
     pack_token_ids,
+    prune_periodically,
     unpack_logprobs,
     unpack_token_ids,
 )
@@ -349,3 +351,23 @@ def test_read_for_training_refuses_too_many_records_or_bytes_before_loading(log:
     records = asyncio.run(log.read_for_training(["t1"], max_records=4, max_bytes=10_000))
     assert [r.request for r in records["t1"]] == [{}] * 4  # bodies are not loaded for training
     assert records["t1"][3].output_token_ids == completion("t1", choice=3, tokens=100).output_token_ids
+
+
+async def test_the_periodic_prune_runs_at_once_and_stops_when_cancelled(tmp_path: Path) -> None:
+    with CompletionLog(tmp_path / "completions.sqlite") as log:
+        await log.record([at(completion("old"), 0.0), at(completion("recent"), time.time())])
+        results: list[PruneResult] = []
+        pruned = asyncio.Event()
+
+        def on_pruned(result: PruneResult) -> None:
+            results.append(result)
+            pruned.set()
+
+        task = asyncio.create_task(
+            prune_periodically(log, RetentionPolicy(max_age_seconds=86_400), 3600, on_pruned=on_pruned))
+        await asyncio.wait_for(pruned.wait(), 10)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert results == [PruneResult(trajectories=1, completions=1)]
+        assert await log.get("old") == [] and len(await log.get("recent")) == 1
