@@ -419,15 +419,24 @@ class EngineSupervisor:
 
 
 def _tail(path: Path, lines: int) -> str:
-    """The last `lines` lines of the log (read from the end: logs grow large)."""
-    try:
-        with path.open("rb") as log:
-            log.seek(0, os.SEEK_END)
-            log.seek(max(0, log.tell() - 200 * lines))
-            data = log.read()
-    except FileNotFoundError:
+    """The last `lines` lines of the log (read from the end: logs grow large), continued from the newest
+    rotated file when the log was rotated moments ago."""
+    wanted = 200 * lines
+    chunks: list[bytes] = []
+    for candidate in (path, path.with_name(f"{path.name}.1")):
+        try:
+            with candidate.open("rb") as log:
+                log.seek(0, os.SEEK_END)
+                log.seek(max(0, log.tell() - wanted))
+                chunks.insert(0, log.read())
+        except FileNotFoundError:
+            continue
+        wanted -= len(chunks[0])
+        if wanted <= 0:
+            break
+    if not chunks:
         return "(no engine log was written)"
-    return "\n".join(data.decode(errors="replace").splitlines()[-lines:])
+    return "\n".join(b"".join(chunks).decode(errors="replace").splitlines()[-lines:])
 
 
 def _group_members(pgid: int) -> list[psutil.Process]:
