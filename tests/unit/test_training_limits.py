@@ -141,3 +141,11 @@ def test_train_request_bodies_are_parsed_with_fastapis_400s() -> None:
         parse_train_request(b"{not json")
     assert caught.value.code == "invalid_json"
     assert parse_train_request(orjson.dumps({"model": "agent", "groups": [{"trajectories": PAIR}]})).model == "agent"
+
+
+async def test_a_duplicate_among_many_trajectory_ids_is_found_in_linear_time(tmp_path: Path,
+                                                                             log: CompletionLog) -> None:
+    many = [{"trajectory_id": f"t{i}", "reward": float(i % 2)} for i in range(200_000)]
+    error = await rejected(service(tmp_path, log), request([*many, {"trajectory_id": "t199999", "reward": 0.0}]))
+    assert (error.param, error.code) == ("groups", "duplicate_trajectory")
+    assert "'t199999'" in error.message

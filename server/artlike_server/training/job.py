@@ -13,6 +13,7 @@ import logging
 import statistics
 import threading
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass, field
@@ -146,7 +147,8 @@ class TrainingService:
         refs = [t for g in request.groups for t in g.trajectories if isinstance(t, TrajectoryRef)]
         ids = [t.trajectory_id for t in refs]
         if len(set(ids)) != len(ids):
-            dup = next(i for i in ids if ids.count(i) > 1)
+            # Counted in one pass: a body may hold hundreds of thousands of ids.
+            dup = next(i for i, count in Counter(ids).items() if count > 1)
             raise InvalidRequest(f"trajectory {dup!r} appears more than once", param="groups",
                                  code="duplicate_trajectory")
         try:
