@@ -171,7 +171,6 @@ class TrainingService:
                 f"all {skipped} group(s) have equal rewards within the group, so every advantage is 0 and "
                 "there is nothing to learn; vary the rollouts (temperature, more samples per group) or the reward",
                 param="groups", code="no_signal")
-        sequences = [s for s in sequences if s.num_trainable_tokens > 0]
         if not sequences:
             raise InvalidRequest("no trainable tokens: every completion was masked (e.g. mask_truncated and all "
                                  "completions hit max_tokens)", param="groups", code="no_trainable_tokens")
@@ -228,7 +227,7 @@ class TrainingService:
                             f"{name} makes a training sequence of {sequence.num_tokens} tokens, over this "
                             f"server's limit of {self.limits.max_sequence_tokens} (--max-sequence-tokens)",
                             param=f"groups[{group_index}].trajectories[{index}]", code="sequence_too_long")
-                sequences.extend(built)
+                sequences.extend(s for s in built if s.num_trainable_tokens > 0)
         return sequences, skipped, rewards, metric_values
 
     # --------------------------------------------------------------------------------- run
