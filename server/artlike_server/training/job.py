@@ -17,6 +17,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +75,7 @@ class PreparedJob:
     metrics: dict[str, float]
     num_gradient_steps: int
 
-    @property
+    @cached_property  # summed once: a large batch has millions of tokens, and the event loop reads this
     def trainable_tokens(self) -> int:
         return sum(s.num_trainable_tokens for s in self.sequences)
 
