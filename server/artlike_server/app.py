@@ -18,7 +18,7 @@ import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from .completion_log import CompletionLog
+from .completion_log import CompletionLog, RetentionPolicy, prune_periodically
 from .engine.client import EngineClient
 from .engine.launch import EngineConfig, free_port
 from .engine.supervisor import EngineStartError, EngineState, EngineSupervisor
@@ -34,7 +34,7 @@ from .openai_api.api_router import router as openai_router
 from .settings import ServerSettings
 from .state import AppState, get_state
 from .training.api_router import router as training_router
-from .training.job import TrainingService
+from .training.job import TrainingLimits, TrainingService
 from .training.trainer_client import TrainerProcess
 
 log = logging.getLogger(__name__)
@@ -54,9 +54,16 @@ def engine_config(settings: ServerSettings, port: int) -> EngineConfig:
         tool_call_parser=settings.tool_call_parser,
         extra_args=settings.engine_args,
         log_path=settings.log_dir / "engine.log",
+        log_max_bytes=settings.log_file_max_bytes,
+        log_backups=settings.log_file_backups,
         startup_timeout_s=settings.engine_startup_timeout_s,
         device=settings.device,  # type: ignore[arg-type]
     )
+
+
+def retention_policy(settings: ServerSettings) -> RetentionPolicy:
+    days = settings.log_retention_days
+    return RetentionPolicy(max_age_seconds=days * 86_400 if days else None, max_bytes=settings.log_max_bytes)
 
 
 def create_app(settings: ServerSettings, *, on_fatal: Callable[[BaseException], None] | None = None) -> FastAPI:
@@ -68,11 +75,14 @@ def create_app(settings: ServerSettings, *, on_fatal: Callable[[BaseException], 
         metrics.track_engine(state.engine)
         metrics.track_completion_log(state.log)
         starter = asyncio.create_task(_start_engine_then_trainer(state, on_fatal), name="engine-start")
+        pruner = asyncio.create_task(prune_periodically(state.log, retention_policy(settings),
+                                                        settings.log_prune_interval_s), name="log-prune")
         try:
             yield
         finally:
             starter.cancel()
             await state.training.shutdown()  # usually done already (begin_shutdown); a running job holds the trainer
+            pruner.cancel()
             await state.trainer.stop()
             await state.engine.stop()
             await state.engine_client.aclose()
@@ -114,10 +124,14 @@ def _build_state(settings: ServerSettings, metrics: Metrics) -> AppState:
                           max_loaded=settings.max_loaded_adapters, on_swap=metrics.adapter_swapped)
     trainer = TrainerProcess(settings.model_path, dtype=settings.trainer_dtype,
                              gradient_checkpointing=settings.gradient_checkpointing,
-                             log_path=settings.log_dir / "trainer.log")
+                             log_path=settings.log_dir / "trainer.log", log_max_bytes=settings.log_file_max_bytes,
+                             log_backups=settings.log_file_backups)
     chat_template = settings.chat_template.read_text() if settings.chat_template else None
+    limits = TrainingLimits(max_records=settings.max_train_records, max_bytes=settings.max_train_bytes,
+                            max_sequence_tokens=settings.sequence_token_limit,
+                            max_gradient_steps=settings.max_gradient_steps)
     training = TrainingService(store, models, completion_log, trainer, metrics, _tokenizer_loader(settings),
-                               chat_template=chat_template)
+                               chat_template=chat_template, limits=limits)
     return AppState(settings=settings, engine=engine, engine_client=engine_client, store=store, models=models,
                     log=completion_log, metrics=metrics, trainer=trainer, training=training)
 

@@ -20,6 +20,8 @@ from .engine.templates import resolve_chat_template
 from .hardware import DTYPE_CHOICES, resolve_dtype
 from .settings import ServerSettings
 
+_MIB = 1024 * 1024
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="artlike: serve a model and train it with RL.")
 
 
@@ -64,6 +66,24 @@ def serve(
         help="Reject per-request `seed` with a 400. Default: only on CPU with chunked prefill turned back on "
              "through --engine-arg, where a seeded request whose prefill is split crashes vLLM-CPU.")] = None,
     gradient_checkpointing: bool = False,
+    max_recorded_choices: Annotated[int, typer.Option(
+        min=1, help="Largest `n` of one request through a trajectory URL (each choice is a log row).")] = 16,
+    max_train_records: Annotated[int, typer.Option(
+        min=1, help="Most recorded completions one /_train_model request may read.")] = 16_384,
+    max_train_mb: Annotated[float, typer.Option(
+        min=0.001, help="Most MiB of recorded token ids and logprobs one /_train_model request may read.")] = 128,
+    max_gradient_steps: Annotated[int, typer.Option(
+        min=1, help="Most optimizer steps (epochs x gradient_steps_per_epoch) of one training job.")] = 1024,
+    max_sequence_tokens: Annotated[int | None, typer.Option(
+        min=1, help="Longest training sequence in tokens (default: --max-model-len).")] = None,
+    log_retention_days: Annotated[float, typer.Option(
+        min=0, help="Prune trajectories whose last completion is older than this many days (0: never).")] = 30,
+    log_max_mb: Annotated[float, typer.Option(
+        min=0, help="Prune least recently used trajectories while the completion log holds more MiB "
+                    "(0: no size limit).")] = 0,
+    log_file_max_mb: Annotated[float, typer.Option(
+        min=0.001, help="engine.log and trainer.log rotate at this size in MiB.")] = 64,
+    log_file_backups: Annotated[int, typer.Option(min=1, help="Rotated engine/trainer logs kept.")] = 3,
     log_level: str = "info",
 ) -> None:
     """Serve the OpenAI API with recording and training."""
@@ -115,6 +135,15 @@ def serve(
         engine_args=tuple(engine_arg or ()),
         trainer_dtype=resolve_dtype(trainer_dtype, resolved_device),
         gradient_checkpointing=gradient_checkpointing,
+        max_recorded_choices=max_recorded_choices,
+        max_train_records=max_train_records,
+        max_train_bytes=int(max_train_mb * _MIB),
+        max_gradient_steps=max_gradient_steps,
+        max_sequence_tokens=max_sequence_tokens,
+        log_retention_days=log_retention_days or None,
+        log_max_bytes=int(log_max_mb * _MIB) or None,
+        log_file_max_bytes=int(log_file_max_mb * _MIB),
+        log_file_backups=log_file_backups,
     )
     raise typer.Exit(run(settings, log_level=log_level))
 

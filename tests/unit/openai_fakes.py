@@ -87,6 +87,7 @@ class Settings:
     api_key: str | None = None
     max_body_bytes: int = 1 << 20
     reject_seed: bool = False
+    max_recorded_choices: int = 16
 
 
 def build_app(

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import signal
 import sqlite3
 import subprocess
 import sys
 import threading
+import time
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import orjson
@@ -21,8 +24,12 @@ from artlike_server.completion_log import (
     CompletionLog,
     CompletionLogError,
     NewCompletion,
+    PruneResult,
+    ReadLimitExceeded,
+    RetentionPolicy,
     pack_logprobs,
     pack_token_ids,
+    prune_periodically,
     unpack_logprobs,
     unpack_token_ids,
 )
@@ -240,3 +247,127 @@ def test_kill_9_mid_batch_leaves_a_consistent_database(tmp_path: Path) -> None:
         assert row.output_token_ids == completion("t0-0", request_id="b0", tokens=200).output_token_ids
     finally:
         reopened.close()
+
+
+# ------------------------------------------------------------------------- schema 2, retention, caps
+
+V1_FILE = Path(__file__).parent / "data" / "completions_v1.sqlite"
+"""Written by the schema-1 code (artlike f020d0c): traj-a has a request with 3 choices and one with 1 choice,
+traj-b one request whose body equals traj-a's second body. Kept as it was written, never rewritten."""
+
+
+def test_a_version_1_log_is_migrated_with_its_rows_and_bodies_stored_once(tmp_path: Path) -> None:
+    path = tmp_path / "completions.sqlite"
+    path.write_bytes(V1_FILE.read_bytes())
+
+    async def read() -> dict[str, list[Any]]:
+        with CompletionLog(path) as log:
+            return await log.get_many(["traj-a", "traj-b"])
+
+    records = asyncio.run(read())
+
+    assert [(r.request_id, r.choice_index) for r in records["traj-a"]] == [
+        ("chatcmpl-a1", 0), ("chatcmpl-a1", 1), ("chatcmpl-a1", 2), ("chatcmpl-a2", 0)]
+    assert records["traj-a"][2].request["messages"][0]["content"] == "three choices"
+    assert records["traj-a"][2].prompt_token_ids == [1, 2, 3, 2]
+    assert records["traj-a"][2].logprobs == [-2.5, -0.125]
+    assert records["traj-b"][0].request["messages"][0]["content"] == "one choice"
+    with sqlite3.connect(path) as connection:
+        assert connection.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+        # one body per request (traj-b's equal body is its own request), not one per choice
+        assert connection.execute("SELECT COUNT(*) FROM requests").fetchone()[0] == 3
+
+
+def test_the_choices_of_one_request_store_its_body_once(log: CompletionLog) -> None:
+    big = orjson.dumps({"model": "agent", "messages": [], "n": 16, "unknown": "x" * 1_000_000})
+    rows = [dataclasses.replace(completion("t1", choice=i), request=big) for i in range(16)]
+    before = asyncio.run(log.live_bytes())
+
+    asyncio.run(log.record(rows))
+
+    growth = asyncio.run(log.live_bytes()) - before
+    assert 0.9 * len(big) < growth < 1.2 * len(big)  # 16 copies before schema 2
+    records = asyncio.run(log.get("t1"))
+    assert [r.choice_index for r in records] == list(range(16))
+    assert all(len(r.request["unknown"]) == 1_000_000 for r in records)
+
+
+def test_delete_trajectory_removes_its_completions_and_bodies_only(log: CompletionLog, tmp_path: Path) -> None:
+    asyncio.run(log.record([completion("t1", choice=0), completion("t1", choice=1), completion("t2")]))
+
+    assert asyncio.run(log.delete_trajectory("t1")) == 2
+    assert asyncio.run(log.delete_trajectory("t1")) == 0
+
+    assert asyncio.run(log.get("t1")) == []
+    assert len(asyncio.run(log.get("t2"))) == 1
+    with sqlite3.connect(log.path) as connection:
+        assert connection.execute("SELECT trajectory_id FROM requests").fetchall() == [("t2",)]
+
+
+def at(row: NewCompletion, created_at: float) -> NewCompletion:
+    return dataclasses.replace(row, created_at=created_at)
+
+
+def test_prune_by_age_removes_whole_trajectories_whose_last_completion_is_old(log: CompletionLog) -> None:
+    now = 1_800_000_000.0
+    asyncio.run(log.record([at(completion("old"), now - 100), at(completion("old", request_id="r2"), now - 90),
+                            at(completion("mixed"), now - 100), at(completion("mixed", request_id="r2"), now - 5),
+                            at(completion("new"), now - 1)]))
+
+    result = asyncio.run(log.prune(RetentionPolicy(max_age_seconds=50), now=now))
+
+    assert (result.trajectories, result.completions) == (1, 2)
+    remaining = asyncio.run(log.get_many(["old", "mixed", "new"]))
+    assert {k: len(v) for k, v in remaining.items()} == {"old": 0, "mixed": 2, "new": 1}
+
+
+def test_prune_by_size_removes_least_recently_used_trajectories_first(log: CompletionLog) -> None:
+    body = orjson.dumps({"pad": "y" * 200_000})
+    asyncio.run(log.record([dataclasses.replace(at(completion(f"t{i}"), 1000.0 + i), request=body)
+                            for i in range(5)]))
+    live = asyncio.run(log.live_bytes())
+
+    result = asyncio.run(log.prune(RetentionPolicy(max_bytes=live - 300_000)))
+
+    assert result.trajectories == 2  # each holds ~200 KB: two make room
+    remaining = asyncio.run(log.get_many([f"t{i}" for i in range(5)]))
+    assert [tid for tid, rows in remaining.items() if rows] == ["t2", "t3", "t4"]
+    assert asyncio.run(log.live_bytes()) <= live - 300_000
+
+
+def test_the_default_policy_prunes_nothing(log: CompletionLog) -> None:
+    asyncio.run(log.record([at(completion("ancient"), 0.0)]))
+    assert asyncio.run(log.prune(RetentionPolicy())) == PruneResult()
+    assert len(asyncio.run(log.get("ancient"))) == 1
+
+
+def test_read_for_training_refuses_too_many_records_or_bytes_before_loading(log: CompletionLog) -> None:
+    asyncio.run(log.record([completion("t1", choice=i, tokens=100) for i in range(4)]))
+
+    with pytest.raises(ReadLimitExceeded, match="4 recorded completions, more than the limit of 3"):
+        asyncio.run(log.read_for_training(["t1"], max_records=3))
+    with pytest.raises(ReadLimitExceeded, match="more than the limit of 1000"):
+        asyncio.run(log.read_for_training(["t1"], max_bytes=1000))
+    records = asyncio.run(log.read_for_training(["t1"], max_records=4, max_bytes=10_000))
+    assert [r.request for r in records["t1"]] == [{}] * 4  # bodies are not loaded for training
+    assert records["t1"][3].output_token_ids == completion("t1", choice=3, tokens=100).output_token_ids
+
+
+async def test_the_periodic_prune_runs_at_once_and_stops_when_cancelled(tmp_path: Path) -> None:
+    with CompletionLog(tmp_path / "completions.sqlite") as log:
+        await log.record([at(completion("old"), 0.0), at(completion("recent"), time.time())])
+        results: list[PruneResult] = []
+        pruned = asyncio.Event()
+
+        def on_pruned(result: PruneResult) -> None:
+            results.append(result)
+            pruned.set()
+
+        task = asyncio.create_task(
+            prune_periodically(log, RetentionPolicy(max_age_seconds=86_400), 3600, on_pruned=on_pruned))
+        await asyncio.wait_for(pruned.wait(), 10)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert results == [PruneResult(trajectories=1, completions=1)]
+        assert await log.get("old") == [] and len(await log.get("recent")) == 1

@@ -303,3 +303,23 @@ asyncio.run(main())
     gone, alive = await asyncio.to_thread(psutil.wait_procs, [engine], timeout=10)
     assert engine in gone and not alive
     assert fake.processes_still_running() == []
+
+
+async def test_the_engine_log_rotates_at_its_size_limit(tmp_path: Path, fake: Fake) -> None:
+    fake.mode("chatty")  # 4 MB of output before it serves
+    port = free_port()
+    config = EngineConfig(model_path=tmp_path / "model", served_model_name="fake", port=port,
+                          log_path=tmp_path / "logs" / "engine.log", startup_timeout_s=20.0,
+                          log_max_bytes=512 * 1024, log_backups=2)
+    supervisor = EngineSupervisor(config, policy=FAST,
+                                  command=[sys.executable, str(FAKE_ENGINE), str(port), str(fake.control)])
+    await supervisor.start()
+    await supervisor.stop()
+
+    logs = sorted(path.name for path in config.log_path.parent.iterdir())
+    assert logs == ["engine.log", "engine.log.1", "engine.log.2"]
+    sizes = [(config.log_path.parent / name).stat().st_size for name in logs]
+    assert all(size <= 512 * 1024 + 64 * 1024 for size in sizes), sizes  # a chunk may overshoot
+    # the newest lines are in engine.log, the older ones in .1, .2, oldest dropped
+    assert "log line 039999" in config.log_path.read_text()
+    assert "log line 000000" not in "".join((config.log_path.parent / name).read_text() for name in logs)

@@ -745,3 +745,32 @@ async def test_other_methods_on_a_completion_path_get_the_routers_405(proxy: Pro
         assert response.status_code == 405
         assert response.json()["error"]["type"] == "invalid_request_error"
     assert (await proxy.http.post("/t//v1/chat/completions", json={})).status_code == 404
+
+
+async def test_n_over_the_recorded_choices_limit_is_a_400_naming_n(tmp_path: Path) -> None:
+    proxy = await Proxy.start(tmp_path, settings=Settings(max_recorded_choices=2))
+    try:
+        response = await proxy.chat(n=3)
+        assert response.status_code == 400
+        error = response.json()["error"]
+        assert (error["param"], error["code"]) == ("n", "too_many_choices")
+        assert not proxy.fake.requests  # refused before the engine generated anything
+        assert (await proxy.chat("/v1/chat/completions", n=3)).status_code == 200  # not recorded: no limit
+        assert (await proxy.chat(n=2)).status_code == 200
+    finally:
+        await proxy.close()
+
+
+async def test_delete_trajectory_is_204_then_404(proxy: Proxy) -> None:
+    assert (await proxy.chat()).status_code == 200
+    assert (await proxy.chat("/t/other/v1/chat/completions")).status_code == 200
+
+    assert (await proxy.http.delete("/v1/trajectories/traj-1")).status_code == 204
+
+    assert (await proxy.http.get("/v1/trajectories/traj-1")).status_code == 404
+    assert (await proxy.http.get("/v1/trajectories/other")).status_code == 200
+    response = await proxy.http.delete("/v1/trajectories/traj-1")
+    assert response.status_code == 404
+    assert (response.json()["error"]["param"], response.json()["error"]["code"]) == (
+        "trajectory_id", "trajectory_not_found")
+    assert (await proxy.http.delete("/v1/trajectories/bad.id")).status_code == 400

@@ -209,3 +209,16 @@ asyncio.run(main())
     except psutil.TimeoutExpired:
         worker.kill()
         pytest.fail("the trainer worker outlived its parent")
+
+
+async def test_the_trainer_log_rotates_at_its_size_limit(tmp_path: Path) -> None:
+    body = 'for i in range(3000): print(f"stderr line {i:05d} " + "y" * 80, file=sys.stderr)\nsys.exit(3)'
+    log_path = tmp_path / "logs" / "trainer.log"
+    process = TrainerProcess(tmp_path / "model", python=stand_in(tmp_path, body), start_timeout=10.0,
+                             log_path=log_path, log_max_bytes=64 * 1024, log_backups=2)
+    with pytest.raises(TrainerCrashed) as info:
+        await process.start()
+    assert "stderr line 02999" in str(info.value)
+    assert sorted(p.name for p in log_path.parent.iterdir()) == ["trainer.log", "trainer.log.1", "trainer.log.2"]
+    assert all(p.stat().st_size <= 64 * 1024 for p in log_path.parent.iterdir())
+    assert "stderr line 02999" in log_path.read_text()

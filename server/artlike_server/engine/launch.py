@@ -50,6 +50,8 @@ class EngineConfig:
     extra_args: tuple[str, ...] = ()  # appended verbatim; a repeated flag overrides ours
     extra_env: tuple[tuple[str, str], ...] = ()  # applied last to the child's environment
     startup_timeout_s: float = 300.0
+    log_max_bytes: int = 64 * 1024 * 1024  # log_path rotates at this size (see artlike_server.logfiles)
+    log_backups: int = 3
 
     @property
     def base_url(self) -> str:

@@ -9,8 +9,9 @@
 The engine runs in its own process group (vLLM's API server spawns an EngineCore process, which spawns
 a worker), so stopping signals the whole group: SIGTERM, a grace period, then SIGKILL, and waits until
 no process of the group is left. `orphan_guard` makes the engine get SIGTERM if this process dies
-without stopping it. Its output is appended to `config.log_path`; a start that fails raises
-`EngineStartError` carrying the log's tail, because that is where vLLM says why.
+without stopping it. Its output goes through a pipe into `config.log_path`, rotated by size (`logfiles`: a
+child writing the file itself could grow it forever); a start that fails raises `EngineStartError`
+carrying the log's tail, because that is where vLLM says why.
 
 Each start gets a fresh random API key (in the engine's environment; the client sends it), and before
 anything carrying the key is sent, the supervisor checks that the socket listening on the engine port
@@ -27,11 +28,11 @@ import os
 import secrets
 import signal
 import sys
+import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import IO
 
 import httpx
 import psutil
@@ -39,10 +40,12 @@ import psutil
 from artlike_server.engine.client import EngineClient
 from artlike_server.engine.errors import EngineError
 from artlike_server.engine.launch import EngineConfig, build_command, build_env
+from artlike_server.logfiles import RotatingLog, pump
 
 logger = logging.getLogger(__name__)
 
 OnReady = Callable[[], Awaitable[None]]
+_DRAIN_TIMEOUT_S = 5.0  # an exited engine's children may hold the log pipe open a little longer
 
 
 class EngineState(StrEnum):
@@ -125,6 +128,8 @@ class EngineSupervisor:
         self._down_since: float | None = None
         self._last_startup_s: float | None = None
         self.last_error: str | None = None
+        self._log: RotatingLog | None = None  # opened at the first start, shared by every restart
+        self._log_drained = threading.Event()  # the current engine's output is all in the log
 
     # -- public state -------------------------------------------------------------------------------
 
@@ -204,6 +209,8 @@ class EngineSupervisor:
         await self._set_state(EngineState.STOPPED)
         if self._owns_client:
             await self.client.aclose()
+        if self._log is not None:
+            self._log.close()  # a pump still running drops what the gone engine's last words were
 
     # -- starting -----------------------------------------------------------------------------------
 
@@ -233,16 +240,22 @@ class EngineSupervisor:
                 "--",
                 *command,
             ]
-        log = _open_log(self.config.log_path, command)
+        if self._log is None:
+            self._log = RotatingLog(self.config.log_path, max_bytes=self.config.log_max_bytes,
+                                    backups=self.config.log_backups)
+        self._log.write(f"\n===== artlike: starting vLLM: {' '.join(command)}\n".encode())
+        read_fd, write_fd = os.pipe()
+        self._log_drained = threading.Event()
+        pump(read_fd, self._log, name="artlike-engine-log", on_eof=self._log_drained.set)
         try:
             # Own session and process group: a terminal's Ctrl-C reaches only us (we stop the engine in
             # order), and killpg reaches vLLM's EngineCore and worker processes too.
             self._process = await asyncio.create_subprocess_exec(
-                *command, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=asyncio.subprocess.STDOUT,
+                *command, stdin=asyncio.subprocess.DEVNULL, stdout=write_fd, stderr=asyncio.subprocess.STDOUT,
                 env=env, start_new_session=True,
             )  # fmt: skip
         finally:
-            log.close()  # the child holds its own copy
+            os.close(write_fd)  # the child holds its own copy; EOF once every engine process is gone
         self._exit_task = asyncio.create_task(
             self._process.wait(), name=f"artlike-engine-exit-{self._process.pid}"
         )
@@ -254,6 +267,8 @@ class EngineSupervisor:
         next_progress = started + self.policy.progress_interval_s
         while True:
             if self._exit_task.done():
+                # Its last words (the traceback) may still be in the pipe: let the pump write them first.
+                await asyncio.to_thread(self._log_drained.wait, _DRAIN_TIMEOUT_S)
                 raise self._start_error(f"vLLM exited with code {self._exit_task.result()} while starting")
             now = loop.time()
             if now >= deadline:
@@ -436,24 +451,25 @@ class EngineSupervisor:
         return await _wait_for_exit(_group_members(pgid), max(0.0, deadline - loop.time()))
 
 
-def _open_log(path: Path, command: Sequence[str]) -> IO[bytes]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    log = path.open("ab")
-    log.write(f"\n===== artlike: starting vLLM: {' '.join(command)}\n".encode())
-    log.flush()
-    return log
-
-
 def _tail(path: Path, lines: int) -> str:
-    """The last `lines` lines of the log (read from the end: logs grow large)."""
-    try:
-        with path.open("rb") as log:
-            log.seek(0, os.SEEK_END)
-            log.seek(max(0, log.tell() - 200 * lines))
-            data = log.read()
-    except FileNotFoundError:
+    """The last `lines` lines of the log (read from the end: logs grow large), continued from the newest
+    rotated file when the log was rotated moments ago."""
+    wanted = 200 * lines
+    chunks: list[bytes] = []
+    for candidate in (path, path.with_name(f"{path.name}.1")):
+        try:
+            with candidate.open("rb") as log:
+                log.seek(0, os.SEEK_END)
+                log.seek(max(0, log.tell() - wanted))
+                chunks.insert(0, log.read())
+        except FileNotFoundError:
+            continue
+        wanted -= len(chunks[0])
+        if wanted <= 0:
+            break
+    if not chunks:
         return "(no engine log was written)"
-    return "\n".join(data.decode(errors="replace").splitlines()[-lines:])
+    return "\n".join(b"".join(chunks).decode(errors="replace").splitlines()[-lines:])
 
 
 def _group_members(pgid: int) -> list[psutil.Process]:

@@ -120,7 +120,7 @@ class ModelStore:
         target.parent.mkdir(parents=True, exist_ok=True)
         if target.exists():
             raise RuntimeError(f"step {step} of {name!r} already exists")
-        _fsync_tree(staging)
+        fsync_tree(staging)  # cheap when the caller already did it in a thread (training/job.py)
         os.rename(staging, target)
         return target
 
@@ -163,7 +163,8 @@ class ModelStore:
         return entries
 
 
-def _fsync_tree(directory: Path) -> None:
+def fsync_tree(directory: Path) -> None:
+    """fsync every file under `directory` (slow: call it in a thread from async code)."""
     for path in directory.rglob("*"):
         if path.is_file():
             with open(path, "rb") as handle:

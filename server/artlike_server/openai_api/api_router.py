@@ -4,6 +4,7 @@
     POST /v1/completions                   POST /t/{trajectory_id}/v1/completions        (recorded)
     GET  /v1/models                        GET  /t/{trajectory_id}/v1/models
     GET  /v1/trajectories/{trajectory_id}  GET  /t/{trajectory_id}/v1/trajectory         -> TrajectoryRecord
+    DELETE /v1/trajectories/{trajectory_id}                                                -> 204 (404 unknown)
 
 POSTs to the completion paths are answered by `CompletionRoutes`, a pure ASGI middleware, before FastAPI's
 exception middleware, dependency exit stack and route table (the same handlers are also routes, so other
@@ -146,6 +147,11 @@ async def get_trajectory(request: Request) -> Response:
     return Response(await _serving(request).get_trajectory(trajectory_id), media_type="application/json")
 
 
+async def delete_trajectory(request: Request) -> Response:
+    await _serving(request).delete_trajectory(request.path_params["trajectory_id"])
+    return Response(status_code=204)
+
+
 _COMPLETION_PATHS: dict[str, Endpoint] = {"/v1/chat/completions": "chat.completions", "/v1/completions": "completions"}
 
 
@@ -214,6 +220,7 @@ for _path, _endpoint, _method in (
     ("/v1/models", list_models, "GET"),
     ("/t/{trajectory_id}/v1/models", list_models, "GET"),
     ("/v1/trajectories/{trajectory_id}", get_trajectory, "GET"),
+    ("/v1/trajectories/{trajectory_id}", delete_trajectory, "DELETE"),
     ("/t/{trajectory_id}/v1/trajectory", get_trajectory, "GET"),
 ):
     router.add_route(_path, _endpoint, methods=[_method], include_in_schema=False)

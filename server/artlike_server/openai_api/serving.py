@@ -7,7 +7,8 @@ What happens to a completion request
 1. The body is parsed (orjson) and the fields the proxy relies on are checked (`protocol`): 400 naming the
    parameter. A trajectory id in the URL is checked against its pattern first.
    Policies: `seed` -> 400 when `settings.reject_seed` (DESIGN §8); on trajectory URLs `use_beam_search`
-   (not samples of the policy) and completions `echo` (see below) -> 400 `unsupported_parameter`.
+   (not samples of the policy) and completions `echo` (see below) -> 400 `unsupported_parameter`; `n` over
+   `settings.max_recorded_choices` -> 400 naming `n` (each choice is a log row; the body is stored once).
 2. The engine must be ready, else 503 with Retry-After. `model` is resolved and leased from the model
    manager (`name` -> `name@latest`, `name@N`, the base model id; unknown -> 404): the adapter stays loaded
    until the answer is complete, stream included.
@@ -45,6 +46,7 @@ it a fake vLLM that answers over real HTTP, so there is no stand-in interface fo
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
@@ -118,6 +120,8 @@ class CompletionLogLike(Protocol):
 
     async def get(self, trajectory_id: str) -> list[Any]: ...
 
+    async def delete_trajectory(self, trajectory_id: str) -> int: ...
+
 
 class MetricsLike(Protocol):
     def tokens(self, endpoint: str, prompt: int, completion: int) -> None: ...
@@ -132,6 +136,9 @@ class MetricsLike(Protocol):
 class SettingsLike(Protocol):
     @property
     def reject_seed(self) -> bool: ...
+
+    @property
+    def max_recorded_choices(self) -> int: ...
 
 
 # ------------------------------------------------------------------------------------------- errors
@@ -704,6 +711,14 @@ class OpenAIServing:
             )
         if not recording:
             return
+        n = body.get("n")
+        if isinstance(n, int) and n > self.settings.max_recorded_choices:
+            raise InvalidRequest(
+                f"n={n} is over this server's limit of {self.settings.max_recorded_choices} choices per recorded "
+                "request (--max-recorded-choices); send several requests instead",
+                param="n",
+                code="too_many_choices",
+            )
         if body.get("use_beam_search"):
             raise InvalidRequest(
                 "use_beam_search is not supported through a trajectory URL: beam search does not sample from "
@@ -770,9 +785,22 @@ class OpenAIServing:
                 param="trajectory_id",
                 code="trajectory_not_found",
             )
-        return (
-            TrajectoryRecord(trajectory_id=trajectory_id, completions=completions).model_dump_json().encode()
-        )
+        # Off the event loop: a long trajectory's JSON is megabytes.
+        return await asyncio.to_thread(_trajectory_json, trajectory_id, completions)
+
+    async def delete_trajectory(self, trajectory_id: str) -> None:
+        """Delete a trajectory's recorded completions (404 when it has none)."""
+        check_trajectory_id(trajectory_id)
+        if not await self.log.delete_trajectory(trajectory_id):
+            raise NotFound(
+                f"no completions recorded for trajectory {trajectory_id!r}",
+                param="trajectory_id",
+                code="trajectory_not_found",
+            )
+
+
+def _trajectory_json(trajectory_id: str, completions: list[Any]) -> bytes:
+    return TrajectoryRecord(trajectory_id=trajectory_id, completions=completions).model_dump_json().encode()
 
 
 def parse_json_object(raw_body: bytes) -> dict[str, Any]:

@@ -1,15 +1,24 @@
-"""`POST /_train_model`: validate (4xx before any work), then stream the job's events as NDJSON."""
+"""`POST /_train_model`: validate (4xx before any work), then stream the job's events as NDJSON.
+
+The body (up to the body limit, tens of MB of offline trajectories) is parsed and validated in a worker
+thread, not by FastAPI's body model on the event loop, where it would stall every stream in flight (the
+body schema is `artlike.types.TrainRequest`; it is no longer in /openapi.json).
+"""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import orjson
 from fastapi import APIRouter, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import StreamingResponse
+from pydantic import ValidationError
 
 from artlike.types import STREAM_VERSION, TrainRequest
 
+from ..errors import validation_error
 from ..state import get_state
 from .job import RunningJob
 
@@ -17,7 +26,8 @@ router = APIRouter()
 
 
 @router.post("/_train_model")
-async def train_model(body: TrainRequest, request: Request) -> StreamingResponse:
+async def train_model(request: Request) -> StreamingResponse:
+    body = await asyncio.to_thread(parse_train_request, await request.body())
     service = get_state(request).training
     prepared = await service.prepare(body)
     job = service.start(prepared)
@@ -27,6 +37,14 @@ async def train_model(body: TrainRequest, request: Request) -> StreamingResponse
         headers={"X-Artlike-Stream-Version": str(STREAM_VERSION), "Cache-Control": "no-cache",
                  "X-Accel-Buffering": "no"},
     )
+
+
+def parse_train_request(raw: bytes) -> TrainRequest:
+    """Parse and validate a body; an invalid one raises the same 400 as FastAPI's body models."""
+    try:
+        return TrainRequest.model_validate_json(raw)
+    except ValidationError as exc:
+        raise validation_error(RequestValidationError(exc.errors())) from None
 
 
 async def _ndjson(job: RunningJob) -> AsyncIterator[bytes]:

@@ -13,10 +13,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import statistics
+import threading
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -34,15 +37,15 @@ from artlike.types import (
     TrajectoryRef,
 )
 
-from ..completion_log import CompletionLog
+from ..completion_log import CompletionLog, ReadLimitExceeded
 from ..errors import Conflict, InvalidRequest, NotFound, ServiceUnavailable
 from ..metrics import Metrics
 from ..models.manager import ModelManager, served_name
-from ..models.store import ModelStore
+from ..models.store import ModelStore, fsync_tree
 from .advantages import group_advantages, is_zero_variance
 from .batch_file import write_batch
 from .packing import count_gradient_steps
-from .sequences import TrainSequence, sequences_from_completions, sequences_from_offline
+from .sequences import SequenceBuildError, TrainSequence, sequences_from_completions, sequences_from_offline
 from .trainer_client import TrainerCrashed, TrainerError, TrainerProcess, TrainerTimeout
 
 log = logging.getLogger(__name__)
@@ -51,6 +54,16 @@ HEARTBEAT_SECONDS = 10.0
 SHUTDOWN_WAIT_SECONDS = 30.0  # for cancelled jobs to clean up (the trainer is killed at once, not waited for)
 SHUTTING_DOWN = "server_shutting_down"
 _STREAM_END = None
+
+
+@dataclass(frozen=True)
+class TrainingLimits:
+    """What one /_train_model request may ask for (settings.py; 400 beyond)."""
+
+    max_records: int = 16_384  # recorded completions read from the log
+    max_bytes: int = 128 * 1024 * 1024  # their stored token ids + logprobs
+    max_sequence_tokens: int = 4096  # one training sequence (the engine's max_model_len by default)
+    max_gradient_steps: int = 1024  # epochs x gradient steps
 
 
 @dataclass
@@ -66,7 +79,7 @@ class PreparedJob:
     metrics: dict[str, float]
     num_gradient_steps: int
 
-    @property
+    @cached_property  # summed once: a large batch has millions of tokens, and the event loop reads this
     def trainable_tokens(self) -> int:
         return sum(s.num_trainable_tokens for s in self.sequences)
 
@@ -107,6 +120,7 @@ class TrainingService:
         metrics: Metrics,
         tokenizer: Callable[[], Any],
         chat_template: str | None = None,
+        limits: TrainingLimits = TrainingLimits(),
     ) -> None:
         self.store = store
         self.models = models
@@ -117,6 +131,8 @@ class TrainingService:
         self._chat_template = chat_template  # the template the engine serves with, for offline prompts
         self._active: dict[str, RunningJob] = {}
         self._shutting_down = False
+        self.limits = limits
+        self._tokenizer_lock = threading.Lock()  # one thread at a time uses the (lazily loaded) tokenizer
 
     def is_training(self, model: str) -> bool:
         return model in self._active
@@ -138,16 +154,50 @@ class TrainingService:
         refs = [t for g in request.groups for t in g.trajectories if isinstance(t, TrajectoryRef)]
         ids = [t.trajectory_id for t in refs]
         if len(set(ids)) != len(ids):
-            dup = next(i for i in ids if ids.count(i) > 1)
+            # Counted in one pass: a body may hold hundreds of thousands of ids.
+            dup = next(i for i, count in Counter(ids).items() if count > 1)
             raise InvalidRequest(f"trajectory {dup!r} appears more than once", param="groups",
                                  code="duplicate_trajectory")
-        records = await self.completion_log.get_many(ids)
+        try:
+            # Without request bodies, and refused before anything is loaded when over the limits.
+            records = await self.completion_log.read_for_training(
+                ids, max_records=self.limits.max_records, max_bytes=self.limits.max_bytes)
+        except ReadLimitExceeded as error:
+            raise InvalidRequest(f"{error}; train on fewer or shorter trajectories per request",
+                                 param="groups", code="training_data_too_large") from None
         missing = [i for i in ids if not records.get(i)]
         if missing:
             shown = ", ".join(repr(i) for i in missing[:5]) + (" ..." if len(missing) > 5 else "")
             raise NotFound(f"{len(missing)} trajectory id(s) have no recorded completions: {shown}",
                            param="groups", code="trajectory_not_found")
 
+        # Tokenizing offline trajectories and merging turns is CPU work: off the event loop.
+        sequences, skipped, rewards, metric_values = await asyncio.to_thread(self._build, request, records)
+        if skipped == len(request.groups):
+            raise InvalidRequest(
+                f"all {skipped} group(s) have equal rewards within the group, so every advantage is 0 and "
+                "there is nothing to learn; vary the rollouts (temperature, more samples per group) or the reward",
+                param="groups", code="no_signal")
+        if not sequences:
+            raise InvalidRequest("no trainable tokens: every completion was masked (e.g. mask_truncated and all "
+                                 "completions hit max_tokens)", param="groups", code="no_trainable_tokens")
+        num_gradient_steps = count_gradient_steps(len(sequences), request.config)
+        if num_gradient_steps > self.limits.max_gradient_steps:
+            raise InvalidRequest(
+                f"this job would make {num_gradient_steps} optimizer steps (epochs x gradient_steps_per_epoch, "
+                f"at most one step per sequence), over this server's limit of {self.limits.max_gradient_steps} "
+                "(--max-gradient-steps)", param="config.epochs", code="too_many_gradient_steps")
+        return PreparedJob(
+            model=request.model, from_step=from_step, config=request.config, sequences=sequences,
+            trajectories=sum(len(g.trajectories) for g in request.groups), groups=len(request.groups),
+            groups_skipped=skipped, rewards=rewards,
+            metrics={k: statistics.fmean(v) for k, v in metric_values.items()},
+            num_gradient_steps=num_gradient_steps,
+        )
+
+    def _build(self, request: TrainRequest, records: dict[str, list[Any]]
+               ) -> tuple[list[TrainSequence], int, list[float], dict[str, list[float]]]:
+        """Sequences, groups skipped, rewards and metrics of a request (runs in a worker thread)."""
         sequences: list[TrainSequence] = []
         skipped = 0
         rewards: list[float] = []
@@ -162,31 +212,30 @@ class TrainingService:
                 skipped += 1
                 continue
             advantages = group_advantages(group_rewards, scale_rewards=request.config.scale_rewards)
-            for trajectory, advantage in zip(group.trajectories, advantages, strict=True):
+            for index, (trajectory, advantage) in enumerate(zip(group.trajectories, advantages, strict=True)):
                 if isinstance(trajectory, OfflineTrajectory):
-                    sequences.extend(sequences_from_offline(trajectory, self._tokenizer(), advantage,
-                                                            chat_template=self._chat_template,
-                                                            group_index=group_index))
+                    name = f"groups[{group_index}].trajectories[{index}]"
+                    try:
+                        with self._tokenizer_lock:
+                            built = sequences_from_offline(trajectory, self._tokenizer(), advantage,
+                                                           chat_template=self._chat_template,
+                                                           group_index=group_index)
+                    except SequenceBuildError as error:
+                        raise InvalidRequest(f"offline trajectory {name}: {error}", param=name,
+                                             code="invalid_trajectory") from None
                 else:
-                    sequences.extend(sequences_from_completions(
+                    name = f"trajectory {trajectory.trajectory_id!r}"
+                    built = sequences_from_completions(
                         records[trajectory.trajectory_id], advantage, mask_truncated=request.config.mask_truncated,
-                        group_index=group_index))
-        if skipped == len(request.groups):
-            raise InvalidRequest(
-                f"all {skipped} group(s) have equal rewards within the group, so every advantage is 0 and "
-                "there is nothing to learn; vary the rollouts (temperature, more samples per group) or the reward",
-                param="groups", code="no_signal")
-        sequences = [s for s in sequences if s.num_trainable_tokens > 0]
-        if not sequences:
-            raise InvalidRequest("no trainable tokens: every completion was masked (e.g. mask_truncated and all "
-                                 "completions hit max_tokens)", param="groups", code="no_trainable_tokens")
-        return PreparedJob(
-            model=request.model, from_step=from_step, config=request.config, sequences=sequences,
-            trajectories=sum(len(g.trajectories) for g in request.groups), groups=len(request.groups),
-            groups_skipped=skipped, rewards=rewards,
-            metrics={k: statistics.fmean(v) for k, v in metric_values.items()},
-            num_gradient_steps=count_gradient_steps(len(sequences), request.config),
-        )
+                        group_index=group_index)
+                for sequence in built:
+                    if sequence.num_tokens > self.limits.max_sequence_tokens:
+                        raise InvalidRequest(
+                            f"{name} makes a training sequence of {sequence.num_tokens} tokens, over this "
+                            f"server's limit of {self.limits.max_sequence_tokens} (--max-sequence-tokens)",
+                            param=f"groups[{group_index}].trajectories[{index}]", code="sequence_too_long")
+                sequences.extend(s for s in built if s.num_trainable_tokens > 0)
+        return sequences, skipped, rewards, metric_values
 
     # --------------------------------------------------------------------------------- run
 
@@ -227,7 +276,7 @@ class TrainingService:
             ))
             staging = self.store.new_staging_dir(p.model)
             batch_path = staging.with_suffix(".batch")
-            write_batch(batch_path, p.sequences)
+            await asyncio.to_thread(write_batch, batch_path, p.sequences)
             job.stage = "training"
             job.emit(StatusEvent(stage="training", message=f"{len(p.sequences)} sequences, "
                                  f"{p.trainable_tokens} trainable tokens"))
@@ -249,6 +298,7 @@ class TrainingService:
                         job.emit(step)
             train_seconds = time.perf_counter() - train_started
             batch_path.unlink(missing_ok=True)
+            await asyncio.to_thread(fsync_tree, staging)  # the slow part of commit_step, off the event loop
 
             job.stage = "swapping"
             new_step = p.from_step + 1

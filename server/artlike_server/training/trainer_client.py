@@ -27,12 +27,13 @@ import time
 from collections import deque
 from collections.abc import AsyncGenerator, Mapping
 from pathlib import Path
-from typing import Any, BinaryIO, Literal
+from typing import Any, Literal
 
 import orjson
 from pydantic import BaseModel
 
 from artlike.types import LoraConfig, TrainConfig
+from artlike_server.logfiles import RotatingLog
 from artlike_server.training import protocol
 
 logger = logging.getLogger("artlike.trainer_client")
@@ -78,6 +79,8 @@ class TrainerProcess:
         gradient_checkpointing: bool = False,
         threads: int | None = None,
         log_path: Path | None = None,
+        log_max_bytes: int = 64 * 1024 * 1024,
+        log_backups: int = 3,
         python: str = sys.executable,
         env: Mapping[str, str] | None = None,
         start_timeout: float = 300.0,
@@ -99,6 +102,9 @@ class TrainerProcess:
         # jobs): a parallel region waits for a descheduled thread. Passive waiting costs little when idle.
         self._env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         self._log_path = log_path
+        self._log_max_bytes = log_max_bytes  # log_path rotates at this size (artlike_server.logfiles)
+        self._log_backups = log_backups
+        self._log: RotatingLog | None = None
         self._start_timeout = start_timeout
         self._command_timeout = command_timeout
         self._heartbeat_interval = heartbeat_interval
@@ -295,19 +301,13 @@ class TrainerProcess:
         await queue.put(None)  # EOF: the process is ending
 
     async def _read_stderr(self, stream: asyncio.StreamReader) -> None:
-        log: BinaryIO | None = None
-        if self._log_path is not None:
-            self._log_path.parent.mkdir(parents=True, exist_ok=True)
-            log = await asyncio.to_thread(self._log_path.open, "ab")
-        try:
-            while line := await stream.readline():
-                self._stderr_tail.append(line.decode(errors="replace").rstrip("\n"))
-                if log is not None:
-                    log.write(line)
-                    log.flush()
-        finally:
-            if log is not None:
-                log.close()
+        if self._log is None and self._log_path is not None:  # one log for every worker this client starts
+            self._log = await asyncio.to_thread(
+                RotatingLog, self._log_path, max_bytes=self._log_max_bytes, backups=self._log_backups)
+        while line := await stream.readline():
+            self._stderr_tail.append(line.decode(errors="replace").rstrip("\n"))
+            if self._log is not None:
+                self._log.write(line)  # one short line: a buffered write, no fsync
 
     async def _crashed(self, message: str) -> TrainerCrashed:
         returncode = await self._reap(10.0)
