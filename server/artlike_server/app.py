@@ -154,6 +154,11 @@ async def _start_engine_then_trainer(state: AppState, on_fatal: Callable[[BaseEx
         if on_fatal is not None:
             on_fatal(error)
         return
+    except Exception as error:  # anything else (a bug in a start-up step): never /health 503 forever
+        log.critical("the server could not start: %s: %s", type(error).__name__, error, exc_info=error)
+        if on_fatal is not None:
+            on_fatal(error)
+        return
     # The trainer loads its own copy of the base model; start it after the engine so the two start-ups
     # don't compete for the same cores, and so the first /_train_model or register is fast.
     try:

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from fastapi import Request
@@ -31,8 +30,6 @@ class AppState:
     metrics: Metrics
     trainer: TrainerProcess
     training: TrainingService
-    # registrations are rare; one at a time keeps create-or-compare simple
-    registration_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
 def get_state(request: Request) -> AppState:

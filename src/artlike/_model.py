@@ -25,7 +25,15 @@ from ._train import (
     run_train_sync,
 )
 from ._trajectory import Trajectory, TrajectoryGroup
-from .types import LoraConfig, ModelInfo, RegisterModelRequest, StepInfo, TrainConfig
+from .types import (
+    LoraConfig,
+    ModelInfo,
+    RegisterModelRequest,
+    StepInfo,
+    StepRetention,
+    TrainConfig,
+    UpdateModelRequest,
+)
 
 __all__ = ["TrainableModel"]
 
@@ -58,6 +66,7 @@ class TrainableModel:
         server: str,
         *,
         lora: LoraConfig | Mapping[str, Any] | None = None,
+        retention: StepRetention | Mapping[str, Any] | None = None,
         api_key: str | None = None,
         timeout: float | httpx.Timeout = DEFAULT_TIMEOUT,
         retry: RetryPolicy | None = None,
@@ -66,7 +75,8 @@ class TrainableModel:
     ) -> None:
         # Validates the name (no '@' or '/') and the LoRA config now, not at the first request.
         self._registration = RegisterModelRequest(
-            name=name, base_model=base_model, lora=LoraConfig.model_validate(lora if lora is not None else {})
+            name=name, base_model=base_model, lora=LoraConfig.model_validate(lora if lora is not None else {}),
+            retention=StepRetention.model_validate(retention) if retention is not None else None,
         )
         self._connection = Connection(
             server,
@@ -149,6 +159,17 @@ class TrainableModel:
     def delete_steps_sync(self, *, keep: int) -> list[int]:
         response = self._connection.request_sync("DELETE", self._path("/steps"), params={"keep": _check_keep(keep)})
         return _DeletedSteps.model_validate_json(response.content).deleted
+
+    async def set_retention(self, retention: StepRetention | Mapping[str, Any]) -> ModelInfo:
+        """Change which steps the server keeps (`keep_last`, `keep_best`); applied at once and after every step."""
+        body = UpdateModelRequest(retention=StepRetention.model_validate(retention)).model_dump(mode="json")
+        response = await self._connection.request("PATCH", self._path(), json=body, idempotent=True)
+        return ModelInfo.model_validate_json(response.content)
+
+    def set_retention_sync(self, retention: StepRetention | Mapping[str, Any]) -> ModelInfo:
+        body = UpdateModelRequest(retention=StepRetention.model_validate(retention)).model_dump(mode="json")
+        response = self._connection.request_sync("PATCH", self._path(), json=body, idempotent=True)
+        return ModelInfo.model_validate_json(response.content)
 
     def _path(self, suffix: str = "") -> str:
         return f"/v1/trainable_models/{self.name}{suffix}"

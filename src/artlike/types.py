@@ -60,10 +60,34 @@ class LoraConfig(_Strict):
     target_modules: list[str] = Field(default_factory=lambda: list(DEFAULT_LORA_TARGETS), min_length=1)
 
 
+class KeepBest(_Strict):
+    """Keep the `count` steps with the best value of a history metric (a dotted path into a history line)."""
+
+    metric: str = Field("reward.mean", min_length=1, description='e.g. "reward.mean", "metrics.accuracy"')
+    mode: Literal["max", "min"] = "max"
+    count: int = Field(1, ge=1)
+
+
+class StepRetention(_Strict):
+    """Which trained steps a model keeps on disk. After each committed step, every step that no rule keeps is
+    deleted; the latest step, step 0 and steps that requests are using are always kept. None: keep all."""
+
+    keep_last: int | None = Field(None, ge=1, description="the newest N steps")
+    keep_best: KeepBest | None = None
+
+
 class RegisterModelRequest(_Strict):
     name: ModelName
     base_model: str = Field(min_length=1, description="Must be the base model the server serves.")
     lora: LoraConfig = Field(default_factory=LoraConfig)
+    retention: StepRetention | None = Field(
+        None, description="Step retention; None keeps the model's current policy (keep all for a new model).")
+
+
+class UpdateModelRequest(_Strict):
+    """`PATCH /v1/trainable_models/{name}`: what may change after registration."""
+
+    retention: StepRetention
 
 
 class StepInfo(BaseModel):
@@ -81,6 +105,7 @@ class ModelInfo(BaseModel):
     served_name: str  # "name@latest"
     created_at: float
     steps: list[StepInfo] = Field(default_factory=list)
+    retention: StepRetention = Field(default_factory=lambda: StepRetention())
 
 
 # ------------------------------------------------------------------------------------- completion log

@@ -1,14 +1,16 @@
 """The adapter manager's logic against a fake engine client (the real engine is in the integration tests)."""
 
+import asyncio
 from pathlib import Path
 
+import httpx
 import pytest
-from artlike_server.engine.client import EngineModel
-from artlike_server.errors import InvalidRequest, NotFound
+from artlike_server.engine.client import EngineModel, EngineRequestError
+from artlike_server.errors import Conflict, InvalidRequest, NotFound
 from artlike_server.models.manager import ModelManager, ServedModel, parse_model_reference
 from artlike_server.models.store import ModelStore
 
-from artlike.types import LoraConfig
+from artlike.types import KeepBest, LoraConfig, StepRetention
 
 
 class FakeEngine:
@@ -28,13 +30,20 @@ class FakeEngine:
         return [EngineModel(id="base"), *(EngineModel(id=n) for n in self.loaded)]
 
 
-def make_store(tmp_path: Path, steps: int) -> ModelStore:
+def add_step(store: ModelStore, name: str, step: int, *, committed: bool = True) -> None:
+    """A step on disk as a job leaves it: the directory, then (committed) its history line."""
+    staging = store.new_staging_dir(name)
+    (staging / "adapter_config.json").write_text("{}")
+    store.commit_step(name, staging, step)
+    if committed and step > 0:
+        store.append_history(name, {"step": step, "reward": {"mean": step / 10}})
+
+
+def make_store(tmp_path: Path, steps: int, name: str = "m") -> ModelStore:
     store = ModelStore(tmp_path)
     for step in range(steps):
-        staging = store.new_staging_dir("m")
-        (staging / "adapter_config.json").write_text("{}")
-        store.commit_step("m", staging, step)
-    store.create("m", "base", LoraConfig())
+        add_step(store, name, step)
+    store.create(name, "base", LoraConfig())
     return store
 
 
@@ -69,9 +78,7 @@ async def test_publish_moves_alias_and_keeps_latest_k_loaded(tmp_path: Path) -> 
     manager = ModelManager(store, engine, "base", max_loaded=2, on_swap=swaps.append)  # type: ignore[arg-type]
     await manager.restore()
     for step in (1, 2, 3):
-        staging = store.new_staging_dir("m")
-        (staging / "adapter_config.json").write_text("{}")
-        store.commit_step("m", staging, step)
+        add_step(store, "m", step)
         await manager.publish("m", step)
         assert (await manager.resolve("m")).engine_name == f"m@{step}"
     assert sorted(engine.loaded) == ["m@2", "m@3"]
@@ -115,3 +122,196 @@ async def test_publish_when_every_loaded_adapter_is_some_models_latest(tmp_path:
     # an old step loaded on demand is not evicted before the request that asked for it uses it
     async with manager.lease("m@0") as served:
         assert served.engine_name in engine.loaded
+
+
+# ------------------------------------------------------------------------------ restore: nothing bricks a start
+
+
+class RefusingEngine(FakeEngine):
+    """Refuses to load the adapters whose directories it is told are corrupt, as vLLM does (a 500)."""
+
+    def __init__(self, corrupt: set[str]) -> None:
+        super().__init__()
+        self.corrupt = corrupt
+
+    async def load_lora_adapter(self, name: str, path: str) -> None:
+        if name in self.corrupt:
+            raise EngineRequestError("POST", "/v1/load_lora_adapter", 500, f"cannot load {path}")
+        await super().load_lora_adapter(name, path)
+
+
+async def test_restore_falls_back_past_a_refused_step_and_serves_the_other_models(tmp_path: Path) -> None:
+    store = make_store(tmp_path, 3, "a")  # a@2 is corrupt: a serves step 1
+    for step in range(2):
+        add_step(store, "b", step)
+    add_step(store, "b", 2, committed=False)  # killed between the rename and the history line
+    store.create("b", "base", LoraConfig())
+    add_step(store, "c", 0)
+    store.create("c", "base", LoraConfig())  # c has only a corrupt step 0: not served
+    (store.root / "d").mkdir()
+    (store.root / "d" / "model.json").write_text("{not json")  # unreadable: skipped, never fatal
+    engine = RefusingEngine({"a@2", "c@0"})
+    manager = ModelManager(store, engine, "base")  # type: ignore[arg-type]
+    await manager.restore()
+    assert manager.latest_step("a") == 1 and manager.latest_step("b") == 1
+    assert manager.served_models == ["a", "b"]
+    assert store.steps("b") == [0, 1]  # the uncommitted step is gone, so it can never be served
+    assert store.steps("a") == [0, 1, 2]  # a refused committed step is kept on disk (logged), not deleted
+    assert await manager.resolve("a") == ServedModel("a@1", "a", 1)
+    with pytest.raises(NotFound):
+        await manager.resolve("c")
+
+
+async def test_restore_propagates_an_engine_that_is_gone(tmp_path: Path) -> None:
+    class GoneEngine(FakeEngine):
+        async def load_lora_adapter(self, name: str, path: str) -> None:
+            raise httpx.ConnectError("connection refused")
+
+    manager = ModelManager(make_store(tmp_path, 2), GoneEngine(), "base")  # type: ignore[arg-type]
+    with pytest.raises(httpx.ConnectError):  # the supervisor fails this start and tries again
+        await manager.restore()
+
+
+# ---------------------------------------------------------------------------------------- transactions
+
+
+async def test_register_commits_model_json_only_after_step_0_is_served(tmp_path: Path) -> None:
+    store = ModelStore(tmp_path)
+    manager = ModelManager(store, RefusingEngine({"m@0"}), "base")  # type: ignore[arg-type]
+
+    async def write_step0(staging: Path) -> None:
+        (staging / "adapter_config.json").write_text("{}")
+
+    with pytest.raises(EngineRequestError):
+        await manager.register("m", "base", LoraConfig(), None, write_step0)
+    assert not store.model_dir("m").exists() and store.get("m") is None  # nothing half-registered
+    manager.engine = FakeEngine()  # type: ignore[assignment]
+    model, created = await manager.register("m", "base", LoraConfig(), None, write_step0)
+    assert created and store.get("m") == model and manager.latest_step("m") == 0
+    again, created = await manager.register("m", "base", LoraConfig(), StepRetention(keep_last=2), write_step0)
+    assert not created and again.retention.keep_last == 2 and store.require("m").retention.keep_last == 2
+    with pytest.raises(Conflict):
+        await manager.register("m", "base", LoraConfig(rank=4), None, write_step0)
+
+
+def history_entry(step: int, swap_seconds: float) -> dict[str, object]:
+    return {"step": step, "swap_seconds": swap_seconds, "reward": {"mean": 0.5}}
+
+
+async def test_a_failed_publish_rolls_back_and_a_leftover_never_blocks_the_next_commit(tmp_path: Path) -> None:
+    store = make_store(tmp_path, 2)
+    engine = RefusingEngine({"m@2"})
+    manager = ModelManager(store, engine, "base")  # type: ignore[arg-type]
+    await manager.restore()
+    staging = store.new_staging_dir("m")
+    (staging / "adapter_config.json").write_text("{}")
+    with pytest.raises(EngineRequestError):
+        await manager.commit_step("m", staging, history_entry)
+    assert manager.latest_step("m") == 1 and store.steps("m") == [0, 1]
+    assert [e["step"] for e in store.read_history("m")] == [1]
+    # A rollback that could not delete its directory (the disk, a crash) leaves steps/2 behind: the next
+    # commit takes the next free number instead of failing with "already exists" forever.
+    add_step(store, "m", 2, committed=False)
+    engine.corrupt.clear()
+    staging = store.new_staging_dir("m")
+    (staging / "adapter_config.json").write_text("{}")
+    committed = await manager.commit_step("m", staging, history_entry)
+    assert committed.step == 3 and manager.latest_step("m") == 3
+    assert [e["step"] for e in store.read_history("m")] == [1, 3]
+    await manager.restore()  # a restart removes the leftover and serves the committed step
+    assert store.steps("m") == [0, 1, 3] and manager.latest_step("m") == 3
+
+
+async def test_a_failed_history_append_leaves_the_previous_step_served(tmp_path: Path) -> None:
+    store = make_store(tmp_path, 2)
+    engine = FakeEngine()
+    manager = ModelManager(store, engine, "base")  # type: ignore[arg-type]
+    await manager.restore()
+
+    def disk_full(name: str, entry: dict[str, object]) -> None:
+        raise OSError(28, "No space left on device")
+
+    store.append_history = disk_full  # type: ignore[method-assign]
+    staging = store.new_staging_dir("m")
+    (staging / "adapter_config.json").write_text("{}")
+    with pytest.raises(OSError):
+        await manager.commit_step("m", staging, history_entry)
+    assert manager.latest_step("m") == 1 and store.steps("m") == [0, 1] and "m@2" not in engine.loaded
+
+
+async def test_retention_after_a_commit_keeps_the_policys_steps(tmp_path: Path) -> None:
+    store = make_store(tmp_path, 4)  # history reward.mean = step / 10: step 3 is the best so far
+    manager = ModelManager(store, FakeEngine(), "base")  # type: ignore[arg-type]
+    await manager.restore()
+    await manager.set_retention("m", StepRetention(keep_last=1, keep_best=KeepBest(metric="reward.mean", count=1)))
+    assert store.steps("m") == [0, 3]  # 0 always, 3 latest and best
+    staging = store.new_staging_dir("m")
+    (staging / "adapter_config.json").write_text("{}")
+    await manager.commit_step("m", staging, lambda step, swap: {"step": step, "reward": {"mean": 0.0}})
+    assert store.steps("m") == [0, 3, 4]  # 4 latest, 3 still the best
+
+
+# ------------------------------------------------------------------------------------ leases and deletes
+
+
+class GatedEngine(FakeEngine):
+    """Unloads wait for `gate`: a request can arrive while its adapter is being unloaded."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.unloading = asyncio.Event()
+
+    async def unload_lora_adapter(self, name: str) -> None:
+        self.unloading.set()
+        await self.gate.wait()
+        await super().unload_lora_adapter(name)
+
+
+async def test_a_request_arriving_during_its_adapters_eviction_gets_it_loaded_again(tmp_path: Path) -> None:
+    store = make_store(tmp_path, 3)
+    engine = GatedEngine()
+    manager = ModelManager(store, engine, "base", max_loaded=1)  # type: ignore[arg-type]
+    engine.gate.set()
+    await manager.restore()
+    await manager.resolve("m@1")  # loaded, unleased: the next load evicts it
+    engine.gate.clear()
+    engine.unloading.clear()
+    evicting = asyncio.create_task(manager.resolve("m@0"))  # loads m@0, then blocks unloading m@1
+    await engine.unloading.wait()
+
+    async def use_m1() -> bool:
+        async with manager.lease("m@1") as served:
+            await evicting  # the unload that was under way has finished by the time the request is served
+            return served.engine_name in engine.loaded
+
+    user = asyncio.create_task(use_m1())
+    await asyncio.sleep(0)
+    engine.gate.set()
+    assert await user  # before: the request got m@1 while its unload finished, and the engine 404ed
+
+
+async def test_deleting_a_step_in_use_waits_for_its_requests_or_refuses(tmp_path: Path) -> None:
+    store = make_store(tmp_path, 3)
+    manager = ModelManager(store, FakeEngine(), "base", lease_wait_s=0.2)  # type: ignore[arg-type]
+    await manager.restore()
+    release = asyncio.Event()
+
+    async def hold(model: str) -> None:
+        async with manager.lease(model):
+            await release.wait()
+
+    holder = asyncio.create_task(hold("m@0"))
+    await asyncio.sleep(0)
+    with pytest.raises(Conflict) as caught:  # held past the wait: 409, nothing deleted
+        await manager.delete_steps("m", [0, 1])
+    assert caught.value.code == "step_in_use" and store.steps("m") == [0, 1, 2]
+    assert await manager.resolve("m@0")  # it resolves again after the refusal
+    manager.lease_wait_s = 5.0
+    deleting = asyncio.create_task(manager.delete_steps("m", [0, 1]))
+    await asyncio.sleep(0.05)
+    with pytest.raises(NotFound):  # being deleted: new requests no longer get it
+        await manager.resolve("m@0")
+    release.set()
+    await holder
+    assert await deleting == [0, 1] and store.steps("m") == [2]

@@ -1,15 +1,25 @@
-"""HTTP routes for trainable models: register, inspect, list and delete steps."""
+"""HTTP routes for trainable models: register, update, inspect, list and delete steps (thin: the\ntransactions are `ModelManager`'s)."""
 
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
+
+import httpx
 from fastapi import APIRouter, Query, Request, Response
 
-from artlike.types import ModelInfo, RegisterModelRequest, StepInfo
+from artlike.types import ModelInfo, RegisterModelRequest, StepInfo, UpdateModelRequest
 
-from ..errors import Conflict, InvalidRequest
+from ..engine.client import EngineRequestError
+from ..errors import Conflict, InvalidRequest, ServiceUnavailable
 from ..state import AppState, get_state
-from .manager import served_name
+from ..training.trainer_client import TrainerCrashed, TrainerError, TrainerTimeout
+from .manager import AdapterRefused, engine_unavailable, served_name
 from .store import StoredModel
+from .targets import check_target_modules, read_module_names
+
+_CONFIG_ERROR_KINDS = frozenset({"ValueError", "TypeError", "KeyError", "AdapterError"})
+"""Worker-side exception types that mean PEFT refused the LoRA config (not a trainer bug)."""
 
 router = APIRouter()
 
@@ -35,6 +45,7 @@ def model_info(state: AppState, model: StoredModel) -> ModelInfo:
         served_name=served_name(model.name, latest),
         created_at=model.created_at,
         steps=steps,
+        retention=model.retention,
     )
 
 
@@ -52,27 +63,36 @@ async def register_model(body: RegisterModelRequest, request: Request, response:
             f"lora.rank {body.lora.rank} exceeds the engine's --max-lora-rank {state.settings.max_lora_rank}",
             param="lora.rank", code="invalid_value",
         )
-    async with state.registration_lock:
-        existing = state.store.get(body.name)
-        if existing is not None:
-            if existing.lora != body.lora:
-                raise Conflict(
-                    f"model {body.name!r} is already registered with a different LoRA config "
-                    f"({existing.lora.model_dump()}); pick another name or delete it",
-                    param="lora", code="model_exists",
-                )
-            response.status_code = 200
-            return model_info(state, existing)
-        staging = state.store.new_staging_dir(body.name)
+    modules = await asyncio.to_thread(read_module_names, state.settings.model_path)
+    if modules is not None:
+        check_target_modules(body.lora.target_modules, modules)
+
+    async def write_step0(staging: Path) -> None:
         try:
             await state.trainer.init_adapter(body.name, body.lora, staging)
-            state.store.commit_step(body.name, staging, 0)
-        finally:
-            state.store.discard_staging(staging)
-        model = state.store.create(body.name, state.settings.served_model_name, body.lora)
-        await state.models.publish(body.name, 0)
-    response.status_code = 201
+        except TrainerError as error:
+            if error.kind in _CONFIG_ERROR_KINDS:  # PEFT refused the config: the caller's to fix
+                raise InvalidRequest(f"the trainer cannot build this LoRA: {error.message}", param="lora",
+                                     code="invalid_lora_config") from error
+            raise
+        except (TrainerCrashed, TrainerTimeout) as error:
+            raise ServiceUnavailable(f"the trainer is not available: {error}", retry_after=30.0,
+                                     code="trainer_unavailable") from error
+
+    try:
+        model, created = await state.models.register(body.name, state.settings.served_model_name, body.lora,
+                                                     body.retention, write_step0)
+    except (httpx.TransportError, EngineRequestError, AdapterRefused) as error:
+        raise engine_unavailable(error, f"load step 0 of {body.name!r}") from error
+    response.status_code = 201 if created else 200
     return model_info(state, model)
+
+
+@router.patch("/v1/trainable_models/{name}", response_model=ModelInfo)
+async def update_model(name: str, body: UpdateModelRequest, request: Request) -> ModelInfo:
+    """Change what may change after registration: the step retention policy (applied at once)."""
+    state = get_state(request)
+    return model_info(state, await state.models.set_retention(name, body.retention))
 
 
 @router.get("/v1/trainable_models")
@@ -104,7 +124,8 @@ async def delete_steps(
         raise Conflict(f"model {name!r} is training; delete steps after the job finishes", code="training_in_progress")
     steps = state.store.steps(name)
     doomed = steps[:-keep] if keep < len(steps) else []
-    for step in doomed:
-        await state.models.forget_step(name, step)
-        state.store.delete_step(name, step)
-    return {"deleted": doomed, "data": model_info(state, model).steps}
+    try:
+        deleted = await state.models.delete_steps(name, doomed)
+    except (httpx.TransportError, EngineRequestError) as error:
+        raise engine_unavailable(error, f"unload steps of {name!r}") from error
+    return {"deleted": deleted, "data": model_info(state, model).steps}

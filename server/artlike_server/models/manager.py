@@ -1,14 +1,25 @@
-"""Which adapter serves which name: resolution, hot-swap and the set of adapters loaded in the engine.
+"""Which adapter serves which name, and the transactions that change it: register, commit, delete steps.
 
 Names (DESIGN §4):  `name` → the latest step (an alias), `name@N` → exactly step N, the base model id →
 base weights. Every step is loaded into vLLM under its own name `name@N` from its own directory, so
 changed weights never reuse an old name (vLLM's prefix cache would serve stale results, vllm#42125).
 
-A swap loads `name@N+1`, checks the engine lists it, then moves the alias — one dict assignment, so a
-request resolves to either the old or the new step, never to something half-loaded. Requests hold a
-lease on the adapter they resolved to; an adapter is only unloaded when no request holds it, so a swap
-or an eviction never fails a request in flight. The latest K adapters stay loaded; older steps load again
-on demand when a request names them.
+Transactions (one at a time per model), each leaving either the old state or the new one:
+- `register`: step 0 written, renamed into place, loaded and verified in the engine, then `model.json`
+  (the commit point). Any failure removes the model's directory: nothing half-registered remains.
+- `commit_step`: the trained step renamed into place as the next free number, loaded, verified, the alias
+  moved, then its history line appended (the commit point). Any failure moves the alias back and removes
+  the step (best effort; a leftover directory is skipped by numbering and removed at the next start).
+- `delete_steps`: the steps stop resolving at once, in-flight requests on them finish (bounded wait, else
+  409), then they are unloaded and deleted. The step retention policy runs the same way after each commit.
+
+Requests hold a lease, taken before the adapter is loaded, so an eviction can never unload it between
+its load and its use; an adapter is only unloaded when no request holds it. The latest K adapters stay
+loaded; older steps load again on demand.
+
+`restore` (after every engine start) restores each model on its own: uncommitted steps are removed, the
+newest committed step the engine accepts is served (a refused or corrupt step falls back to the one
+before, logged), and a model with no loadable step is left out, logged; the others are served.
 """
 
 from __future__ import annotations
@@ -17,18 +28,28 @@ import asyncio
 import logging
 import time
 from collections import Counter, OrderedDict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from ..errors import InvalidRequest, NotFound
-from .store import ModelStore
+import httpx
+
+from artlike.types import LoraConfig, StepRetention
+
+from ..engine.client import EngineRequestError
+from ..errors import Conflict, InvalidRequest, NotFound, ServiceUnavailable
+from .retention import steps_to_delete
+from .store import ModelStore, StoredModel, fsync_tree
 
 if TYPE_CHECKING:
     from ..engine.client import EngineClient
 
 log = logging.getLogger(__name__)
+
+LEASE_WAIT_SECONDS = 30.0
+"""How long deleting a step waits for the requests using it before answering 409."""
 
 
 @dataclass(frozen=True)
@@ -36,6 +57,17 @@ class ServedModel:
     engine_name: str  # the name vLLM knows: the base model id or "name@N"
     model: str | None  # trainable model name, None for the base model
     step: int | None
+
+
+@dataclass(frozen=True)
+class CommittedStep:
+    step: int
+    adapter_path: Path
+    swap_seconds: float
+
+
+class AdapterRefused(RuntimeError):
+    """The engine would not load or list a step's adapter (the step is bad, not the engine)."""
 
 
 def served_name(model: str, step: int) -> str:
@@ -56,6 +88,11 @@ def parse_model_reference(requested: str) -> tuple[str, int | None]:
     return name, int(step)
 
 
+def engine_unavailable(error: Exception, what: str) -> ServiceUnavailable:
+    """A failed admin call to the engine while serving a request: the client should retry later."""
+    return ServiceUnavailable(f"the engine could not {what}: {error}", retry_after=5.0, code="engine_unavailable")
+
+
 class ModelManager:
     def __init__(
         self,
@@ -65,32 +102,61 @@ class ModelManager:
         *,
         max_loaded: int = 4,
         on_swap: Callable[[float], None] | None = None,
+        lease_wait_s: float = LEASE_WAIT_SECONDS,
     ) -> None:
         self.store = store
         self.engine = engine
         self.base_model_id = base_model_id
         self.max_loaded = max(1, max_loaded)
+        self.lease_wait_s = lease_wait_s
         self._on_swap = on_swap
         self._latest: dict[str, int] = {}  # alias table: model name → latest step
         self._loaded: OrderedDict[str, None] = OrderedDict()  # engine names loaded, least recently used first
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._locks: dict[str, asyncio.Lock] = {}  # per engine name: one load or unload at a time
+        self._model_locks: dict[str, asyncio.Lock] = {}  # per model: one transaction at a time
         self._leases: Counter[str] = Counter()
+        self._released = asyncio.Condition()  # notified whenever a lease ends
+        self._retiring: set[str] = set()  # engine names being deleted: they no longer resolve
 
     # ----------------------------------------------------------------------------- start-up
 
     async def restore(self) -> None:
-        """Load the latest step of every stored model. Runs after every engine (re)start: a restarted
-        vLLM has forgotten all runtime-loaded adapters."""
+        """Load the latest good step of every stored model. Runs after every engine (re)start: a restarted
+        vLLM has forgotten all runtime-loaded adapters. Engine outages propagate (the start fails and the
+        supervisor retries); a bad step or model only costs that model its step, or its place."""
         self._loaded.clear()
+        self._latest.clear()
         for model in self.store.all():
-            self.store.clear_staging(model.name)
-            latest = self.store.latest_step(model.name)
-            if latest is None:
-                continue
-            self._latest[model.name] = latest
-            await self._ensure_loaded(model.name, latest)
+            try:
+                await self._restore_model(model.name)
+            except httpx.TransportError:
+                raise  # the engine itself is gone (a refused step is handled per step): the start is retried
+            except Exception:  # a bug or a broken directory: this model is not served, the others are
+                log.exception("model %r is not served: restoring it failed", model.name)
         log.info("serving %d trainable model(s): %s", len(self._latest),
                  ", ".join(served_name(m, s) for m, s in self._latest.items()) or "-")
+
+    async def _restore_model(self, name: str) -> None:
+        self.store.clear_staging(name)
+        for step in self.store.uncommitted_steps(name):
+            log.warning("removing step %d of %r: it was never committed (the job stopped before its `done`)",
+                        step, name)
+            self.store.delete_step(name, step)
+        committed = self.store.committed_steps(name)
+        for step in reversed(committed):
+            try:
+                await self._ensure_loaded(name, step)
+                await self._verify_listed(served_name(name, step))
+            except (AdapterRefused, EngineRequestError) as error:  # vLLM answers 500 for a corrupt adapter too
+                log.error("step %d of %r cannot be served (%s); falling back to the step before", step, name, error)
+                self._loaded.pop(served_name(name, step), None)
+                continue
+            self._latest[name] = step
+            if step != committed[-1]:
+                log.error("model %r serves step %d: its newer step(s) %s could not be loaded", name, step,
+                          [s for s in committed if s > step])
+            return
+        log.error("model %r is not served: none of its steps %s could be loaded", name, committed)
 
     # --------------------------------------------------------------------------- resolution
 
@@ -105,7 +171,11 @@ class ModelManager:
     def is_loaded(self, name: str, step: int) -> bool:
         return served_name(name, step) in self._loaded
 
-    async def resolve(self, requested: str) -> ServedModel:
+    def leases(self, engine_name: str) -> int:
+        return self._leases.get(engine_name, 0)
+
+    def _resolve_name(self, requested: str) -> ServedModel:
+        """What `requested` names, without touching the engine; NotFound for unknown models and steps."""
         if requested == self.base_model_id:
             return ServedModel(self.base_model_id, None, None)
         name, step = parse_model_reference(requested)
@@ -114,41 +184,142 @@ class ModelManager:
             raise NotFound(f"model {requested!r} does not exist", param="model", code="model_not_found")
         if step is None:
             step = latest
-        elif step > latest or not self.store.step_dir(name, step).is_dir():
+        elif (step > latest or served_name(name, step) in self._retiring
+              or not (self.store.step_dir(name, step) / "adapter_config.json").is_file()):
             raise NotFound(f"model {name!r} has no step {step} (latest is {latest})", param="model",
                            code="model_not_found")
-        await self._ensure_loaded(name, step)
         return ServedModel(served_name(name, step), name, step)
+
+    async def resolve(self, requested: str) -> ServedModel:
+        """Resolve and make sure the adapter is loaded (without holding it: use `lease` to serve)."""
+        async with self.lease(requested) as served:
+            return served
 
     @asynccontextmanager
     async def lease(self, requested: str) -> AsyncIterator[ServedModel]:
-        """Resolve and hold: the adapter is not unloaded until the block exits."""
-        served = await self.resolve(requested)
+        """Resolve and hold: the adapter is not unloaded until the block exits. The lease is taken before
+        the load, so no eviction can come between the two. Engine failures while loading are 503s."""
+        served = self._resolve_name(requested)
         self._leases[served.engine_name] += 1
         try:
+            if served.model is not None and served.step is not None:
+                try:
+                    await self._ensure_loaded(served.model, served.step)
+                except (httpx.TransportError, EngineRequestError) as error:
+                    raise engine_unavailable(error, f"load adapter {served.engine_name}") from error
             yield served
         finally:
             self._leases[served.engine_name] -= 1
             if self._leases[served.engine_name] <= 0:
                 del self._leases[served.engine_name]
+            async with self._released:
+                self._released.notify_all()
 
     async def served_model_ids(self) -> list[str]:
         ids = [self.base_model_id]
         for name, latest in sorted(self._latest.items()):
             ids.append(name)
-            ids.extend(served_name(name, step) for step in self.store.steps(name) if step <= latest)
+            ids.extend(served_name(name, step) for step in self.store.steps(name)
+                       if step <= latest and served_name(name, step) not in self._retiring)
         return ids
 
-    # ------------------------------------------------------------------------------ swapping
+    # --------------------------------------------------------------------------- transactions
+
+    async def register(
+        self,
+        name: str,
+        base_model: str,
+        lora: LoraConfig,
+        retention: StepRetention | None,
+        write_step0: Callable[[Path], Awaitable[Any]],
+    ) -> tuple[StoredModel, bool]:
+        """Create the model (step 0 served, then model.json), or return it when it exists with the same
+        LoRA config (a given retention replaces the stored one). Returns (model, created)."""
+        async with self._model_lock(name):
+            existing = self.store.get(name)
+            if existing is not None:
+                if existing.lora != lora:
+                    raise Conflict(
+                        f"model {name!r} is already registered with a different LoRA config "
+                        f"({existing.lora.model_dump()}); pick another name or delete it",
+                        param="lora", code="model_exists")
+                if retention is not None and retention != existing.retention:
+                    existing = self.store.set_retention(existing, retention)
+                return existing, False
+            if self.store.model_dir(name).exists():  # a registration that died before model.json
+                self.store.delete_model(name)
+            try:
+                staging = self.store.new_staging_dir(name)
+                await write_step0(staging)
+                await asyncio.to_thread(fsync_tree, staging)
+                self.store.commit_step(name, staging, 0)
+                await self._publish(name, 0)
+                return self.store.create(name, base_model, lora, retention), True
+            except BaseException:
+                self._latest.pop(name, None)
+                await self._unload_quietly(served_name(name, 0))
+                self.store.delete_model(name)
+                raise
+
+    async def commit_step(
+        self, name: str, staging: Path, history_entry: Callable[[int, float], dict[str, Any]]
+    ) -> CommittedStep:
+        """Make a trained adapter directory the model's next step and serve it; `history_entry(step,
+        swap_seconds)` is the line whose append commits it. On failure the previous step stays served."""
+        async with self._model_lock(name):
+            previous = self._latest.get(name)
+            step = self.store.next_step_number(name)
+            await asyncio.to_thread(fsync_tree, staging)
+            adapter_path = self.store.commit_step(name, staging, step)
+            try:
+                swap_seconds = await self._publish(name, step)
+                self.store.append_history(name, history_entry(step, swap_seconds))
+            except BaseException:
+                await self._roll_back(name, step, previous)
+                raise
+            await self._apply_retention(name)
+            return CommittedStep(step, adapter_path, swap_seconds)
+
+    async def set_retention(self, name: str, retention: StepRetention) -> StoredModel:
+        async with self._model_lock(name):
+            model = self.store.set_retention(self.store.require(name), retention)
+            await self._apply_retention(name)
+            return model
+
+    async def delete_steps(self, name: str, steps: list[int]) -> list[int]:
+        """Delete steps (never the latest): they stop resolving now; requests using them finish first (up
+        to `lease_wait_s`, else Conflict and nothing is deleted). Returns the steps deleted."""
+        async with self._model_lock(name):
+            latest = self._latest.get(name)
+            doomed = [s for s in steps if s != latest and self.store.step_dir(name, s).is_dir()]
+            names = {served_name(name, s) for s in doomed}
+            self._retiring |= names
+            try:
+                await self._wait_unleased(names)
+            except TimeoutError:
+                busy = sorted(n for n in names if self._leases.get(n))
+                self._retiring -= names
+                raise Conflict(f"step(s) {', '.join(busy)} are serving requests for more than "
+                               f"{self.lease_wait_s:.0f} s; try again later", param="keep",
+                               code="step_in_use") from None
+            try:
+                for step in doomed:
+                    await self._delete_step(name, step)
+            finally:
+                self._retiring -= names
+            return doomed
+
+    # ------------------------------------------------------------------------------ internals
 
     async def publish(self, name: str, step: int) -> float:
-        """Load `name@step` into the engine and point the alias at it. Returns the swap time in seconds."""
+        """Load `name@step` (already on disk), verify it and point the alias at it; returns the swap time.
+        Prefer the transactions (`register`, `commit_step`), which also commit and roll back."""
+        return await self._publish(name, step)
+
+    async def _publish(self, name: str, step: int) -> float:
         started = time.perf_counter()
         await self._ensure_loaded(name, step)
-        engine_name = served_name(name, step)
-        listed = {m.id for m in await self.engine.list_models()}
-        if engine_name not in listed:  # DESIGN §9: never assume an adapter was delivered
-            raise RuntimeError(f"the engine does not list {engine_name} after loading it")
+        await self._verify_listed(served_name(name, step))
         self._latest[name] = step  # the atomic alias move
         await self._evict()
         seconds = time.perf_counter() - started
@@ -156,9 +327,58 @@ class ModelManager:
             self._on_swap(seconds)
         return seconds
 
-    async def forget_step(self, name: str, step: int) -> None:
-        """Unload a step that is about to be deleted (never the latest)."""
-        engine_name = served_name(name, step)
+    async def _verify_listed(self, engine_name: str) -> None:
+        listed = {m.id for m in await self.engine.list_models()}
+        if engine_name not in listed:  # DESIGN §9: never assume an adapter was delivered
+            raise AdapterRefused(f"the engine does not list {engine_name} after loading it")
+
+    async def _roll_back(self, name: str, step: int, previous: int | None) -> None:
+        """Undo a commit that failed after the rename. Never raises: the original error is what matters,
+        and whatever is left (an engine that was down, a directory) is skipped by numbering and cleaned up
+        at the next start."""
+        if previous is None:
+            self._latest.pop(name, None)
+        else:
+            self._latest[name] = previous
+        await self._unload_quietly(served_name(name, step))
+        try:
+            self.store.delete_step(name, step)
+        except OSError as error:
+            log.error("rollback of step %d of %r left its directory (%s); it is removed at the next start",
+                      step, name, error)
+
+    async def _unload_quietly(self, engine_name: str) -> None:
+        try:
+            await self._unload(engine_name)
+        except (httpx.TransportError, EngineRequestError) as error:
+            self._loaded.pop(engine_name, None)
+            log.warning("could not unload %s from the engine (%s); a restarted engine will not have it",
+                        engine_name, error)
+
+    async def _apply_retention(self, name: str) -> None:
+        model = self.store.get(name)
+        latest = self._latest.get(name)
+        if model is None or latest is None:
+            return
+        doomed = steps_to_delete(self.store.steps(name), latest, self.store.read_history(name), model.retention)
+        for step in doomed:
+            if self._leases.get(served_name(name, step)):
+                continue  # in use now: the next commit retires it
+            try:
+                await self._delete_step(name, step)
+                log.info("retention: deleted step %d of %r", step, name)
+            except (OSError, httpx.TransportError, EngineRequestError) as error:
+                log.error("retention: could not delete step %d of %r (%s)", step, name, error)
+
+    async def _delete_step(self, name: str, step: int) -> None:
+        await self._unload(served_name(name, step))
+        self.store.delete_step(name, step)
+
+    async def _wait_unleased(self, engine_names: set[str]) -> None:
+        async with asyncio.timeout(self.lease_wait_s), self._released:
+            await self._released.wait_for(lambda: not any(self._leases.get(n) for n in engine_names))
+
+    async def _unload(self, engine_name: str) -> None:
         async with self._lock(engine_name):
             if engine_name in self._loaded:
                 await self.engine.unload_lora_adapter(engine_name)
@@ -166,10 +386,13 @@ class ModelManager:
 
     async def _ensure_loaded(self, name: str, step: int) -> None:
         engine_name = served_name(name, step)
-        if engine_name in self._loaded:
+        lock = self._lock(engine_name)
+        if engine_name in self._loaded and not lock.locked():
             self._loaded.move_to_end(engine_name)
             return
-        async with self._lock(engine_name):  # one load per name, however many requests ask at once
+        # One load per name, however many requests ask at once; and a request that finds this name being
+        # unloaded waits for the unload to finish, then loads it again (its lease already stops the next one).
+        async with lock:
             if engine_name not in self._loaded:
                 await self.engine.load_lora_adapter(engine_name, str(self.store.step_dir(name, step)))
                 self._loaded[engine_name] = None
@@ -179,17 +402,20 @@ class ModelManager:
         await self._evict(keep=engine_name)
 
     async def _evict(self, keep: str | None = None) -> None:
-        pinned = {served_name(m, s) for m, s in self._latest.items()} | set(self._leases) | {keep}
+        pinned = {served_name(m, s) for m, s in self._latest.items()} | {keep}
         for engine_name in list(self._loaded):
             if len(self._loaded) <= self.max_loaded:
                 break
-            if engine_name in pinned:
+            if engine_name in pinned or self._leases.get(engine_name):
                 continue
             async with self._lock(engine_name):
-                if engine_name in self._loaded and engine_name not in self._leases:
+                if engine_name in self._loaded and not self._leases.get(engine_name):
                     await self.engine.unload_lora_adapter(engine_name)
                     del self._loaded[engine_name]
                     log.info("unloaded adapter %s (keeping the latest %d)", engine_name, self.max_loaded)
 
     def _lock(self, engine_name: str) -> asyncio.Lock:
         return self._locks.setdefault(engine_name, asyncio.Lock())
+
+    def _model_lock(self, name: str) -> asyncio.Lock:
+        return self._model_locks.setdefault(name, asyncio.Lock())

@@ -8,25 +8,33 @@
 Every write is atomic: files go through a temporary name + rename, a step directory is complete before
 it is renamed to `steps/<N>`, so a crash leaves either the old state or the new one, never half a step.
 Names are validated against `MODEL_NAME_PATTERN` before any path is built from them.
+
+What counts as committed: a model exists once `model.json` does (written after step 0 is served); a
+trained step N ≥ 1 once its history line does (written after step N is served). A step directory
+without one is a job that died between the rename and the history line: `uncommitted_steps` lists
+them, and start-up removes them, so a restart serves the last step that reported `done`.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from artlike.types import LoraConfig, is_valid_model_name
+from artlike.types import LoraConfig, StepRetention, is_valid_model_name
 
 from ..errors import InvalidRequest, NotFound
 
 _ADAPTER_MARKER = "adapter_config.json"
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -35,6 +43,7 @@ class StoredModel:
     base_model: str
     lora: LoraConfig
     created_at: float
+    retention: StepRetention = field(default_factory=StepRetention)
 
 
 def write_atomic(path: Path, data: bytes) -> None:
@@ -65,7 +74,8 @@ class ModelStore:
         if not path.is_file():
             return None
         raw = orjson.loads(path.read_bytes())
-        return StoredModel(raw["name"], raw["base_model"], LoraConfig(**raw["lora"]), raw["created_at"])
+        return StoredModel(raw["name"], raw["base_model"], LoraConfig(**raw["lora"]), raw["created_at"],
+                           StepRetention.model_validate(raw.get("retention") or {}))
 
     def require(self, name: str) -> StoredModel:
         model = self.get(name)
@@ -74,18 +84,49 @@ class ModelStore:
         return model
 
     def all(self) -> list[StoredModel]:
-        models = (self.get(d.name) for d in sorted(self.root.iterdir()) if is_valid_model_name(d.name))
-        return [m for m in models if m is not None]
+        """Every readable model; one whose model.json cannot be read is logged and left out (never fatal)."""
+        models = []
+        for directory in sorted(self.root.iterdir()):
+            if not is_valid_model_name(directory.name):
+                continue
+            try:
+                model = self.get(directory.name)
+            except (OSError, ValueError, KeyError, TypeError) as error:  # orjson and pydantic errors are ValueErrors
+                log.error("model %r is not served: its model.json cannot be read (%s)", directory.name, error)
+                continue
+            if model is not None:
+                models.append(model)
+        return models
 
-    def create(self, name: str, base_model: str, lora: LoraConfig) -> StoredModel:
-        """Write model.json. Registration calls this last, after step 0 is in place: a model exists only
+    def create(self, name: str, base_model: str, lora: LoraConfig,
+               retention: StepRetention | None = None) -> StoredModel:
+        """Write model.json. Registration calls this last, after step 0 is served: a model exists only
         once it is complete."""
         directory = self.model_dir(name)
         directory.mkdir(parents=True, exist_ok=True)
-        model = StoredModel(name, base_model, lora, time.time())
-        record = {"name": name, "base_model": base_model, "lora": lora.model_dump(), "created_at": model.created_at}
-        write_atomic(directory / "model.json", orjson.dumps(record, option=orjson.OPT_INDENT_2))
+        model = StoredModel(name, base_model, lora, time.time(), retention or StepRetention())
+        self._write_model_json(model)
         return model
+
+    def set_retention(self, model: StoredModel, retention: StepRetention) -> StoredModel:
+        updated = StoredModel(model.name, model.base_model, model.lora, model.created_at, retention)
+        self._write_model_json(updated)
+        return updated
+
+    def _write_model_json(self, model: StoredModel) -> None:
+        record = {"name": model.name, "base_model": model.base_model, "lora": model.lora.model_dump(),
+                  "created_at": model.created_at, "retention": model.retention.model_dump()}
+        write_atomic(self.model_dir(model.name) / "model.json", orjson.dumps(record, option=orjson.OPT_INDENT_2))
+
+    def delete_model(self, name: str) -> None:
+        """Remove a model's directory (a registration that never completed); renamed away first, so a crash
+        mid-delete never leaves a half model that looks complete."""
+        directory = self.model_dir(name)
+        if not directory.exists():
+            return
+        doomed = self.root / f".deleted-{name}-{time.monotonic_ns()}"
+        os.rename(directory, doomed)
+        shutil.rmtree(doomed, ignore_errors=True)
 
     # ------------------------------------------------------------------------------------ steps
 
@@ -94,12 +135,34 @@ class ModelStore:
         if not steps_dir.is_dir():
             return []
         return sorted(
-            int(d.name) for d in steps_dir.iterdir() if d.name.isdigit() and (d / _ADAPTER_MARKER).is_file()
+            int(d.name) for d in steps_dir.iterdir()
+            if d.name.isascii() and d.name.isdigit() and (d / _ADAPTER_MARKER).is_file()
         )
 
     def latest_step(self, name: str) -> int | None:
         steps = self.steps(name)
         return steps[-1] if steps else None
+
+    def committed_steps(self, name: str) -> list[int]:
+        """Steps that are complete on disk and committed: step 0, and every step with a history line."""
+        committed = {0} | {entry["step"] for entry in self.read_history(name) if isinstance(entry.get("step"), int)}
+        return [step for step in self.steps(name) if step in committed]
+
+    def uncommitted_steps(self, name: str) -> list[int]:
+        """Step directories that never became committed (the job died before their history line)."""
+        committed = set(self.committed_steps(name))
+        return [step for step in self._step_numbers_on_disk(name) if step not in committed]
+
+    def next_step_number(self, name: str) -> int:
+        """The number a new step gets: above every step directory on disk, complete or not, so a leftover of
+        a failed rollback or a step the engine refused never blocks the next commit."""
+        return max(self._step_numbers_on_disk(name), default=-1) + 1
+
+    def _step_numbers_on_disk(self, name: str) -> list[int]:
+        steps_dir = self.model_dir(name) / "steps"
+        if not steps_dir.is_dir():
+            return []
+        return sorted(int(d.name) for d in steps_dir.iterdir() if d.name.isascii() and d.name.isdigit())
 
     def step_dir(self, name: str, step: int) -> Path:
         return self.model_dir(name) / "steps" / str(step)
@@ -133,6 +196,8 @@ class ModelStore:
 
     def delete_step(self, name: str, step: int) -> None:
         target = self.step_dir(name, step)
+        if not target.exists():
+            return
         # Rename first so a crash mid-delete never leaves a half step that looks complete.
         doomed = self.model_dir(name) / ".staging" / f"deleted-{step}-{time.monotonic_ns()}"
         doomed.parent.mkdir(parents=True, exist_ok=True)

@@ -23,6 +23,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+import httpx
 from pydantic import BaseModel
 
 from artlike.types import (
@@ -38,10 +39,11 @@ from artlike.types import (
 )
 
 from ..completion_log import CompletionLog, ReadLimitExceeded
+from ..engine.client import EngineRequestError
 from ..errors import Conflict, InvalidRequest, NotFound, ServiceUnavailable
 from ..metrics import Metrics
-from ..models.manager import ModelManager, served_name
-from ..models.store import ModelStore, fsync_tree
+from ..models.manager import AdapterRefused, ModelManager, served_name
+from ..models.store import ModelStore
 from .advantages import group_advantages, is_zero_variance
 from .batch_file import write_batch
 from .packing import count_gradient_steps
@@ -298,23 +300,16 @@ class TrainingService:
                         job.emit(step)
             train_seconds = time.perf_counter() - train_started
             batch_path.unlink(missing_ok=True)
-            await asyncio.to_thread(fsync_tree, staging)  # the slow part of commit_step, off the event loop
 
             job.stage = "swapping"
-            new_step = p.from_step + 1
-            adapter_path = self.store.commit_step(p.model, staging, new_step)
+            # Renamed into place as the next step, served, verified, then committed by its history line;
+            # on any failure the previous step stays served (ModelManager.commit_step).
+            committed = await self.models.commit_step(
+                p.model, staging, lambda step, swap: _history_entry(p, step, steps, train_seconds, swap))
             staging = None
-            try:
-                swap_seconds = await self.models.publish(p.model, new_step)
-            except BaseException:
-                # The step never became servable: remove it, so a restart cannot serve a step that never
-                # reported `done` and the next job can write step N+1 again.
-                await self.models.forget_step(p.model, new_step)
-                self.store.delete_step(p.model, new_step)
-                raise
-            self.store.append_history(p.model, _history_entry(p, new_step, steps, train_seconds, swap_seconds))
-            job.emit(DoneEvent(model=served_name(p.model, new_step), step=new_step, adapter_path=str(adapter_path),
-                               train_seconds=round(train_seconds, 3), swap_seconds=round(swap_seconds, 4)))
+            job.emit(DoneEvent(model=served_name(p.model, committed.step), step=committed.step,
+                               adapter_path=str(committed.adapter_path), train_seconds=round(train_seconds, 3),
+                               swap_seconds=round(committed.swap_seconds, 4)))
         except asyncio.CancelledError:
             if job.cancelled_for is None:  # not ours to report
                 raise
@@ -325,6 +320,10 @@ class TrainingService:
             log.warning("training %s failed: %s", p.model, error)
             job.emit(ErrorEvent(message=str(error), code=_error_code(error),
                                 served_step=self.models.latest_step(p.model)))
+        except (httpx.TransportError, EngineRequestError, AdapterRefused) as error:
+            log.warning("publishing the new step of %s failed: %s", p.model, error)
+            job.emit(ErrorEvent(message=f"the engine did not take the new step, so it was not committed: {error}",
+                                code="engine_unavailable", served_step=self.models.latest_step(p.model)))
         except Exception as error:  # a bug: log the traceback, tell the client, keep serving the old step
             log.exception("training job for %s crashed", p.model)
             job.emit(ErrorEvent(message=f"internal error: {type(error).__name__}: {error}", code="internal_error",
