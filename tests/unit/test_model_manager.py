@@ -218,8 +218,9 @@ async def test_a_failed_publish_rolls_back_and_a_leftover_never_blocks_the_next_
     committed = await manager.commit_step("m", staging, history_entry)
     assert committed.step == 3 and manager.latest_step("m") == 3
     assert [e["step"] for e in store.read_history("m")] == [1, 3]
-    await manager.restore()  # a restart removes the leftover and serves the committed step
-    assert store.steps("m") == [0, 1, 3] and manager.latest_step("m") == 3
+    restarted = ModelManager(store, FakeEngine(), "base")  # type: ignore[arg-type]
+    await restarted.restore()  # a restarted process removes the leftover and serves the committed step
+    assert store.steps("m") == [0, 1, 3] and restarted.latest_step("m") == 3
 
 
 async def test_a_failed_history_append_leaves_the_previous_step_served(tmp_path: Path) -> None:
@@ -315,3 +316,16 @@ async def test_deleting_a_step_in_use_waits_for_its_requests_or_refuses(tmp_path
     release.set()
     await holder
     assert await deleting == [0, 1] and store.steps("m") == [2]
+
+
+async def test_an_engine_restart_during_a_job_reloads_and_touches_no_file(tmp_path: Path) -> None:
+    store = make_store(tmp_path, 2)
+    manager = ModelManager(store, FakeEngine(), "base")  # type: ignore[arg-type]
+    await manager.restore()  # the process's start
+    staging = store.new_staging_dir("m")  # a job of this process is writing step 2...
+    (staging / "adapter_config.json").write_text("{}")
+    add_step(store, "m", 2, committed=False)  # ...or has renamed it and is about to commit it
+    manager.engine = FakeEngine()  # type: ignore[assignment]
+    await manager.restore()  # the engine crashed and came back
+    assert staging.exists() and store.steps("m") == [0, 1, 2]
+    assert manager.latest_step("m") == 1 and list(manager.engine.loaded) == ["m@1"]  # type: ignore[attr-defined]

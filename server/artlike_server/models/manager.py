@@ -117,31 +117,40 @@ class ModelManager:
         self._leases: Counter[str] = Counter()
         self._released = asyncio.Condition()  # notified whenever a lease ends
         self._retiring: set[str] = set()  # engine names being deleted: they no longer resolve
+        self._started = False  # restore() ran once: later runs are engine restarts
 
     # ----------------------------------------------------------------------------- start-up
 
     async def restore(self) -> None:
         """Load the latest good step of every stored model. Runs after every engine (re)start: a restarted
         vLLM has forgotten all runtime-loaded adapters. Engine outages propagate (the start fails and the
-        supervisor retries); a bad step or model only costs that model its step, or its place."""
+        supervisor retries); a bad step or model only costs that model its step, or its place.
+
+        Only the first call (the process's start) changes files: it removes staging leftovers and
+        uncommitted steps of jobs that died with the previous process. Later calls (engine restarts) may
+        run while a job of this process is writing or committing a step, so they only load."""
+        first = not self._started
+        self._started = True
         self._loaded.clear()
-        self._latest.clear()
         for model in self.store.all():
             try:
-                await self._restore_model(model.name)
+                async with self._model_lock(model.name):  # not in the middle of a commit of this model
+                    await self._restore_model(model.name, clean_up=first)
             except httpx.TransportError:
                 raise  # the engine itself is gone (a refused step is handled per step): the start is retried
             except Exception:  # a bug or a broken directory: this model is not served, the others are
+                self._latest.pop(model.name, None)
                 log.exception("model %r is not served: restoring it failed", model.name)
         log.info("serving %d trainable model(s): %s", len(self._latest),
                  ", ".join(served_name(m, s) for m, s in self._latest.items()) or "-")
 
-    async def _restore_model(self, name: str) -> None:
-        self.store.clear_staging(name)
-        for step in self.store.uncommitted_steps(name):
-            log.warning("removing step %d of %r: it was never committed (the job stopped before its `done`)",
-                        step, name)
-            self.store.delete_step(name, step)
+    async def _restore_model(self, name: str, *, clean_up: bool) -> None:
+        if clean_up:
+            self.store.clear_staging(name)
+            for step in self.store.uncommitted_steps(name):
+                log.warning("removing step %d of %r: it was never committed (the job stopped before its "
+                            "`done`)", step, name)
+                self.store.delete_step(name, step)
         committed = self.store.committed_steps(name)
         for step in reversed(committed):
             try:
@@ -156,6 +165,7 @@ class ModelManager:
                 log.error("model %r serves step %d: its newer step(s) %s could not be loaded", name, step,
                           [s for s in committed if s > step])
             return
+        self._latest.pop(name, None)
         log.error("model %r is not served: none of its steps %s could be loaded", name, committed)
 
     # --------------------------------------------------------------------------- resolution
