@@ -33,6 +33,7 @@ from .openai_api.api_router import CompletionRoutes
 from .openai_api.api_router import router as openai_router
 from .settings import ServerSettings
 from .state import AppState, get_state
+from .tokenizer import load_chat_tokenizer
 from .training.api_router import router as training_router
 from .training.job import TrainingLimits, TrainingService
 from .training.trainer_client import TrainerProcess
@@ -139,9 +140,7 @@ def _build_state(settings: ServerSettings, metrics: Metrics) -> AppState:
 def _tokenizer_loader(settings: ServerSettings) -> Callable[[], Any]:
     @cache
     def load() -> Any:
-        from transformers import AutoTokenizer
-
-        return AutoTokenizer.from_pretrained(settings.model_path)
+        return load_chat_tokenizer(settings.model_path)
 
     return load
 
@@ -165,6 +164,10 @@ async def _start_engine_then_trainer(state: AppState, on_fatal: Callable[[BaseEx
         await state.trainer.start()
     except Exception:
         log.exception("the trainer did not start; training requests will retry starting it")
+    try:
+        await asyncio.to_thread(state.training.load_tokenizer)
+    except Exception:
+        log.exception("the tokenizer did not load; requests with offline trajectories will retry")
 
 
 async def health(request: Request) -> Response:

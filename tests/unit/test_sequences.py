@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 from artlike_server.default_model import ensure_default_model
+from artlike_server.tokenizer import load_chat_tokenizer
 from artlike_server.training.sequences import (
     SequenceBuildError,
     TrainSequence,
@@ -203,9 +204,8 @@ def test_real_engine_two_turn_chat_is_one_sequence() -> None:
 
 @pytest.fixture(scope="module")
 def tokenizer() -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(ensure_default_model())
+    """The server's own loader (no torch): the tests below check it renders what the engine recorded."""
+    return load_chat_tokenizer(ensure_default_model())
 
 
 def chat_ids(tokenizer: Any, messages: list[dict[str, Any]], generation_prompt: bool) -> list[int]:

@@ -11,3 +11,13 @@ def test_the_server_app_does_not_import_torch() -> None:
     check = "import sys, artlike_server.app, artlike_server.cli; print(sorted({'torch', 'transformers', 'peft'} & set(sys.modules)))"
     result = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]", result.stdout + result.stderr
+
+
+def test_loading_the_tokenizer_for_offline_trajectories_does_not_import_torch() -> None:
+    check = ("import sys; from artlike_server.default_model import ensure_default_model; "
+             "from artlike_server.tokenizer import load_chat_tokenizer; "
+             "tokenizer = load_chat_tokenizer(ensure_default_model()); "
+             "assert tokenizer.apply_chat_template([{'role': 'user', 'content': 'hi'}], tokenize=True); "
+             "print(sorted({'torch', 'peft'} & set(sys.modules)))")
+    result = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, check=True)
+    assert result.stdout.strip().splitlines()[-1] == "[]", result.stdout + result.stderr

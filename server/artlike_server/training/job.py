@@ -136,6 +136,12 @@ class TrainingService:
         self.limits = limits
         self._tokenizer_lock = threading.Lock()  # one thread at a time uses the (lazily loaded) tokenizer
 
+    def load_tokenizer(self) -> None:
+        """Load the tokenizer now (blocking: call it in a thread at start-up), so the first request with
+        offline trajectories does not pay for it while requests are in flight."""
+        with self._tokenizer_lock:
+            self._tokenizer()
+
     def is_training(self, model: str) -> bool:
         return model in self._active
 
