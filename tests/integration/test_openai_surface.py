@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Iterator
 from functools import cache
 from typing import Any
 
@@ -358,6 +359,19 @@ def test_unknown_model_and_step_are_404(server: Any) -> None:
 def test_oversized_body_is_413(server: Any) -> None:
     response = post(server, "/v1/chat/completions", content=b" " * (33 * 1024 * 1024))
     assert response.status_code == 413
+    assert response.json()["error"]["code"] == "request_too_large"
+
+
+@pytest.mark.parametrize("path", ["/_train_model", "/v1/trainable_models", "/t/chunked/v1/chat/completions"])
+def test_a_chunked_body_over_the_limit_is_413_on_every_kind_of_route(server: Any, path: str) -> None:
+    def chunks() -> Iterator[bytes]:  # no Content-Length: the server counts as it reads
+        yield b'{"model": "' + b"x" * (1 << 20)
+        for _ in range(33):
+            yield b"x" * (1 << 20)
+
+    response = post(server, path, content=chunks(), headers={**server.headers, "content-type": "application/json"})
+    assert "content-length" not in response.request.headers
+    assert response.status_code == 413, response.text
     assert response.json()["error"]["code"] == "request_too_large"
 
 
