@@ -98,9 +98,12 @@ class Report:
     trainer_killed_mid_job: bool = False
     bad_inputs: dict[str, int] = field(default_factory=dict)
     bad_input_failures: list[str] = field(default_factory=list)
-    idle_probe_p99_ms: float = 0.0
+    idle_probe_p99_ms: float = 0.0  # 1-token chat completions, one after another
     preparing_probe_p99_ms: float = 0.0
     preparing_probes: int = 0
+    idle_loop_p99_ms: float = 0.0  # GET /v1/models: answered by the proxy alone, so it times its event loop
+    preparing_loop_p99_ms: float = 0.0
+    preparing_loop_probes: int = 0
     healthy_at_end: bool = False
     server_errors: list[str] = field(default_factory=list)  # the server log's ERROR/CRITICAL lines
 
@@ -305,6 +308,11 @@ class Soak:
 
     # ------------------------------------------------------------------------ event loop probe
 
+    async def loop_probe_ms(self) -> float:
+        started = time.perf_counter()
+        (await self.http.get("/v1/models")).raise_for_status()
+        return (time.perf_counter() - started) * 1000
+
     async def probe_ms(self) -> float:
         body = {"model": self.server.model_id, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
         started = time.perf_counter()
@@ -312,14 +320,16 @@ class Soak:
         response.raise_for_status()
         return (time.perf_counter() - started) * 1000
 
-    async def event_loop_probe(self, rounds: int = 3) -> None:
+    async def event_loop_probe(self, rounds: int = 5) -> None:
         """1-token requests back to back while idle, then while the server prepares a 64-trajectory train
         request (parse, tokenize, write the batch) — from the POST until its `start` line, `rounds` times."""
         idle = [await self.probe_ms() for _ in range(40)]
+        idle_loop = [await self.loop_probe_ms() for _ in range(400)]
         words = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "and", "keeps", "running",
                  "through", "the", "quiet", "field"]
         rng = random.Random(0)
         preparing: list[float] = []
+        preparing_loop: list[float] = []
         for _ in range(rounds):
             # 8 groups of 8 offline trajectories; a group shares one ~600-word prompt (trained once per group).
             groups = []
@@ -343,12 +353,20 @@ class Soak:
 
             poster = asyncio.create_task(post({"model": MODEL, "groups": groups,
                                                "config": {"learning_rate": 1e-6}}, prepared))
-            while not prepared.is_set():
-                preparing.append(await self.probe_ms())
+
+            async def probe(measure: Any, into: list[float], prepared: asyncio.Event) -> None:
+                while not prepared.is_set():
+                    into.append(await measure())
+
+            await asyncio.gather(probe(self.probe_ms, preparing, prepared),
+                                 probe(self.loop_probe_ms, preparing_loop, prepared))
             await poster
         self.report.idle_probe_p99_ms = round(percentile(idle, 0.99), 2)
         self.report.preparing_probe_p99_ms = round(percentile(preparing, 0.99), 2)
         self.report.preparing_probes = len(preparing)
+        self.report.idle_loop_p99_ms = round(percentile(idle_loop, 0.99), 2)
+        self.report.preparing_loop_p99_ms = round(percentile(preparing_loop, 0.99), 2)
+        self.report.preparing_loop_probes = len(preparing_loop)
 
     # --------------------------------------------------------------------------------- run
 
@@ -421,6 +439,8 @@ def print_table(report: Report) -> None:
          f"{sum(report.bad_inputs.values())} / {len(report.bad_input_failures)}"),
         ("1-token p99 idle / while preparing 64 trajectories ms",
          f"{report.idle_probe_p99_ms} / {report.preparing_probe_p99_ms} ({report.preparing_probes} probes)"),
+        ("GET /v1/models p99 idle / while preparing ms (the proxy's event loop)",
+         f"{report.idle_loop_p99_ms} / {report.preparing_loop_p99_ms} ({report.preparing_loop_probes} probes)"),
         ("healthy at the end", report.healthy_at_end),
     ]
     width = max(len(name) for name, _ in rows)
