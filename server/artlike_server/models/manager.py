@@ -222,8 +222,9 @@ class ModelManager:
             self._leases[served.engine_name] -= 1
             if self._leases[served.engine_name] <= 0:
                 del self._leases[served.engine_name]
-            async with self._released:
-                self._released.notify_all()
+            if self._retiring:  # only a delete waits for leases to end; the hot path skips the condition
+                async with self._released:
+                    self._released.notify_all()
 
     async def served_model_ids(self) -> list[str]:
         ids = [self.base_model_id]

@@ -176,14 +176,14 @@ class ModelStore:
         return Path(tempfile.mkdtemp(prefix="step-", dir=staging))
 
     def commit_step(self, name: str, staging: Path, step: int) -> Path:
-        """Move a complete adapter directory into place as `steps/<step>` (one atomic rename)."""
+        """Move a complete adapter directory into place as `steps/<step>` (one atomic rename). Durable only
+        when the caller has `fsync_tree(staging)` first (slow: ModelManager does it in a thread)."""
         if not (staging / _ADAPTER_MARKER).is_file():
             raise RuntimeError(f"{staging} holds no PEFT adapter ({_ADAPTER_MARKER} missing)")
         target = self.step_dir(name, step)
         target.parent.mkdir(parents=True, exist_ok=True)
         if target.exists():
             raise RuntimeError(f"step {step} of {name!r} already exists")
-        fsync_tree(staging)  # cheap when the caller already did it in a thread (training/job.py)
         os.rename(staging, target)
         return target
 
