@@ -774,3 +774,33 @@ async def test_delete_trajectory_is_204_then_404(proxy: Proxy) -> None:
     assert (response.json()["error"]["param"], response.json()["error"]["code"]) == (
         "trajectory_id", "trajectory_not_found")
     assert (await proxy.http.delete("/v1/trajectories/bad.id")).status_code == 400
+
+
+def test_nulls_the_openai_schema_does_not_allow_are_dropped_and_real_values_kept() -> None:
+    # vLLM 0.32's chat response: `annotations: null`, `function_call: null`, `completion_tokens_details: null`;
+    # the OpenAI schema has them as an array and objects that may be absent, not null.
+    _, asked = prepare_upstream_body("chat.completions", {"model": "m", "messages": MESSAGES}, "m", record=True)
+    message = {"role": "assistant", "content": "4", "refusal": None, "annotations": None, "function_call": None,
+               "tool_calls": []}
+    usage = {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4, "prompt_tokens_details": None,
+             "completion_tokens_details": None}
+    payload = {"model": "m", "choices": [{"index": 0, "message": message, "logprobs": None}], "usage": usage}
+    rewrite_response(payload, asked, "m")
+    assert payload["choices"][0]["message"] == {"role": "assistant", "content": "4", "refusal": None,
+                                                "tool_calls": []}
+    assert payload["usage"] == {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}
+    kept = {"model": "m", "choices": [{"index": 0, "message": {"content": "x", "annotations": [{"type": "a"}]}}],
+            "usage": {"completion_tokens_details": {"reasoning_tokens": 0}}}
+    rewrite_response(kept, asked, "m")
+    assert kept["choices"][0]["message"]["annotations"] == [{"type": "a"}]
+    assert kept["usage"] == {"completion_tokens_details": {"reasoning_tokens": 0}}
+
+
+@pytest.mark.parametrize("role", ["wizard", None, 3])
+def test_an_unknown_message_role_is_a_400_naming_it(role: Any) -> None:
+    messages = [{"role": "user", "content": "hi"}, {"role": role, "content": "abracadabra"}]
+    with pytest.raises(InvalidRequest) as caught:
+        validate_request("chat.completions", {"model": "m", "messages": messages})
+    assert caught.value.param == "messages[1].role" and repr(role) in caught.value.message
+    for known in ("system", "developer", "user", "assistant", "tool"):
+        validate_request("chat.completions", {"model": "m", "messages": [{"role": known, "content": "x"}]})

@@ -20,6 +20,9 @@ from artlike_server.errors import InvalidRequest
 
 Endpoint = Literal["chat.completions", "completions"]
 
+CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+"""The roles of the OpenAI chat API's messages."""
+
 MAX_CHOICES = 128
 """Upper bound on `n`: each choice is a sequence the engine generates and the log stores."""
 
@@ -66,6 +69,16 @@ class ChatCompletionRequest(_ForwardedRequest):
     tool_choice: str | dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None
     include_reasoning: bool | None = None
+
+    @model_validator(mode="after")
+    def _roles_are_known(self) -> ChatCompletionRequest:
+        # vLLM renders any role into the chat template: an unknown one would be trained as if it were real.
+        for index, message in enumerate(self.messages):
+            role = message.get("role")
+            if role not in CHAT_ROLES:
+                raise _ParamError(f"messages[{index}].role", f"messages[{index}].role must be one of "
+                                  f"{', '.join(sorted(CHAT_ROLES))}, not {role!r}")
+        return self
 
     @model_validator(mode="after")
     def _top_logprobs_need_logprobs(self) -> ChatCompletionRequest:

@@ -85,6 +85,9 @@ _SSE_DONE = b"data: [DONE]"
 # (token ids, logprobs) are handled by `_strip_*` according to what the caller asked for.
 _NULL_EXTRAS_TOP = ("prompt_logprobs", "prompt_text", "kv_transfer_params", "ec_transfer_params", "metrics")
 _NULL_EXTRAS_CHOICE = ("stop_reason", "routed_experts", "prompt_logprobs")
+# vLLM sends these as null; the OpenAI schema allows them absent, not null (array / object).
+_NULL_NOT_ALLOWED_MESSAGE = ("annotations", "function_call")
+_NULL_NOT_ALLOWED_USAGE = ("completion_tokens_details", "prompt_tokens_details")
 
 
 # ------------------------------------------------------------------------------------- collaborators
@@ -285,8 +288,17 @@ def rewrite_response(payload: dict[str, Any], asked: CallerAsked, served_name: s
     """Rewrite a non-streaming vLLM response in place for the caller."""
     payload["model"] = served_name
     _strip_top(payload, asked)
+    _drop_nulls(payload.get("usage"), _NULL_NOT_ALLOWED_USAGE)
     for choice in payload.get("choices") or ():
         _strip_choice(choice, asked)
+        _drop_nulls(choice.get("message"), _NULL_NOT_ALLOWED_MESSAGE)
+
+
+def _drop_nulls(part: Any, keys: tuple[str, ...]) -> None:
+    if isinstance(part, dict):
+        for key in keys:
+            if key in part and part[key] is None:
+                del part[key]
 
 
 def _says_nothing(choice: dict[str, Any]) -> bool:
