@@ -181,9 +181,6 @@ class ModelManager:
     def is_loaded(self, name: str, step: int) -> bool:
         return served_name(name, step) in self._loaded
 
-    def leases(self, engine_name: str) -> int:
-        return self._leases.get(engine_name, 0)
-
     def _resolve_name(self, requested: str) -> ServedModel:
         """What `requested` names, without touching the engine; NotFound for unknown models and steps."""
         if requested == self.base_model_id:
