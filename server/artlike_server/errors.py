@@ -78,9 +78,13 @@ class ServiceUnavailable(APIError):
         super().__init__(message, code=code, headers={"Retry-After": str(max(1, round(retry_after)))})
 
 
-def error_response(error: APIError) -> Response:
+def error_response(error: APIError, body: dict[str, Any] | None = None) -> Response:
+    """`error` as an HTTP response: its OpenAI-shaped body, or `body` (another API's shape of the same error)."""
     return Response(
-        orjson.dumps(error.body()), status_code=error.status_code, media_type="application/json", headers=error.headers
+        orjson.dumps(error.body() if body is None else body),
+        status_code=error.status_code,
+        media_type="application/json",
+        headers=error.headers,
     )
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from fastapi import Request
@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from .metrics import Metrics
     from .models.manager import ModelManager
     from .models.store import ModelStore
+    from .openai_api.dialects import Dialect
     from .settings import ServerSettings
     from .training.job import TrainingService
     from .training.trainer_client import TrainerProcess
@@ -30,6 +31,7 @@ class AppState:
     metrics: Metrics
     trainer: TrainerProcess
     training: TrainingService
+    dialects: dict[str, Dialect] = field(default_factory=dict)  # APIs served by translation, by route name
 
 
 def get_state(request: Request) -> AppState:

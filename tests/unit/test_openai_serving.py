@@ -722,6 +722,8 @@ async def test_unknown_trajectory_is_404(proxy: Proxy) -> None:
     ("/v1/completions", ("/v1/completions", "completions", None)),
     ("/t/run-7/v1/chat/completions", ("/t/{trajectory_id}/v1/chat/completions", "chat.completions", "run-7")),
     ("/t/run-7/v1/completions", ("/t/{trajectory_id}/v1/completions", "completions", "run-7")),
+    ("/v1/responses", ("/v1/responses", "responses", None)),
+    ("/t/run-7/v1/messages", ("/t/{trajectory_id}/v1/messages", "messages", "run-7")),
     ("/t//v1/chat/completions", None),  # no id: left to the router (404), as `{trajectory_id}` would not match
     ("/t/run-7/v1/models", None),
     ("/t/a/b/v1/chat/completions", None),
@@ -730,7 +732,8 @@ async def test_unknown_trajectory_is_404(proxy: Proxy) -> None:
 ])
 def test_completion_paths_are_matched_like_the_routes(path: str, expected: tuple[str, str, str | None] | None) -> None:
     match = match_completion_path(path)
-    assert (None if match is None else (match[0].path, match[1], match[2])) == expected
+    route = None if match is None else match[1].endpoint or match[1].dialect
+    assert (None if match is None else (match[0].path, route, match[2])) == expected
     if match is not None:
         assert match[0] == RouteTemplate(expected[0])  # type: ignore[index]
 

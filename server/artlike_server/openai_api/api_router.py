@@ -2,6 +2,8 @@
 
     POST /v1/chat/completions              POST /t/{trajectory_id}/v1/chat/completions   (recorded)
     POST /v1/completions                   POST /t/{trajectory_id}/v1/completions        (recorded)
+    POST /v1/responses                     POST /t/{trajectory_id}/v1/responses          (recorded; `dialects`)
+    POST /v1/messages  (Anthropic)         POST /t/{trajectory_id}/v1/messages           (recorded; `dialects`)
     GET  /v1/models                        GET  /t/{trajectory_id}/v1/models
     GET  /v1/trajectories/{trajectory_id}  GET  /t/{trajectory_id}/v1/trajectory         -> TrajectoryRecord
     DELETE /v1/trajectories/{trajectory_id}                                                -> 204 (404 unknown)
@@ -28,6 +30,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from artlike_server.errors import APIError, error_response
+from artlike_server.openai_api.dialects import Dialect
 from artlike_server.openai_api.protocol import Endpoint
 from artlike_server.openai_api.serving import OpenAIServing, ProxyStream
 
@@ -120,6 +123,24 @@ async def _complete(request: Request, endpoint: Endpoint, trajectory_id: str | N
         )
     except ClientDisconnected:
         return Response(status_code=_CLIENT_CLOSED_REQUEST)
+    return _answer(result)
+
+
+async def _complete_translated(request: Request, dialect_name: str, trajectory_id: str | None) -> Response:
+    dialect: Dialect = request.app.state.artlike.dialects[dialect_name]
+    raw_body = await request.body()
+    try:
+        result = await _unless_disconnected(
+            request, _serving(request).create_translated(dialect, raw_body, trajectory_id)
+        )
+    except ClientDisconnected:
+        return Response(status_code=_CLIENT_CLOSED_REQUEST)
+    except APIError as error:
+        return error_response(error, dialect.error_body(error))
+    return _answer(result)
+
+
+def _answer(result: bytes | ProxyStream) -> Response:
     if isinstance(result, ProxyStream):
         return SSEResponse(result)
     return Response(result, media_type="application/json")
@@ -138,6 +159,14 @@ async def completions(request: Request) -> Response:
     return await _complete(request, "completions", _trajectory_id(request))
 
 
+async def responses(request: Request) -> Response:
+    return await _complete_translated(request, "responses", _trajectory_id(request))
+
+
+async def messages(request: Request) -> Response:
+    return await _complete_translated(request, "messages", _trajectory_id(request))
+
+
 async def list_models(request: Request) -> Response:
     return Response(await _serving(request).list_models(_trajectory_id(request)), media_type="application/json")
 
@@ -152,7 +181,20 @@ async def delete_trajectory(request: Request) -> Response:
     return Response(status_code=204)
 
 
-_COMPLETION_PATHS: dict[str, Endpoint] = {"/v1/chat/completions": "chat.completions", "/v1/completions": "completions"}
+@dataclass(frozen=True, slots=True)
+class CompletionRoute:
+    """A POST route that generates: an engine endpoint forwarded as is, or a dialect translated to chat."""
+
+    endpoint: Endpoint | None = None
+    dialect: str | None = None
+
+
+_COMPLETION_PATHS: dict[str, CompletionRoute] = {
+    "/v1/chat/completions": CompletionRoute(endpoint="chat.completions"),
+    "/v1/completions": CompletionRoute(endpoint="completions"),
+    "/v1/responses": CompletionRoute(dialect="responses"),
+    "/v1/messages": CompletionRoute(dialect="messages"),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,22 +204,29 @@ class RouteTemplate:
     path: str
 
 
-def match_completion_path(path: str) -> tuple[RouteTemplate, Endpoint, str | None] | None:
-    """The completion endpoint a path names, with its route template and trajectory id; None for other paths.
+def match_completion_path(path: str) -> tuple[RouteTemplate, CompletionRoute, str | None] | None:
+    """The completion route a path names, with its route template and trajectory id; None for other paths.
 
     >>> match_completion_path("/t/run-7/v1/completions")
-    (RouteTemplate(path='/t/{trajectory_id}/v1/completions'), 'completions', 'run-7')
+    (RouteTemplate(path='/t/{trajectory_id}/v1/completions'), CompletionRoute(endpoint='completions', dialect=None), 'run-7')
     """
-    endpoint = _COMPLETION_PATHS.get(path)
-    if endpoint is not None:
-        return RouteTemplate(path), endpoint, None
+    route = _COMPLETION_PATHS.get(path)
+    if route is not None:
+        return RouteTemplate(path), route, None
     if not path.startswith("/t/"):
         return None
     trajectory_id, slash, rest = path[3:].partition("/")
-    endpoint = _COMPLETION_PATHS.get("/" + rest)
-    if not trajectory_id or not slash or endpoint is None:
+    route = _COMPLETION_PATHS.get("/" + rest)
+    if not trajectory_id or not slash or route is None:
         return None
-    return RouteTemplate("/t/{trajectory_id}/" + rest), endpoint, trajectory_id
+    return RouteTemplate("/t/{trajectory_id}/" + rest), route, trajectory_id
+
+
+async def _complete_route(request: Request, route: CompletionRoute, trajectory_id: str | None) -> Response:
+    if route.endpoint is not None:
+        return await _complete(request, route.endpoint, trajectory_id)
+    assert route.dialect is not None
+    return await _complete_translated(request, route.dialect, trajectory_id)
 
 
 class CompletionRoutes:
@@ -199,11 +248,11 @@ class CompletionRoutes:
         if match is None or scope["method"] != "POST":
             await self.app(scope, receive, send)
             return
-        template, endpoint, trajectory_id = match
+        template, route, trajectory_id = match
         scope["route"] = template
         request = Request(scope, receive, send)
         try:
-            response = await _complete(request, endpoint, trajectory_id)
+            response = await _complete_route(request, route, trajectory_id)
         except APIError as error:
             response = error_response(error)
         await response(scope, receive, send)
@@ -217,6 +266,10 @@ for _path, _endpoint, _method in (
     ("/t/{trajectory_id}/v1/chat/completions", chat_completions, "POST"),
     ("/v1/completions", completions, "POST"),
     ("/t/{trajectory_id}/v1/completions", completions, "POST"),
+    ("/v1/responses", responses, "POST"),
+    ("/t/{trajectory_id}/v1/responses", responses, "POST"),
+    ("/v1/messages", messages, "POST"),
+    ("/t/{trajectory_id}/v1/messages", messages, "POST"),
     ("/v1/models", list_models, "GET"),
     ("/t/{trajectory_id}/v1/models", list_models, "GET"),
     ("/v1/trajectories/{trajectory_id}", get_trajectory, "GET"),

@@ -19,6 +19,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from artlike_server.errors import InvalidRequest
 
 Endpoint = Literal["chat.completions", "completions"]
+"""The engine routes the proxy forwards to."""
+
+RecordedEndpoint = Literal["chat.completions", "completions", "responses", "messages"]
+"""The route a recorded completion came through: an engine route, or a dialect translated to chat completions."""
 
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 """The roles of the OpenAI chat API's messages."""

@@ -68,7 +68,14 @@ from artlike_server.errors import (
     ServiceUnavailable,
     Unauthorized,
 )
-from artlike_server.openai_api.protocol import Endpoint, ModelCard, ModelList, validate_request
+from artlike_server.openai_api.dialects import Dialect, StreamEncoder, Translation
+from artlike_server.openai_api.protocol import (
+    Endpoint,
+    ModelCard,
+    ModelList,
+    RecordedEndpoint,
+    validate_request,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -369,7 +376,7 @@ class RecordContext:
     """Everything a completion log row needs besides what vLLM returns."""
 
     trajectory_id: str
-    endpoint: Endpoint
+    endpoint: RecordedEndpoint  # the route the caller used (a translated dialect records its own name)
     requested_model: str
     served_model: str
     step: int | None
@@ -487,11 +494,15 @@ class ProxyStream:
         started: float,
         context: RecordContext | None,
         lease: AsyncExitStack,
+        encoder: StreamEncoder | None = None,
+        metrics_label: str | None = None,
     ) -> None:
         self._serving = serving
         self._lease = lease
         self._upstream = upstream
         self._endpoint = endpoint
+        self._encoder = encoder  # None: the chunks go out as chat/completions SSE, as vLLM sent them
+        self._metrics_label = metrics_label or endpoint
         self._asked = asked
         self._served_name = served_name
         self._started = started
@@ -527,7 +538,7 @@ class ProxyStream:
             logger.warning("engine stream broke off: %s", exc)
             self._finished = True
             self._record_partial()
-            yield _sse(ServiceUnavailable(f"the engine stopped mid-stream ({exc})").body())
+            yield self._error_event(ServiceUnavailable(f"the engine stopped mid-stream ({exc})"))
             return
         # Fully read: the connection is back in the pool. Recording submits its rows before its first await,
         # so a cancellation from here on cannot lose them.
@@ -535,10 +546,13 @@ class ProxyStream:
         if self._context is not None:
             error = await self._record(aborted=not saw_done)
             if error is not None:
-                yield _sse(error.body())
+                yield self._error_event(error)
                 return
         if saw_done:
-            yield _SSE_DONE + b"\n\n"
+            yield _SSE_DONE + b"\n\n" if self._encoder is None else await self._encoder.done()
+
+    def _error_event(self, error: APIError) -> bytes:
+        return _sse(error.body()) if self._encoder is None else self._encoder.error(error)
 
     def _rewrite_event(self, event: bytes) -> bytes | None:
         if not event.startswith(b"data: "):
@@ -550,13 +564,15 @@ class ProxyStream:
         if choices and not self._first_chunk_seen:
             # vLLM sends its first chunk (the role) together with the first generated token
             self._first_chunk_seen = True
-            self._serving.metrics.time_to_first_token(self._endpoint, time.perf_counter() - self._started)
+            self._serving.metrics.time_to_first_token(self._metrics_label, time.perf_counter() - self._started)
         if choices == [] and (usage := _usage_tokens(chunk.get("usage"))) is not None:
-            self._serving.metrics.tokens(self._endpoint, *usage)
+            self._serving.metrics.tokens(self._metrics_label, *usage)
         if self._context is not None:
             self._trace.add(chunk)
         if not rewrite_chunk(chunk, self._asked, self._served_name):
             return None
+        if self._encoder is not None:
+            return self._encoder.chunk(chunk) or None
         return _sse(chunk)
 
     async def _record(self, *, aborted: bool) -> APIError | None:
@@ -629,14 +645,54 @@ class OpenAIServing:
 
         Returns the response body (JSON bytes) or a `ProxyStream` for `stream: true`.
         """
-        started = time.perf_counter()
-        created_at = time.time()
+        started, created_at = time.perf_counter(), time.time()
         if trajectory_id is not None:
             check_trajectory_id(trajectory_id)
         body = parse_json_object(raw_body)
+        return await self._forward(
+            endpoint, body, raw_body, trajectory_id, started=started, created_at=created_at, translation=None
+        )
+
+    async def create_translated(
+        self, dialect: Dialect, raw_body: bytes, trajectory_id: str | None = None
+    ) -> bytes | ProxyStream:
+        """Serve a request of another API (Responses, Anthropic Messages) as a chat completion.
+
+        The dialect turns the caller's body into a chat completions body and the (rewritten) chat answer back
+        into its own shape; recording, leases and errors are the chat path's. Recorded rows keep the caller's
+        body and the dialect's endpoint name.
+        """
+        started, created_at = time.perf_counter(), time.time()
+        if trajectory_id is not None:
+            check_trajectory_id(trajectory_id)
+        translation = await dialect.translate(parse_json_object(raw_body))
+        return await self._forward(
+            "chat.completions",
+            translation.chat_body,
+            raw_body,
+            trajectory_id,
+            started=started,
+            created_at=created_at,
+            translation=translation,
+            recorded_as=dialect.endpoint,
+        )
+
+    async def _forward(
+        self,
+        endpoint: Endpoint,
+        body: dict[str, Any],
+        raw_body: bytes,
+        trajectory_id: str | None,
+        *,
+        started: float,
+        created_at: float,
+        translation: Translation | None,
+        recorded_as: RecordedEndpoint | None = None,
+    ) -> bytes | ProxyStream:
         request = validate_request(endpoint, body)
         self._check_policies(endpoint, body, recording=trajectory_id is not None)
         self._check_engine_ready()
+        label = recorded_as or endpoint
         # The lease keeps the served adapter loaded until the answer is complete (stream included), so
         # an in-flight request finishes on the step it started with.
         lease = AsyncExitStack()
@@ -649,7 +705,7 @@ class OpenAIServing:
             if trajectory_id is not None:
                 context = RecordContext(
                     trajectory_id=trajectory_id,
-                    endpoint=endpoint,
+                    endpoint=label,
                     requested_model=request.model,
                     served_model=served.engine_name,
                     step=served.step,
@@ -659,7 +715,7 @@ class OpenAIServing:
                 )
             upstream = await self._send(ENGINE_PATHS[endpoint], orjson.dumps(upstream_body))
             if request.stream:
-                stream = ProxyStream(
+                return ProxyStream(
                     self,
                     upstream,
                     endpoint=endpoint,
@@ -668,16 +724,19 @@ class OpenAIServing:
                     started=started,
                     context=context,
                     lease=lease.pop_all(),
+                    encoder=translation.stream(served.engine_name) if translation is not None else None,
+                    metrics_label=label,
                 )
-                return stream
             payload = orjson.loads(await self._read(upstream))
             if (usage := _usage_tokens(payload.get("usage"))) is not None:
-                self.metrics.tokens(endpoint, *usage)
+                self.metrics.tokens(label, *usage)
             if context is not None:
                 trace = CompletionTrace(endpoint)
                 trace.add(payload)
                 await self._record(trace, context)
             rewrite_response(payload, asked, served.engine_name)
+            if translation is not None:
+                return orjson.dumps(await translation.response(payload, served.engine_name))
             return orjson.dumps(payload)
         finally:
             await lease.aclose()  # a no-op once a stream took the lease over
