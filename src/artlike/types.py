@@ -118,7 +118,7 @@ class CompletionRecord(BaseModel):
     trajectory_id: str
     request_id: str  # the OpenAI response id; n>1 gives several records with one request_id
     choice_index: int
-    endpoint: Literal["chat.completions", "completions"]
+    endpoint: Literal["chat.completions", "completions", "responses", "messages"]  # the route it came through
     model: str  # the name the caller asked for
     served_model: str  # the exact engine name that served it ("name@N" or the base model)
     step: int | None  # adapter step served; None for the base model
