@@ -31,6 +31,8 @@ from .models.manager import ModelManager
 from .models.store import ModelStore
 from .openai_api.api_router import CompletionRoutes
 from .openai_api.api_router import router as openai_router
+from .openai_api.dialects.responses import ResponsesDialect
+from .openai_api.response_store import ResponseStore
 from .settings import ServerSettings
 from .state import AppState, get_state
 from .tokenizer import load_chat_tokenizer
@@ -77,7 +79,9 @@ def create_app(settings: ServerSettings, *, on_fatal: Callable[[BaseException], 
         metrics.track_completion_log(state.log)
         starter = asyncio.create_task(_start_engine_then_trainer(state, on_fatal), name="engine-start")
         pruner = asyncio.create_task(prune_periodically(state.log, retention_policy(settings),
-                                                        settings.log_prune_interval_s), name="log-prune")
+                                                        settings.log_prune_interval_s,
+                                                        on_pruned=_prune_responses(state, settings)),
+                                     name="log-prune")
         try:
             yield
         finally:
@@ -88,6 +92,7 @@ def create_app(settings: ServerSettings, *, on_fatal: Callable[[BaseException], 
             await state.engine.stop()
             await state.engine_client.aclose()
             state.log.close()
+            state.response_store.close()
 
     metrics = Metrics()
     app = FastAPI(title="artlike", version="0.1.0", lifespan=lifespan)
@@ -133,8 +138,28 @@ def _build_state(settings: ServerSettings, metrics: Metrics) -> AppState:
                             max_gradient_steps=settings.max_gradient_steps)
     training = TrainingService(store, models, completion_log, trainer, metrics, _tokenizer_loader(settings),
                                chat_template=chat_template, limits=limits)
+    response_store = ResponseStore(settings.data_dir / "responses.sqlite")
     return AppState(settings=settings, engine=engine, engine_client=engine_client, store=store, models=models,
-                    log=completion_log, metrics=metrics, trainer=trainer, training=training)
+                    log=completion_log, metrics=metrics, trainer=trainer, training=training,
+                    response_store=response_store, dialects={"responses": ResponsesDialect(response_store)})
+
+
+def _prune_responses(state: AppState, settings: ServerSettings) -> Callable[[Any], None] | None:
+    """Stored Responses API responses age out with the completion log (the same retention in days)."""
+    days = settings.log_retention_days
+    if not days:
+        return None
+
+    def prune(_: Any) -> None:
+        task = asyncio.create_task(state.response_store.prune(days * 86_400))
+        task.add_done_callback(_log_failure)
+
+    return prune
+
+
+def _log_failure(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("pruning stored responses failed: %r", task.exception())
 
 
 def _tokenizer_loader(settings: ServerSettings) -> Callable[[], Any]:

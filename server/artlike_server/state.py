@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from .models.manager import ModelManager
     from .models.store import ModelStore
     from .openai_api.dialects import Dialect
+    from .openai_api.response_store import ResponseStore
     from .settings import ServerSettings
     from .training.job import TrainingService
     from .training.trainer_client import TrainerProcess
@@ -31,6 +32,7 @@ class AppState:
     metrics: Metrics
     trainer: TrainerProcess
     training: TrainingService
+    response_store: ResponseStore
     dialects: dict[str, Dialect] = field(default_factory=dict)  # APIs served by translation, by route name
 
 

@@ -3,8 +3,12 @@ and a look at which engine processes are alive."""
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import httpx
 import psutil
 
 
@@ -46,3 +50,21 @@ def still_running(processes: list[psutil.Process]) -> list[psutil.Process]:
         except psutil.NoSuchProcess:
             continue
     return alive
+
+
+@dataclass(frozen=True)
+class EngineConnection:
+    """The shared server's own vLLM engine, reached directly (to compare the proxy with vLLM's routes)."""
+
+    base_url: str
+    headers: dict[str, str]
+
+
+def engine_connection(server: Any) -> EngineConnection:
+    """The engine's latest start: its port from the command line the supervisor logs, its per-start key from
+    its environment (readable by this same user; never on its command line)."""
+    log = (Path(server.data_dir) / "logs" / "engine.log").read_text()
+    port = int(re.findall(r"starting vLLM: .* --port (\d+)", log)[-1])
+    health = httpx.get(f"{server.base_url}/health", headers=server.headers, timeout=30).json()
+    key = psutil.Process(health["engine"]["pid"]).environ()["VLLM_API_KEY"]
+    return EngineConnection(f"http://127.0.0.1:{port}", {"Authorization": f"Bearer {key}"})

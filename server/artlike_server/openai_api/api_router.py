@@ -4,6 +4,7 @@
     POST /v1/completions                   POST /t/{trajectory_id}/v1/completions        (recorded)
     POST /v1/responses                     POST /t/{trajectory_id}/v1/responses          (recorded; `dialects`)
     POST /v1/messages  (Anthropic)         POST /t/{trajectory_id}/v1/messages           (recorded; `dialects`)
+    GET|DELETE /v1/responses/{response_id} (and under /t/{trajectory_id}/v1)               stored responses
     GET  /v1/models                        GET  /t/{trajectory_id}/v1/models
     GET  /v1/trajectories/{trajectory_id}  GET  /t/{trajectory_id}/v1/trajectory         -> TrajectoryRecord
     DELETE /v1/trajectories/{trajectory_id}                                                -> 204 (404 unknown)
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 import anyio
+import orjson
 from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
@@ -31,6 +33,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from artlike_server.errors import APIError, error_response
 from artlike_server.openai_api.dialects import Dialect
+from artlike_server.openai_api.dialects.responses import ResponsesDialect
 from artlike_server.openai_api.protocol import Endpoint
 from artlike_server.openai_api.serving import OpenAIServing, ProxyStream
 
@@ -171,6 +174,22 @@ async def list_models(request: Request) -> Response:
     return Response(await _serving(request).list_models(_trajectory_id(request)), media_type="application/json")
 
 
+def _responses_dialect(request: Request) -> ResponsesDialect:
+    dialect = request.app.state.artlike.dialects["responses"]
+    assert isinstance(dialect, ResponsesDialect)
+    return dialect
+
+
+async def get_response(request: Request) -> Response:
+    stored = await _responses_dialect(request).retrieve(request.path_params["response_id"])
+    return Response(orjson.dumps(stored), media_type="application/json")
+
+
+async def delete_response(request: Request) -> Response:
+    deleted = await _responses_dialect(request).delete(request.path_params["response_id"])
+    return Response(orjson.dumps(deleted), media_type="application/json")
+
+
 async def get_trajectory(request: Request) -> Response:
     trajectory_id = request.path_params["trajectory_id"]
     return Response(await _serving(request).get_trajectory(trajectory_id), media_type="application/json")
@@ -270,6 +289,10 @@ for _path, _endpoint, _method in (
     ("/t/{trajectory_id}/v1/responses", responses, "POST"),
     ("/v1/messages", messages, "POST"),
     ("/t/{trajectory_id}/v1/messages", messages, "POST"),
+    ("/v1/responses/{response_id}", get_response, "GET"),
+    ("/v1/responses/{response_id}", delete_response, "DELETE"),
+    ("/t/{trajectory_id}/v1/responses/{response_id}", get_response, "GET"),
+    ("/t/{trajectory_id}/v1/responses/{response_id}", delete_response, "DELETE"),
     ("/v1/models", list_models, "GET"),
     ("/t/{trajectory_id}/v1/models", list_models, "GET"),
     ("/v1/trajectories/{trajectory_id}", get_trajectory, "GET"),
