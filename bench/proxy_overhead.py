@@ -8,6 +8,8 @@ vLLM process; rounds alternate the targets to cancel drift on a shared machine:
     proxy            through the proxy, not recorded
     direct+fields    straight to vLLM, asking for what recording forces (logprobs, token ids)
     proxy+record     through a trajectory URL: recorded
+    direct-responses, proxy-responses, proxy+record-responses    the same for `/v1/responses` (vLLM's own
+    direct-messages,  proxy-messages,  proxy+record-messages     route vs ours, translated to chat completions)
 "proxy+record / direct+fields" is the proxy's own cost when recording; "direct+fields / direct" is what
 the engine spends on the fields a recorded completion needs.
 Scenarios: 1, 8 and 32 concurrent requests, streaming and not, fixed-length outputs (`ignore_eos`), plus
@@ -33,7 +35,7 @@ import time
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import orjson
@@ -72,26 +74,61 @@ class Result:
 RECORDED_FIELDS = {"logprobs": True, "return_token_ids": True}
 
 
+Api = Literal["chat", "responses", "messages"]
+PATHS: dict[Api, str] = {"chat": "/v1/chat/completions", "responses": "/v1/responses", "messages": "/v1/messages"}
+
+
 @dataclass(frozen=True)
 class Target:
     url: str  # may hold "{tid}": a fresh trajectory id per load
     extra: dict[str, Any] = field(default_factory=dict)  # request fields added to the common body
+    api: Api = "chat"
+
+
+def request_body(api: Api, model: str, max_tokens: int, stream: bool) -> dict[str, Any]:
+    """The same generation in each API's shape (greedy, fixed length: vLLM's `ignore_eos` on every route)."""
+    common = {"model": model, "temperature": 0.0, "ignore_eos": True, "stream": stream}
+    if api == "responses":
+        return {**common, "input": PROMPT[0]["content"], "max_output_tokens": max_tokens, "store": False}
+    if api == "messages":
+        return {**common, "messages": PROMPT, "max_tokens": max_tokens}
+    body = {**common, "messages": PROMPT, "max_tokens": max_tokens}
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    return body
+
+
+def _usage_tokens(api: Api, event: dict[str, Any]) -> int | None:
+    """Output tokens, from a whole answer or from the stream event that carries them."""
+    if api == "chat":
+        return event["usage"]["completion_tokens"] if event.get("usage") else None
+    if api == "responses":
+        response = event.get("response", event)
+        usage = response.get("usage") if isinstance(response, dict) else None
+        return usage["output_tokens"] if usage else None
+    usage = event.get("usage")  # messages: the whole message, or `message_delta` (cumulative output tokens)
+    return usage["output_tokens"] if usage and "output_tokens" in usage else None
+
+
+def _has_text(api: Api, event: dict[str, Any]) -> bool:
+    if api == "chat":
+        return bool(event.get("choices") and event["choices"][0].get("delta", {}).get("content"))
+    if api == "responses":
+        return event.get("type") == "response.output_text.delta"
+    return event.get("type") == "content_block_delta"
 
 
 async def one_request(client: httpx.AsyncClient, target: Target, model: str, max_tokens: int,
                       stream: bool) -> Sample:
     url = target.url.format(tid=uuid.uuid4().hex)
-    body: dict[str, Any] = {"model": model, "messages": PROMPT, "max_tokens": max_tokens, "temperature": 0.0,
-                            "ignore_eos": True, "stream": stream, **target.extra}
-    if stream:
-        body["stream_options"] = {"include_usage": True}
+    body = {**request_body(target.api, model, max_tokens, stream), **target.extra}
     started = time.perf_counter()
     ttft = None
     tokens = 0
     if not stream:
         response = await client.post(url, content=orjson.dumps(body), headers={"content-type": "application/json"})
         response.raise_for_status()
-        tokens = response.json()["usage"]["completion_tokens"]
+        tokens = _usage_tokens(target.api, response.json()) or 0
     else:
         async with client.stream("POST", url, content=orjson.dumps(body),
                                  headers={"content-type": "application/json"}) as response:
@@ -99,11 +136,10 @@ async def one_request(client: httpx.AsyncClient, target: Target, model: str, max
             async for line in response.aiter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
-                chunk = orjson.loads(line[6:])
-                if ttft is None and chunk.get("choices") and chunk["choices"][0].get("delta", {}).get("content"):
+                event = orjson.loads(line[6:])
+                if ttft is None and _has_text(target.api, event):
                     ttft = time.perf_counter() - started
-                if chunk.get("usage"):
-                    tokens = chunk["usage"]["completion_tokens"]
+                tokens = _usage_tokens(target.api, event) or tokens
     return Sample(time.perf_counter() - started, ttft, tokens)
 
 
@@ -130,13 +166,18 @@ def summarise(scenario: str, target: str, concurrency: int, stream: bool, wall: 
 
 
 async def run(args: argparse.Namespace, server: ServerProcess, engine_port: int) -> dict[str, Any]:
-    direct = f"http://127.0.0.1:{engine_port}/v1/chat/completions"
+    engine = f"http://127.0.0.1:{engine_port}"
     targets = {
-        "direct": Target(direct),
-        "proxy": Target(f"{server.base_url}/v1/chat/completions"),
-        "direct+fields": Target(direct, RECORDED_FIELDS),
-        "proxy+record": Target(f"{server.base_url}/t/{{tid}}/v1/chat/completions"),
+        "direct": Target(engine + PATHS["chat"]),
+        "proxy": Target(server.base_url + PATHS["chat"]),
+        "direct+fields": Target(engine + PATHS["chat"], RECORDED_FIELDS),
+        "proxy+record": Target(f"{server.base_url}/t/{{tid}}{PATHS['chat']}"),
     }
+    # The translated APIs: vLLM's own route (direct) against ours, plain and recorded.
+    for api in args.apis:
+        targets[f"direct-{api}"] = Target(engine + PATHS[api], api=api)
+        targets[f"proxy-{api}"] = Target(server.base_url + PATHS[api], api=api)
+        targets[f"proxy+record-{api}"] = Target(f"{server.base_url}/t/{{tid}}{PATHS[api]}", api=api)
     results: list[Result] = []
     # keep-alive shorter than the servers' 5 s, so no request goes out on a connection being closed
     limits = httpx.Limits(max_connections=256, max_keepalive_connections=256, keepalive_expiry=2.0)
@@ -181,14 +222,17 @@ async def run(args: argparse.Namespace, server: ServerProcess, engine_port: int)
 
 def _row(r: Result) -> str:
     ttft = f"{r.ttft_p50_ms:8.1f}" if r.ttft_p50_ms is not None else f"{'-':>8}"
-    return (f"{r.scenario:<13} {r.target:<13} {r.concurrency:>4} {'yes' if r.stream else 'no':>6} "
+    return (f"{r.scenario:<13} {r.target:<22} {r.concurrency:>4} {'yes' if r.stream else 'no':>6} "
             f"{r.tokens_per_s:>9.1f} {r.p50_ms:>9.1f} {r.p99_ms:>9.1f} {ttft}")
 
 
 COMPARISONS = (("proxy", "direct"), ("proxy+record", "direct+fields"), ("direct+fields", "direct"),
-               ("proxy+record", "direct"))
-"""(target, baseline): the proxy's cost plain and recording, the engine's cost of the recorded fields, and
-the whole cost of recording."""
+               ("proxy+record", "direct"),
+               *((f"proxy-{api}", f"direct-{api}") for api in ("responses", "messages")),
+               *((f"proxy+record-{api}", f"direct-{api}") for api in ("responses", "messages")))
+"""(target, baseline): the proxy's cost plain and recording, the engine's cost of the recorded fields, the
+whole cost of recording; for the Responses and Messages APIs, ours (translated to chat completions) against
+vLLM's own route, plain and recorded."""
 
 
 def median_interval(values: list[float], *, confidence: float = 0.95, resamples: int = 2000,
@@ -235,6 +279,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, help="rounds per scenario (default 8; 2 with --quick)")
     parser.add_argument("--max-tokens", type=int, help="tokens per request (default 32; 16 with --quick)")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32], help="loads to run")
+    parser.add_argument("--apis", nargs="*", default=["responses", "messages"], choices=["responses", "messages"],
+                        help="translated APIs compared with vLLM's own routes (default both)")
     parser.add_argument("--output", type=Path, default=Path("bench/results/proxy_overhead.json"))
     args = parser.parse_args()
     args.min_requests = 2  # per round and target (at least the concurrency)
@@ -244,19 +290,19 @@ def main() -> None:
 
     engine_port = free_port()
     data_dir = Path(tempfile.mkdtemp(prefix="artlike-bench-"))
-    print(f"{'scenario':<13} {'target':<13} {'conc':>4} {'stream':>6} {'tok/s':>9} {'p50 ms':>9} "
+    print(f"{'scenario':<13} {'target':<22} {'conc':>4} {'stream':>6} {'tok/s':>9} {'p50 ms':>9} "
           f"{'p99 ms':>9} {'ttft ms':>8}")
     with ServerProcess(data_dir, args=["--engine-port", str(engine_port), "--engine-api-key", ENGINE_KEY]) as server:
         report = asyncio.run(run(args, server, engine_port))
     print("\nratios (same engine, same run):")
-    print(f"{'scenario':<13} {'target / baseline':<29} {'conc':>4} {'stream':>6} {'tput ratio':>10} "
+    print(f"{'scenario':<13} {'target / baseline':<44} {'conc':>4} {'stream':>6} {'tput ratio':>10} "
           f"{'95% CI':>11} {'rounds min-max':>14} {'+p50 ms':>8} {'95% CI':>11}")
     for s in report["summary"]:
         pair = f"{s['target']} / {s['baseline']}"
         spread = f"{min(s['round_ratios']):.2f}-{max(s['round_ratios']):.2f}" if s["round_ratios"] else "-"
         ratio_ci = "{:.3f}-{:.3f}".format(*s["throughput_ratio_ci95"]) if s["throughput_ratio_ci95"] else "-"
         latency_ci = "{:.2f}-{:.2f}".format(*s["added_p50_ms_ci95"]) if s["added_p50_ms_ci95"] else "-"
-        print(f"{s['scenario']:<13} {pair:<29} {s['concurrency']:>4} {'yes' if s['stream'] else 'no':>6} "
+        print(f"{s['scenario']:<13} {pair:<44} {s['concurrency']:>4} {'yes' if s['stream'] else 'no':>6} "
               f"{s['throughput_ratio']:>10.3f} {ratio_ci:>11} {spread:>14} {s['added_p50_ms']:>8.2f} "
               f"{latency_ci:>11}")
     report["machine"] = {"platform": platform.platform(), "python": platform.python_version(), "cpu": cpu_model(),

@@ -14,7 +14,7 @@ Request -> chat completions body
   `text.format` json_schema/json_object -> `response_format`; `include: ["message.output_text.logprobs"]` with
   `top_logprobs` -> chat logprobs. `background: true` -> 400 (nothing runs in the background here);
   `reasoning`, `truncation`, `service_tier`, `prompt_cache_key`, `safety_identifier` are accepted and echoed or
-  ignored.
+  ignored. vLLM's sampling extensions (`top_k`, `min_p`, `ignore_eos`, `stop`, `seed`...) pass through.
 
 Chat answer -> response
 - Text -> one `message` output item (`output_text`, logprobs when asked), each tool call -> a `function_call`
@@ -41,6 +41,9 @@ from artlike_server.errors import APIError, InvalidRequest, NotFound
 from artlike_server.openai_api.response_store import ResponseStore, StoredResponse
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
+VLLM_SAMPLING_EXTRAS = ("top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "seed",
+                        "stop", "ignore_eos", "min_tokens")
+"""Fields outside OpenAI's Responses API that vLLM's Responses route takes; passed on to chat as they are."""
 _MESSAGE_ROLES = frozenset({"user", "system", "developer", "assistant"})
 _IGNORED_ITEMS = frozenset({"reasoning"})
 _TEXT_PARTS = frozenset({"input_text", "output_text"})
@@ -237,6 +240,9 @@ def chat_body(body: dict[str, Any], history: Sequence[dict[str, Any]]) -> dict[s
             chat[key] = value
     if isinstance(body.get("user"), str):
         chat["user"] = body["user"]
+    for key in VLLM_SAMPLING_EXTRAS:  # vLLM's own sampling extensions, which its Responses route accepts too
+        if key in body:
+            chat[key] = body[key]
     if (fmt := response_format(body.get("text"))) is not None:
         chat["response_format"] = fmt
     include = body.get("include") or []
