@@ -46,8 +46,8 @@ import torch
 from artlike_server.default_model import ensure_default_model
 from artlike_server.hardware import cpu_has_native_bf16, cpu_model
 from artlike_server.launcher import ServerProcess
-from artlike_server.training.batch_file import write_batch
-from artlike_server.training.loop import plan_step
+from artlike_server.trainer.batch_file import write_batch
+from artlike_server.trainer.loop import plan_step
 from artlike_server.training.sequences import TrainSequence
 from artlike_server.training.trainer_client import TrainerProcess
 from transformers import AutoConfig

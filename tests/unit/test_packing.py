@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from artlike_server.training.packing import count_gradient_steps, pack, plan_optimizer_steps, split_into_steps
+from artlike_server.trainer.packing import count_gradient_steps, pack, plan_optimizer_steps, split_into_steps
 
 from artlike.types import TrainConfig
 

@@ -10,10 +10,10 @@ import random
 
 import pytest
 import torch
-from artlike_server.training.logprobs import PrefixCacheError, supports_prefix_sharing, token_logprobs
-from artlike_server.training.loop import collate, plan_step, run_optimizer_steps
-from artlike_server.training.packing import MicroBatchPlan, plan_micro_batches
-from artlike_server.training.prefixes import (
+from artlike_server.trainer.logprobs import PrefixCacheError, supports_prefix_sharing, token_logprobs
+from artlike_server.trainer.loop import collate, plan_step, run_optimizer_steps
+from artlike_server.trainer.packing import MicroBatchPlan, plan_micro_batches
+from artlike_server.trainer.prefixes import (
     Family,
     common_prefix_length,
     first_needed_position,

@@ -16,11 +16,11 @@ import torch
 from torch import nn
 
 from artlike.types import StepEvent, TrainConfig
-from artlike_server.training.grpo import policy_loss
-from artlike_server.training.logprobs import DEFAULT_CHUNK_TOKENS, supports_prefix_sharing, token_logprobs
-from artlike_server.training.packing import MicroBatchPlan, plan_micro_batches, plan_optimizer_steps
-from artlike_server.training.precision import MasterWeights
-from artlike_server.training.prefixes import Family, first_needed_position, plan_families
+from artlike_server.trainer.grpo import policy_loss
+from artlike_server.trainer.logprobs import DEFAULT_CHUNK_TOKENS, supports_prefix_sharing, token_logprobs
+from artlike_server.trainer.packing import MicroBatchPlan, plan_micro_batches, plan_optimizer_steps
+from artlike_server.trainer.precision import MasterWeights
+from artlike_server.trainer.prefixes import Family, first_needed_position, plan_families
 from artlike_server.training.sequences import TrainSequence
 
 
