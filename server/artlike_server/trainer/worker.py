@@ -30,11 +30,11 @@ from pydantic import TypeAdapter
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from artlike_server.hardware import DTYPE_CHOICES, resolve_dtype
+from artlike_server.trainer import protocol
 from artlike_server.trainer.adapters import AdapterSlots, check_writable, peft_lora_config
 from artlike_server.trainer.batch_file import read_batch
 from artlike_server.trainer.loop import run_optimizer_steps, validate_batch
 from artlike_server.trainer.packing import plan_optimizer_steps
-from artlike_server.trainer import protocol
 
 logger = logging.getLogger("artlike.trainer")
 
