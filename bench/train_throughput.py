@@ -46,13 +46,13 @@ import torch
 from artlike_server.default_model import ensure_default_model
 from artlike_server.hardware import cpu_has_native_bf16, cpu_model
 from artlike_server.launcher import ServerProcess
-from artlike_server.training.batch_file import write_batch
-from artlike_server.training.loop import plan_step
+from artlike_server.trainer.batch_file import write_batch
+from artlike_server.trainer.loop import plan_step
 from artlike_server.training.sequences import TrainSequence
 from artlike_server.training.trainer_client import TrainerProcess
 from transformers import AutoConfig
 
-from artlike.types import LoraConfig, TrainConfig
+from artlike.types import GRPOConfig, LoraConfig, TrainConfig
 
 SEQUENCES, LENGTH = 8, 256
 RANDOM_PROMPT = 32
@@ -225,7 +225,7 @@ def main() -> None:
     print(f"measured matmul peak (2048³, {torch.get_num_threads()} threads): "
           + ", ".join(f"{dtype} {gflops:.0f} GFLOP/s" for dtype, gflops in peak.items()))
 
-    base = TrainConfig(learning_rate=1e-5, epochs=steps, micro_batch_tokens=SEQUENCES * LENGTH)
+    base = GRPOConfig(learning_rate=1e-5, epochs=steps, micro_batch_tokens=SEQUENCES * LENGTH)
     workloads = {
         "random": (random_batch(vocab), base),
         "grpo": (grpo_batch(vocab), base),

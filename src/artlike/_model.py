@@ -33,6 +33,7 @@ from .types import (
     StepRetention,
     TrainConfig,
     UpdateModelRequest,
+    train_config,
 )
 
 __all__ = ["TrainableModel"]
@@ -199,7 +200,8 @@ class TrainableModel:
     ) -> TrainStream:
         """One training step on `groups`: `async for event in model.train(...)` or `await model.train(...)`.
 
-        Options are `TrainConfig` fields (`learning_rate=1e-5`, ...) or a whole `config=`; they are
+        Options are the fields of the objective's config (`objective="cispo"`, `learning_rate=1e-5`, ...; see
+        `GRPOConfig`, `CISPOConfig`, `GSPOConfig`) or a whole `config=`; they are
         validated here, before any request (pydantic ValidationError). Failed trajectories are left out.
         `idle_timeout`: seconds without any stream line (the server sends heartbeats) before giving up.
         """
@@ -254,7 +256,7 @@ class TrainableModel:
 def _train_config(config: TrainConfig | None, options: dict[str, Any]) -> TrainConfig:
     if config is not None and options:
         raise TypeError(f"pass either config= or TrainConfig fields as keywords, not both (got {sorted(options)})")
-    return config if config is not None else TrainConfig(**options)
+    return config if config is not None else train_config(**options)
 
 
 def _check_keep(keep: int) -> int:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter, model_validator
 
 STREAM_VERSION = 1
 """Version of the `/_train_model` NDJSON stream; sent in the `start` line and the X-Artlike-Stream-Version header."""
@@ -139,24 +139,92 @@ class TrajectoryRecord(BaseModel):
 # ------------------------------------------------------------------------------------------- training
 
 
-class TrainConfig(_Strict):
-    """GRPO options; the defaults are DESIGN §5."""
+class _TrainOptions(_Strict):
+    """Options every objective shares: the optimizer, the schedule over the batch, how it is cut."""
 
     learning_rate: float = Field(1e-5, gt=0, le=1.0)
     epochs: int = Field(1, ge=1, le=100)
     gradient_steps_per_epoch: int = Field(1, ge=1, le=1024, description="Optimizer steps per pass over the batch.")
     micro_batch_tokens: int = Field(4096, ge=64, le=1_048_576, description="Token budget of one forward/backward.")
     max_grad_norm: float | None = Field(1.0, gt=0)
-    epsilon_low: float = Field(0.2, ge=0.0, le=1.0)
-    epsilon_high: float = Field(0.28, ge=0.0, le=10.0)
-    kl_beta: float = Field(0.0, ge=0.0)
-    loss_aggregation: Literal["token", "sequence"] = "token"
-    scale_rewards: bool = True  # False: Dr. GRPO (advantages not divided by the group std)
-    mask_truncated: bool = False  # drop completions that hit max_tokens (finish_reason "length")
     weight_decay: float = Field(0.0, ge=0.0)
     # Trajectories of a group share their prompt: the trainer runs it once per micro-batch and lets every
     # sample attend to its keys and values. Same result up to float rounding; off: each sequence whole.
     share_prefixes: bool = True
+
+
+class _PolicyGradientOptions(_TrainOptions):
+    """Options of the objectives that train on rewarded groups (group-relative advantages)."""
+
+    kl_beta: float = Field(0.0, ge=0.0, description="Weight of the k3 KL penalty to the base model.")
+    scale_rewards: bool = True  # False: advantages not divided by the group std (Dr. GRPO)
+    mask_truncated: bool = False  # drop completions that hit max_tokens (finish_reason "length")
+
+
+class _TokenLevelOptions(_PolicyGradientOptions):
+    # "token": every trainable token of the step weighs the same; "sequence": every sequence does;
+    # "constant": Σ token losses / (sequences × loss_normalizer), Dr. GRPO's length-unbiased normaliser.
+    loss_aggregation: Literal["token", "sequence", "constant"] = "token"
+    loss_normalizer: int | None = Field(None, ge=1, description="The constant of loss_aggregation 'constant' "
+                                        "(e.g. the rollouts' max_tokens).")
+
+    @model_validator(mode="after")
+    def _constant_needs_its_normalizer(self) -> _TokenLevelOptions:
+        if self.loss_aggregation == "constant" and self.loss_normalizer is None:
+            raise ValueError("loss_aggregation 'constant' needs loss_normalizer (e.g. the rollouts' max_tokens)")
+        return self
+
+
+class GRPOConfig(_TokenLevelOptions):
+    """GRPO: the PPO-clipped importance-weighted loss on group-relative advantages (the default; DESIGN §5).
+
+    Dr. GRPO is `scale_rewards=False, loss_aggregation="constant", loss_normalizer=<max tokens>`.
+    """
+
+    objective: Literal["grpo"] = "grpo"
+    epsilon_low: float = Field(0.2, ge=0.0, le=1.0)
+    epsilon_high: float = Field(0.28, ge=0.0, le=10.0)
+
+
+class CISPOConfig(_TokenLevelOptions):
+    """CISPO (MiniMax-M1): REINFORCE with the importance weight clipped and detached; no token loses its gradient."""
+
+    objective: Literal["cispo"] = "cispo"
+    epsilon_low: float = Field(1.0, ge=0.0, le=1.0, description="1.0: no lower bound on the weight (the paper's).")
+    epsilon_high: float = Field(0.28, ge=0.0, le=10.0)
+
+
+class GSPOConfig(_PolicyGradientOptions):
+    """GSPO (Qwen): the PPO clip on the sequence-level importance ratio (the geometric mean of token ratios)."""
+
+    objective: Literal["gspo"] = "gspo"
+    epsilon_low: float = Field(3e-4, ge=0.0, le=1.0)
+    epsilon_high: float = Field(4e-4, ge=0.0, le=10.0)
+
+
+def _objective_of(value: Any) -> str:
+    # A config without "objective" is GRPO, as before objectives existed.
+    if isinstance(value, dict):
+        return str(value.get("objective", "grpo"))
+    return str(getattr(value, "objective", "grpo"))
+
+
+TrainConfig = Annotated[
+    Annotated[GRPOConfig, Tag("grpo")] | Annotated[CISPOConfig, Tag("cispo")] | Annotated[GSPOConfig, Tag("gspo")],
+    Discriminator(_objective_of),
+]
+"""A training job's options: one config class per objective, chosen by its `objective` field (default "grpo")."""
+
+TRAIN_CONFIG: TypeAdapter[TrainConfig] = TypeAdapter(TrainConfig)
+
+
+def train_config(**options: Any) -> TrainConfig:
+    """The config of `options["objective"]` (default "grpo") from keyword options; raises ValidationError.
+
+    >>> train_config(objective="cispo", learning_rate=1e-4).epsilon_high
+    0.28
+    """
+    return TRAIN_CONFIG.validate_python(options)
 
 
 class TrajectoryRef(_Strict):
@@ -193,7 +261,7 @@ class TrainGroup(_Strict):
 class TrainRequest(_Strict):
     model: ModelName
     groups: list[TrainGroup] = Field(min_length=1)
-    config: TrainConfig = Field(default_factory=TrainConfig)
+    config: TrainConfig = Field(default_factory=GRPOConfig)
 
 
 # ------------------------------------------------------------------------------------- stream events
@@ -240,6 +308,9 @@ class StepEvent(BaseModel):
     logprob_mismatch: float = 0.0
     # positions the decoder ran over in this step: shared prompt prefixes count once per micro-batch
     decoder_positions: int = 0
+    objective: str = "grpo"
+    # the objective's own statistics (client/README.md lists them per objective)
+    metrics: dict[str, float] = Field(default_factory=dict)
 
 
 class DoneEvent(BaseModel):

@@ -215,3 +215,24 @@ def test_the_curl_walkthrough_runs_and_ends_with_a_done_line(server: Any) -> Non
     last = orjson.loads(result.stdout.strip().splitlines()[-1])
     assert (last["type"], last["model"], last["step"]) == ("done", f"{name}@1", 1)
     assert new_model(server, name).get_step_sync() == 1
+
+
+@pytest.mark.parametrize(("objective", "metric"), [("cispo", "is_weight"), ("gspo", "sequence_ratio")])
+async def test_other_policy_gradient_objectives_train_a_step(server: Any, objective: str, metric: str) -> None:
+    model = new_model(server)
+    await model.register()
+
+    async def rollout() -> art.Trajectory:
+        async with model.trajectory() as t:
+            completion = await t.async_openai_client().chat.completions.create(**sampling(model.name, PROMPTS[0]))
+            t.reward = length_reward(completion)
+        return t
+
+    groups = await art.gather_trajectory_groups([art.TrajectoryGroup(rollout() for _ in range(4))])
+    events = [event async for event in model.train(groups, objective=objective, learning_rate=1e-5, progress=False)]
+    steps = [event for event in events if isinstance(event, art.StepEvent)]
+    assert steps and all(step.objective == objective and metric in step.metrics for step in steps)
+    done = events[-1]
+    assert isinstance(done, art.DoneEvent) and (done.trained, done.step) == (True, 1)
+    [entry] = [s for s in await model.list_steps() if s.step == 1]
+    assert entry.step == 1

@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 import torch
 from artlike_server.default_model import ensure_default_model
-from artlike_server.training.batch_file import write_batch
+from artlike_server.trainer.batch_file import write_batch
 from artlike_server.training.sequences import TrainSequence
 from artlike_server.training.trainer_client import TrainerCrashed, TrainerError, TrainerProcess
 from safetensors.torch import load_file
 
-from artlike.types import LoraConfig, TrainConfig
+from artlike.types import GRPOConfig, LoraConfig, TrainConfig
 
 pytestmark = pytest.mark.integration
 
@@ -123,7 +123,7 @@ async def test_a_fresh_adapter_loads_in_peft_and_changes_nothing(
 async def test_two_optimizer_steps_stream_in_order_and_save_a_changed_adapter(
     trainer: TrainerProcess, initial_adapter: Path, batch_path: Path, workdir: Path, tokenizer: Any
 ) -> None:
-    config = TrainConfig(learning_rate=1e-3, gradient_steps_per_epoch=2, micro_batch_tokens=64)
+    config = GRPOConfig(learning_rate=1e-3, gradient_steps_per_epoch=2, micro_batch_tokens=64)
     events = await train_events(trainer, initial_adapter, workdir / "step1", batch_path, config)
 
     names = [e["event"] for e in events]
@@ -151,7 +151,7 @@ async def test_two_optimizer_steps_stream_in_order_and_save_a_changed_adapter(
 async def test_optimizer_state_continues_only_from_the_step_it_produced(
     trainer: TrainerProcess, initial_adapter: Path, batch_path: Path, workdir: Path
 ) -> None:
-    config = TrainConfig(learning_rate=1e-3, kl_beta=0.1)
+    config = GRPOConfig(learning_rate=1e-3, kl_beta=0.1)
     continued = await train_events(trainer, workdir / "step1", workdir / "step2", batch_path, config)
     assert continued[0]["optimizer_state"] == "reused"
     [step] = [e for e in continued if e["event"] == "step"]
@@ -169,7 +169,7 @@ async def test_a_bad_batch_is_an_error_and_the_worker_stays_up(
     write_batch(bad, [TrainSequence([1, 2, 10**6], [False, True, True], [0.0, -1.0, -1.0], 1.0)])
     pid = trainer.pid
     with pytest.raises(TrainerError) as info:
-        await train_events(trainer, initial_adapter, workdir / "never", bad, TrainConfig())
+        await train_events(trainer, initial_adapter, workdir / "never", bad, GRPOConfig())
     assert info.value.kind == "BatchError"
     assert not (workdir / "never").exists()
 
@@ -188,7 +188,7 @@ async def test_a_killed_worker_is_reported_as_crashed_and_restarted(
     assert pid is not None
     with pytest.raises(TrainerCrashed) as info:
         async for event in trainer.train(
-            MODEL_NAME, initial_adapter, workdir / "killed", batch_path, TrainConfig()
+            MODEL_NAME, initial_adapter, workdir / "killed", batch_path, GRPOConfig()
         ):
             if event["event"] == "train_started":
                 os.kill(pid, signal.SIGKILL)

@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 
 import pytest
-from artlike_server.training.batch_file import BatchFileError, read_batch, write_batch
+from artlike_server.trainer.batch_file import BatchFileError, read_batch, write_batch
 from artlike_server.training.sequences import TrainSequence
 
 

@@ -18,7 +18,7 @@ EXPECTED_EXPORTS = {
     "TrainableModel", "Trajectory", "TrajectoryGroup", "gather_trajectory_groups", "choice_to_message",
     "RetryPolicy", "__version__",
     # wire types users read or build
-    "LoraConfig", "TrainConfig", "ModelInfo", "StepInfo", "TrajectoryRecord", "StepRetention", "KeepBest",
+    "LoraConfig", "TrainConfig", "GRPOConfig", "CISPOConfig", "GSPOConfig", "ModelInfo", "StepInfo", "TrajectoryRecord", "StepRetention", "KeepBest",
     # the train stream
     "STREAM_VERSION", "TrainEvent", "StartEvent", "StatusEvent", "StepEvent", "DoneEvent", "ErrorEvent",
     "UnknownEvent", "TrainResult", "TrainStream", "parse_event",

@@ -396,7 +396,7 @@ def test_bad_train_options_fail_before_any_request(options: dict[str, object]) -
 
 def test_config_and_options_together_are_refused() -> None:
     with pytest.raises(TypeError, match="not both"):
-        make_model(refuse).train([scored_group()], config=art.TrainConfig(), learning_rate=1e-5)
+        make_model(refuse).train([scored_group()], config=art.GRPOConfig(), learning_rate=1e-5)
 
 
 def test_an_unscored_trajectory_fails_before_any_request() -> None:

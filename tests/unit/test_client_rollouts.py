@@ -16,7 +16,7 @@ from openai.types.chat.chat_completion import Choice
 import artlike as art
 from artlike._gather import exception_budget
 from artlike._train import build_train_request
-from artlike.types import TRAJECTORY_ID_PATTERN, OfflineTrajectory, TrainConfig, TrajectoryRef
+from artlike.types import TRAJECTORY_ID_PATTERN, GRPOConfig, OfflineTrajectory, TrajectoryRef
 
 SERVER = "http://gpu-box:8000"
 
@@ -87,7 +87,7 @@ def test_a_recorded_trajectory_refuses_messages(model: art.TrainableModel) -> No
     t.reward = 1.0
     t.messages_and_choices.append({"role": "assistant", "content": "hi"})
     with pytest.raises(ValueError, match="offline trajectories"):
-        build_train_request("agent", [[t]], TrainConfig())
+        build_train_request("agent", [[t]], GRPOConfig())
 
 
 # ------------------------------------------------------------------------------ offline conversion
@@ -136,7 +136,7 @@ def test_an_offline_trajectory_trains_on_explicit_messages_and_choices() -> None
         reward=1.0, metrics={"correct": 1.0},
     )
     other = art.Trajectory([{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "5"}], reward=0.0)
-    request = build_train_request("agent", [art.TrajectoryGroup([offline, other])], TrainConfig())
+    request = build_train_request("agent", [art.TrajectoryGroup([offline, other])], GRPOConfig())
     first = request.groups[0].trajectories[0]
     assert isinstance(first, OfflineTrajectory)
     assert first.messages == [
@@ -310,10 +310,10 @@ def test_failed_and_unscored_trajectories_in_a_hand_built_group(model: art.Train
     scored.reward = 1.0
     with failed:
         raise RuntimeError("boom")
-    request = build_train_request("agent", [art.TrajectoryGroup([scored, failed])], TrainConfig())
+    request = build_train_request("agent", [art.TrajectoryGroup([scored, failed])], GRPOConfig())
     assert request.groups[0].trajectories == [TrajectoryRef(trajectory_id=scored.id, reward=1.0)]
     with pytest.raises(ValueError, match="all 1 trajectories failed"):
-        build_train_request("agent", [[failed]], TrainConfig())
+        build_train_request("agent", [[failed]], GRPOConfig())
 
 
 async def test_an_already_failed_trajectory_counts_before_any_rollout_starts(model: art.TrainableModel) -> None:

@@ -6,8 +6,8 @@ import math
 
 import pytest
 import torch
+from artlike_server.trainer.objectives.grpo import policy_loss
 from artlike_server.training.advantages import group_advantages, is_zero_variance
-from artlike_server.training.grpo import policy_loss
 
 EPS_LOW, EPS_HIGH = 0.2, 0.28
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from artlike_server.training.packing import count_gradient_steps, pack, plan_optimizer_steps, split_into_steps
+from artlike_server.trainer.packing import count_gradient_steps, pack, plan_optimizer_steps, split_into_steps
 
-from artlike.types import TrainConfig
+from artlike.types import GRPOConfig
 
 
 def padded_cost(lengths: list[int], members: list[int]) -> int:
@@ -54,6 +54,6 @@ def test_epochs_repeat_the_same_split() -> None:
 
 def test_count_matches_the_plan() -> None:
     for num_sequences in (1, 2, 3, 8):
-        config = TrainConfig(epochs=3, gradient_steps_per_epoch=4)
+        config = GRPOConfig(epochs=3, gradient_steps_per_epoch=4)
         plan = plan_optimizer_steps([10] * num_sequences, epochs=3, steps_per_epoch=4)
         assert count_gradient_steps(num_sequences, config) == len(plan)

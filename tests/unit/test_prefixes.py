@@ -10,10 +10,10 @@ import random
 
 import pytest
 import torch
-from artlike_server.training.logprobs import PrefixCacheError, supports_prefix_sharing, token_logprobs
-from artlike_server.training.loop import collate, plan_step, run_optimizer_steps
-from artlike_server.training.packing import MicroBatchPlan, plan_micro_batches
-from artlike_server.training.prefixes import (
+from artlike_server.trainer.logprobs import PrefixCacheError, supports_prefix_sharing, token_logprobs
+from artlike_server.trainer.loop import collate, plan_step, run_optimizer_steps
+from artlike_server.trainer.packing import MicroBatchPlan, plan_micro_batches
+from artlike_server.trainer.prefixes import (
     Family,
     common_prefix_length,
     first_needed_position,
@@ -21,7 +21,7 @@ from artlike_server.training.prefixes import (
 )
 from artlike_server.training.sequences import TrainSequence
 
-from artlike.types import StepEvent, TrainConfig
+from artlike.types import GRPOConfig, StepEvent
 from tests.unit.test_training_loop import VOCAB, tiny_peft_model
 
 # ------------------------------------------------------------------------------------------- planning
@@ -158,7 +158,7 @@ def grpo_groups(seed: int = 2) -> list[TrainSequence]:
 def _train(share: bool, micro_batch_tokens: int, kl_beta: float = 0.0) -> tuple[list[StepEvent], list[torch.Tensor]]:
     model = _model()
     params = [p for p in model.parameters() if p.requires_grad]
-    config = TrainConfig(learning_rate=0.1, micro_batch_tokens=micro_batch_tokens, max_grad_norm=None,
+    config = GRPOConfig(learning_rate=0.1, micro_batch_tokens=micro_batch_tokens, max_grad_norm=None,
                          kl_beta=kl_beta, share_prefixes=share)  # fmt: skip
     events: list[StepEvent] = []
     run_optimizer_steps(model, torch.optim.SGD(params, lr=0.1), grpo_groups(), config, pad_token_id=0,
@@ -218,6 +218,6 @@ def test_gradient_checkpointing_turns_sharing_off_instead_of_dropping_the_prefix
 def _train_checkpointed(model: torch.nn.Module) -> tuple[list[StepEvent], None]:
     params = [p for p in model.parameters() if p.requires_grad]
     events: list[StepEvent] = []
-    run_optimizer_steps(model, torch.optim.SGD(params, lr=0.1), grpo_groups(), TrainConfig(max_grad_norm=None),
+    run_optimizer_steps(model, torch.optim.SGD(params, lr=0.1), grpo_groups(), GRPOConfig(max_grad_norm=None),
                         pad_token_id=0, on_step=events.append)  # fmt: skip
     return events, None

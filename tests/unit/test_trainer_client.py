@@ -22,7 +22,7 @@ from artlike_server.training.trainer_client import (
     TrainerTimeout,
 )
 
-from artlike.types import TrainConfig
+from artlike.types import GRPOConfig
 
 
 def stand_in(tmp_path: Path, body: str) -> str:
@@ -53,7 +53,7 @@ def trainer(tmp_path: Path, body: str, **kwargs: float) -> TrainerProcess:
 
 async def collect(process: TrainerProcess, tmp_path: Path) -> list[dict[str, object]]:
     events = []
-    async for event in process.train("m", tmp_path / "a", tmp_path / "b", tmp_path / "batch", TrainConfig()):
+    async for event in process.train("m", tmp_path / "a", tmp_path / "b", tmp_path / "batch", GRPOConfig()):
         events.append(event)
     return events
 
@@ -85,7 +85,7 @@ async def test_heartbeats_while_the_worker_is_quiet_then_a_timeout(tmp_path: Pat
     seen: list[str] = []
     with pytest.raises(TrainerTimeout):
         async for event in process.train(
-            "m", tmp_path / "a", tmp_path / "b", tmp_path / "batch", TrainConfig()
+            "m", tmp_path / "a", tmp_path / "b", tmp_path / "batch", GRPOConfig()
         ):
             seen.append(str(event["event"]))
     assert seen[0] == "train_started"
@@ -166,7 +166,7 @@ async def test_an_abandoned_train_kills_the_busy_worker_so_stop_is_prompt(tmp_pa
     started = asyncio.Event()
 
     async def consume() -> None:
-        async for event in process.train("m", tmp_path / "a", tmp_path / "b", tmp_path / "batch", TrainConfig()):
+        async for event in process.train("m", tmp_path / "a", tmp_path / "b", tmp_path / "batch", GRPOConfig()):
             if event["event"] == "train_started":
                 started.set()
 

@@ -6,14 +6,14 @@ import math
 
 import pytest
 import torch
-from artlike_server.training.logprobs import SelectedLogprobs, token_logprobs
-from artlike_server.training.loop import BatchError, collate, run_optimizer_steps, validate_batch
-from artlike_server.training.precision import MasterWeights
+from artlike_server.trainer.logprobs import SelectedLogprobs, token_logprobs
+from artlike_server.trainer.loop import BatchError, collate, run_optimizer_steps, validate_batch
+from artlike_server.trainer.precision import MasterWeights
 from artlike_server.training.sequences import TrainSequence
 from peft import LoraConfig, get_peft_model
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from artlike.types import StepEvent, TrainConfig
+from artlike.types import GRPOConfig, StepEvent
 
 VOCAB = 97
 
@@ -141,7 +141,7 @@ def train(
     model = tiny_peft_model()
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.SGD(params, lr=0.1)  # SGD: the update is the gradient, easy to compare
-    config = TrainConfig(
+    config = GRPOConfig(
         learning_rate=0.1, micro_batch_tokens=micro_batch_tokens, loss_aggregation=aggregation,  # type: ignore[arg-type]
         gradient_steps_per_epoch=steps, max_grad_norm=None,
     )  # fmt: skip
@@ -174,7 +174,7 @@ def test_one_event_per_optimizer_step_with_consistent_statistics() -> None:
 def test_a_bf16_adapter_trains_through_fp32_masters_like_an_fp32_adapter() -> None:
     """The same step on a bf16 copy of the model (bf16 LoRA weights + fp32 masters) moves the adapter as the
     fp32 model does, up to bf16 rounding, and the model's bf16 weights are the rounded masters."""
-    config = TrainConfig(learning_rate=0.05, micro_batch_tokens=64, max_grad_norm=None)
+    config = GRPOConfig(learning_rate=0.05, micro_batch_tokens=64, max_grad_norm=None)
     reference = tiny_peft_model()
     ref_params = [p for p in reference.parameters() if p.requires_grad]
     before = [p.detach().clone() for p in ref_params]
@@ -200,7 +200,7 @@ def test_a_bf16_adapter_trains_through_fp32_masters_like_an_fp32_adapter() -> No
 
 
 def test_gradients_left_by_a_failed_job_do_not_leak_into_the_next_step() -> None:
-    config = TrainConfig(learning_rate=0.05, micro_batch_tokens=64, max_grad_norm=None)
+    config = GRPOConfig(learning_rate=0.05, micro_batch_tokens=64, max_grad_norm=None)
     results = []
     for stale in (False, True):
         model = tiny_peft_model().to(torch.bfloat16)

@@ -44,9 +44,9 @@ from ..errors import Conflict, InvalidRequest, NotFound, ServiceUnavailable
 from ..metrics import Metrics
 from ..models.manager import AdapterRefused, ModelManager, served_name
 from ..models.store import ModelStore
+from ..trainer.batch_file import write_batch
+from ..trainer.packing import count_gradient_steps
 from .advantages import group_advantages, is_zero_variance
-from .batch_file import write_batch
-from .packing import count_gradient_steps
 from .sequences import SequenceBuildError, TrainSequence, sequences_from_completions, sequences_from_offline
 from .trainer_client import TrainerCrashed, TrainerError, TrainerProcess, TrainerTimeout
 

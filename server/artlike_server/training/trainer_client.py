@@ -1,4 +1,4 @@
-"""asyncio client of the trainer worker process (`artlike_server.training.worker`).
+"""asyncio client of the trainer worker process (`artlike_server.trainer.worker`).
 
 One `TrainerProcess` owns one worker: it spawns it, waits for its `ready` event, sends one command at a time
 (an asyncio.Lock) and turns the worker's events into return values, an async iterator, or typed errors.
@@ -34,7 +34,7 @@ from pydantic import BaseModel
 
 from artlike.types import LoraConfig, TrainConfig
 from artlike_server.logfiles import RotatingLog
-from artlike_server.training import protocol
+from artlike_server.trainer import protocol
 
 logger = logging.getLogger("artlike.trainer_client")
 
@@ -92,7 +92,7 @@ class TrainerProcess:
         init_adapter and shutdown; `idle_timeout` for the worker's silence during training (it reports every
         micro-batch) before it is declared hung and killed."""
         self._argv = [
-            python, "-m", "artlike_server.training.worker",
+            python, "-m", "artlike_server.trainer.worker",
             "--base-model", str(base_model), "--dtype", dtype, "--device", device,
             *(["--gradient-checkpointing"] if gradient_checkpointing else []),
             *(["--threads", str(threads)] if threads else []),

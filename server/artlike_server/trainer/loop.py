@@ -9,18 +9,18 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
 from artlike.types import StepEvent, TrainConfig
-from artlike_server.training.grpo import policy_loss
-from artlike_server.training.logprobs import DEFAULT_CHUNK_TOKENS, supports_prefix_sharing, token_logprobs
-from artlike_server.training.packing import MicroBatchPlan, plan_micro_batches, plan_optimizer_steps
-from artlike_server.training.precision import MasterWeights
-from artlike_server.training.prefixes import Family, first_needed_position, plan_families
+from artlike_server.trainer.logprobs import DEFAULT_CHUNK_TOKENS, supports_prefix_sharing, token_logprobs
+from artlike_server.trainer.objectives import PolicyBatch, build_objective
+from artlike_server.trainer.packing import MicroBatchPlan, plan_micro_batches, plan_optimizer_steps
+from artlike_server.trainer.precision import MasterWeights
+from artlike_server.trainer.prefixes import Family, first_needed_position, plan_families
 from artlike_server.training.sequences import TrainSequence
 
 
@@ -122,6 +122,7 @@ def validate_batch(sequences: Sequence[TrainSequence], vocab_size: int) -> None:
 
 @dataclass
 class _StepTotals:
+    loss: float = 0.0
     policy_loss: float = 0.0
     kl: float = 0.0
     entropy_sum: float = 0.0
@@ -130,6 +131,16 @@ class _StepTotals:
     mismatch_sum: float = 0.0
     mismatch_tokens: int = 0
     decoder_positions: int = 0
+    metric_sums: dict[str, float] = field(default_factory=dict)
+    metric_counts: dict[str, float] = field(default_factory=dict)
+
+    def add_metrics(self, metrics: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
+        for name, (total, count) in metrics.items():
+            self.metric_sums[name] = self.metric_sums.get(name, 0.0) + float(total)
+            self.metric_counts[name] = self.metric_counts.get(name, 0.0) + float(count)
+
+    def metrics(self) -> dict[str, float]:
+        return {name: total / max(1.0, self.metric_counts[name]) for name, total in self.metric_sums.items()}
 
 
 def run_optimizer_steps(
@@ -148,8 +159,8 @@ def run_optimizer_steps(
 ) -> list[StepEvent]:
     """Train `epochs × gradient_steps_per_epoch` optimizer steps on `sequences`; call `on_step` after each.
 
-    `reference()` returns a context manager under which `model` is the reference policy (the adapter
-    disabled); it is used only when `config.kl_beta > 0`. `on_micro_batch(step, index, count)` reports
+    `config` names the objective (`objectives.build_objective`). `reference()` returns a context manager under
+    which `model` is the reference policy (the adapter disabled); it is used only when the objective needs it. `on_micro_batch(step, index, count)` reports
     progress inside a step. Each step's `logprob_mismatch` is measured on its tokens before its update: in
     the first step that is pure engine/trainer drift, later it includes the updates made so far.
 
@@ -171,9 +182,9 @@ def run_optimizer_steps(
         steps_per_epoch=config.gradient_steps_per_epoch,
     )
     share_prefixes = config.share_prefixes and supports_prefix_sharing(model)
-    use_kl = config.kl_beta > 0.0
-    if use_kl and reference is None:
-        raise ValueError("kl_beta > 0 needs a reference policy")
+    objective = build_objective(config)
+    if objective.needs_reference and reference is None:
+        raise ValueError(f"the {objective.name} objective (as configured) needs a reference policy")
     events: list[StepEvent] = []
     optimizer.zero_grad(set_to_none=True)
     if master is not None:
@@ -182,12 +193,7 @@ def run_optimizer_steps(
         started = time.perf_counter()
         step_sequences = [sequences[i] for i in indices]
         micro_batches = plan_step(step_sequences, config.micro_batch_tokens, share_prefixes=share_prefixes)
-        trainable_counts = [sum(s.trainable[1:]) for s in step_sequences]
-        normalizer = (
-            sum(trainable_counts)
-            if config.loss_aggregation == "token"
-            else sum(c > 0 for c in trainable_counts)
-        )
+        normalizer = objective.normalizer([sum(s.trainable[1:]) for s in step_sequences])
         totals = _StepTotals()
         for mb_index, micro_batch in enumerate(micro_batches):
             if on_micro_batch is not None:
@@ -199,35 +205,28 @@ def run_optimizer_steps(
                 model, batch.input_ids, mask=batch.mask, chunk_tokens=chunk_tokens, prefix_ids=batch.prefix_ids
             )
             ref_logprobs = None
-            if use_kl and reference is not None:
+            if objective.needs_reference and reference is not None:
                 with torch.no_grad(), reference():
                     ref_logprobs, _ = token_logprobs(
                         model, batch.input_ids, mask=batch.mask, chunk_tokens=chunk_tokens,
                         prefix_ids=batch.prefix_ids,
                     )  # fmt: skip
-            out = policy_loss(
-                logprobs,
-                batch.behaviour_logprobs,
-                batch.advantages,
-                batch.mask,
-                epsilon_low=config.epsilon_low,
-                epsilon_high=config.epsilon_high,
-                aggregation=config.loss_aggregation,
-                ref_logprobs=ref_logprobs,
-                kl_beta=config.kl_beta,
-                normalizer=normalizer,
+            out = objective.loss(
+                PolicyBatch(logprobs, batch.mask, batch.behaviour_logprobs, batch.advantages, ref_logprobs),
+                normalizer,
             )
             out.loss.backward()  # type: ignore[no-untyped-call]
             if master is not None:
                 master.accumulate_grads()
-            tokens = int(out.tokens)
+            totals.loss += float(out.loss.detach())
             totals.policy_loss += float(out.policy_loss)
             totals.kl += float(out.kl)
             totals.entropy_sum += float((entropy * batch.mask).sum())
-            totals.clipped += float(out.clip_fraction) * tokens
-            totals.tokens += tokens
-            totals.mismatch_sum += float(out.logprob_mismatch) * int(out.mismatch_tokens)
+            totals.clipped += float(out.clipped)
+            totals.tokens += int(out.tokens)
+            totals.mismatch_sum += float(out.mismatch_sum)
             totals.mismatch_tokens += int(out.mismatch_tokens)
+            totals.add_metrics(out.metrics)
         max_norm = config.max_grad_norm if config.max_grad_norm is not None else math.inf
         grad_norm = float(torch.nn.utils.clip_grad_norm_(optimized, max_norm))
         if not math.isfinite(grad_norm):
@@ -242,7 +241,7 @@ def run_optimizer_steps(
         event = StepEvent(
             gradient_step=step_index,
             num_gradient_steps=len(plan),
-            loss=totals.policy_loss + config.kl_beta * totals.kl,
+            loss=totals.loss,
             policy_loss=totals.policy_loss,
             kl=totals.kl,
             entropy=totals.entropy_sum / max(1, totals.tokens),
@@ -253,6 +252,8 @@ def run_optimizer_steps(
             seconds=time.perf_counter() - started,
             logprob_mismatch=totals.mismatch_sum / max(1, totals.mismatch_tokens),
             decoder_positions=totals.decoder_positions,
+            objective=objective.name,
+            metrics=totals.metrics(),
         )
         events.append(event)
         on_step(event)

@@ -26,7 +26,7 @@ from safetensors.torch import load_file, save_file
 from transformers import PreTrainedModel
 
 from artlike.types import LoraConfig
-from artlike_server.training.precision import MasterWeights
+from artlike_server.trainer.precision import MasterWeights
 
 WEIGHTS_FILE = "adapter_model.safetensors"
 CONFIG_FILE = "adapter_config.json"

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from artlike.types import TrainConfig
-from artlike_server.training.prefixes import Family
+from artlike_server.trainer.prefixes import Family
 
 
 def pack(lengths: Sequence[int], token_budget: int) -> list[list[int]]:

@@ -1,9 +1,9 @@
 """The trainer worker: a long-lived process that keeps the base model loaded and trains LoRA adapters.
 
-    python -m artlike_server.training.worker --base-model DIR [--dtype auto|bfloat16|float32]
+    python -m artlike_server.trainer.worker --base-model DIR [--dtype auto|bfloat16|float32]
                                              [--device auto|cpu|cuda] [--gradient-checkpointing]
 
-It speaks the line protocol of `artlike_server.training.protocol` on stdin/stdout. The base model is loaded
+It speaks the line protocol of `artlike_server.trainer.protocol` on stdin/stdout. The base model is loaded
 once (transformers, SDPA attention; unsloth's loader on CUDA when it is installed); every trainable model
 name gets its own LoRA adapter and AdamW state in the one PEFT model. A failing command answers an `error`
 event and the worker carries on; only a crash ends it.
@@ -30,11 +30,11 @@ from pydantic import TypeAdapter
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from artlike_server.hardware import DTYPE_CHOICES, resolve_dtype
-from artlike_server.training import protocol
-from artlike_server.training.adapters import AdapterSlots, check_writable, peft_lora_config
-from artlike_server.training.batch_file import read_batch
-from artlike_server.training.loop import run_optimizer_steps, validate_batch
-from artlike_server.training.packing import plan_optimizer_steps
+from artlike_server.trainer import protocol
+from artlike_server.trainer.adapters import AdapterSlots, check_writable, peft_lora_config
+from artlike_server.trainer.batch_file import read_batch
+from artlike_server.trainer.loop import run_optimizer_steps, validate_batch
+from artlike_server.trainer.packing import plan_optimizer_steps
 
 logger = logging.getLogger("artlike.trainer")
 
@@ -186,7 +186,7 @@ class Worker:
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m artlike_server.training.worker", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m artlike_server.trainer.worker", description=__doc__)
     parser.add_argument("--base-model", type=Path, required=True, help="Hugging Face model directory")
     parser.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")

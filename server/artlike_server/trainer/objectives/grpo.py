@@ -1,0 +1,106 @@
+"""The GRPO objective: a clipped, importance-weighted policy-gradient loss on group-relative advantages.
+
+Every token t the model sampled in trajectory i gets its group's advantage A_i (`training/advantages.py`).
+With logπθ the trainer's logprob of that token and logπ_b the engine's logprob when it was sampled (the
+behaviour policy):
+
+    ρ_t      = exp(logπθ_t - logπ_b_t)                                    importance ratio
+    loss_t   = -min(ρ_t · A_i, clip(ρ_t, 1 - ε_low, 1 + ε_high) · A_i)   PPO clip, asymmetric ("clip-higher")
+    kl_t     = exp(logπ_ref_t - logπθ_t) - (logπ_ref_t - logπθ_t) - 1     k3 estimator, ≥ 0; ref = base model
+    total_t  = loss_t + β · kl_t
+
+aggregated over the step's trainable tokens as `tokens.py` says ("token", "sequence", or Dr. GRPO's
+"constant"). The ratio makes the first update exactly on-policy even though vLLM and the trainer compute
+slightly different numbers (bf16 kernels, batch composition), and corrects data sampled by an older
+adapter. Behaviour logprobs that are unknown (NaN, e.g. offline data without logprobs; or infinite) count
+as the current detached logprob: ρ = 1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from artlike.types import GRPOConfig
+from artlike_server.trainer.objectives import LossOutput, PolicyBatch
+from artlike_server.trainer.objectives.tokens import (
+    Aggregation,
+    behaviour_or_current,
+    k3_kl,
+    log_ratio,
+    mismatch,
+    step_normalizer,
+    token_weights,
+)
+
+
+def policy_loss(
+    logprobs: torch.Tensor,
+    behaviour_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    epsilon_low: float,
+    epsilon_high: float,
+    aggregation: Aggregation = "token",
+    ref_logprobs: torch.Tensor | None = None,
+    kl_beta: float = 0.0,
+    normalizer: float | None = None,
+    loss_normalizer: int | None = None,
+) -> LossOutput:
+    """The GRPO loss of a micro-batch of B sequences of T tokens (see the module docstring).
+
+    `normalizer` is the whole optimizer step's (`tokens.step_normalizer`), so gradients accumulated over its
+    micro-batches equal one big batch's; by default this micro-batch's own. Masked positions contribute
+    nothing (their values may be anything finite).
+    """
+    mask = mask.to(logprobs.dtype)  # [B, T] 1.0 on trainable tokens
+    behaviour, known = behaviour_or_current(logprobs, behaviour_logprobs)  # [B, T] each
+    ratio = torch.exp(log_ratio(logprobs, behaviour))  # [B, T]
+    adv = advantages.to(logprobs.dtype)[:, None]  # [B, 1]
+    unclipped = ratio * adv  # [B, T]
+    clipped = ratio.clamp(1.0 - epsilon_low, 1.0 + epsilon_high) * adv  # [B, T]
+    per_token_policy = -torch.minimum(unclipped, clipped)  # [B, T]
+    per_token_kl = k3_kl(logprobs, ref_logprobs)  # [B, T]
+
+    weights = token_weights(mask, aggregation)  # [B, T]
+    if normalizer is None:
+        normalizer = step_normalizer([int(n) for n in mask.sum(dim=1).tolist()], aggregation, loss_normalizer)
+    norm = torch.as_tensor(normalizer, dtype=logprobs.dtype).clamp(min=1.0)
+    policy = (per_token_policy * weights).sum() / norm  # []
+    kl = (per_token_kl * weights).sum() / norm  # []
+    mismatch_sum, mismatch_tokens = mismatch(logprobs, behaviour, known, mask)
+    return LossOutput(
+        loss=policy + kl_beta * kl,
+        policy_loss=policy.detach(),
+        kl=kl.detach(),
+        clipped=((unclipped > clipped) & (mask > 0)).sum().to(logprobs.dtype),  # min() chose the constant clip
+        tokens=mask.sum(),
+        mismatch_sum=mismatch_sum,
+        mismatch_tokens=mismatch_tokens,
+    )
+
+
+class GRPO:
+    """The GRPO objective on the seam (`GRPOConfig`)."""
+
+    name = "grpo"
+
+    def __init__(self, config: GRPOConfig) -> None:
+        self.config = config
+
+    @property
+    def needs_reference(self) -> bool:
+        return self.config.kl_beta > 0.0
+
+    def normalizer(self, trainable_tokens_per_sequence: Sequence[int]) -> float:
+        return step_normalizer(trainable_tokens_per_sequence, self.config.loss_aggregation, self.config.loss_normalizer)
+
+    def loss(self, batch: PolicyBatch, normalizer: float) -> LossOutput:
+        c = self.config
+        return policy_loss(
+            batch.logprobs, batch.behaviour_logprobs, batch.advantages, batch.mask,
+            epsilon_low=c.epsilon_low, epsilon_high=c.epsilon_high, aggregation=c.loss_aggregation,
+            ref_logprobs=batch.ref_logprobs, kl_beta=c.kl_beta, normalizer=normalizer,
+        )  # fmt: skip
