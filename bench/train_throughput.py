@@ -46,6 +46,7 @@ import torch
 from artlike_server.default_model import ensure_default_model
 from artlike_server.hardware import cpu_has_native_bf16, cpu_model
 from artlike_server.launcher import ServerProcess
+from artlike_server.trainer import protocol
 from artlike_server.trainer.batch_file import write_batch
 from artlike_server.trainer.loop import plan_step
 from artlike_server.training.sequences import TrainSequence
@@ -146,8 +147,8 @@ async def trainer_throughput(model_dir: Path, dtype: str, workloads: dict[str, t
             step_events = []
             async for event in trainer.train(f"bench-{name}", adapter, work / f"out-{dtype}-{name}", batch_path,
                                              config):
-                if event.get("event") == "step":
-                    step_events.append(event)
+                if isinstance(event, protocol.Step):
+                    step_events.append(event.step_event().model_dump())
             measured = step_events[1:] or step_events  # the first step pays one-time costs (allocations, kernels)
             results[name] = {
                 "steps": step_events,

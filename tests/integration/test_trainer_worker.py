@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import torch
 from artlike_server.default_model import ensure_default_model
+from artlike_server.trainer import protocol
 from artlike_server.trainer.batch_file import write_batch
 from artlike_server.training.sequences import TrainSequence
 from artlike_server.training.trainer_client import TrainerCrashed, TrainerError, TrainerProcess
@@ -83,14 +84,14 @@ def chat_batch(tokenizer: Any) -> list[TrainSequence]:
 
 async def train_events(
     trainer: TrainerProcess, source: Path, out: Path, batch: Path, config: TrainConfig
-) -> list[dict[str, Any]]:
+) -> list[protocol.TrainEvent]:
     return [event async for event in trainer.train(MODEL_NAME, source, out, batch, config)]
 
 
 @pytest.fixture(scope="module")
 async def initial_adapter(trainer: TrainerProcess, workdir: Path) -> Path:
     ready = await trainer.init_adapter(MODEL_NAME, LORA, workdir / "step0", seed=1)
-    assert ready["event"] == "adapter_ready"
+    assert ready.event == "adapter_ready"
     return workdir / "step0"
 
 
@@ -126,18 +127,20 @@ async def test_two_optimizer_steps_stream_in_order_and_save_a_changed_adapter(
     config = GRPOConfig(learning_rate=1e-3, gradient_steps_per_epoch=2, micro_batch_tokens=64)
     events = await train_events(trainer, initial_adapter, workdir / "step1", batch_path, config)
 
-    names = [e["event"] for e in events]
+    names = [e.event for e in events]
     assert names[0] == "train_started" and names[-1] == "saved"
-    assert events[0]["optimizer_state"] == "fresh" and events[0]["num_gradient_steps"] == 2
+    started = events[0]
+    assert isinstance(started, protocol.TrainStarted)
+    assert started.optimizer_state == "fresh" and started.num_gradient_steps == 2
     assert "progress" in names
-    steps = [e for e in events if e["event"] == "step"]
-    assert [s["gradient_step"] for s in steps] == [1, 2]
+    steps = [e for e in events if isinstance(e, protocol.Step)]
+    assert [s.gradient_step for s in steps] == [1, 2]
     assert names.index("saved") > names.index("step")
     for step in steps:
-        assert math.isfinite(step["loss"]) and step["grad_norm"] > 0 and step["entropy"] > 0
-        assert step["num_gradient_steps"] == 2
+        assert math.isfinite(step.loss) and step.grad_norm > 0 and step.entropy > 0
+        assert step.num_gradient_steps == 2
     trainable = sum(s.num_trainable_tokens for s in chat_batch(tokenizer))
-    assert sum(s["tokens"] for s in steps) == trainable
+    assert sum(s.tokens for s in steps) == trainable
 
     before = load_file(str(initial_adapter / "adapter_model.safetensors"))
     after = load_file(str(workdir / "step1" / "adapter_model.safetensors"))
@@ -153,13 +156,13 @@ async def test_optimizer_state_continues_only_from_the_step_it_produced(
 ) -> None:
     config = GRPOConfig(learning_rate=1e-3, kl_beta=0.1)
     continued = await train_events(trainer, workdir / "step1", workdir / "step2", batch_path, config)
-    assert continued[0]["optimizer_state"] == "reused"
-    [step] = [e for e in continued if e["event"] == "step"]
-    assert step["kl"] > 0  # the adapter has moved away from the base model
-    assert step["loss"] == pytest.approx(step["policy_loss"] + 0.1 * step["kl"], rel=1e-5)
+    assert isinstance(continued[0], protocol.TrainStarted) and continued[0].optimizer_state == "reused"
+    [step] = [e for e in continued if isinstance(e, protocol.Step)]
+    assert step.kl > 0  # the adapter has moved away from the base model
+    assert step.loss == pytest.approx(step.policy_loss + 0.1 * step.kl, rel=1e-5)
 
     rolled_back = await train_events(trainer, initial_adapter, workdir / "step1-again", batch_path, config)
-    assert rolled_back[0]["optimizer_state"] == "fresh"
+    assert isinstance(rolled_back[0], protocol.TrainStarted) and rolled_back[0].optimizer_state == "fresh"
 
 
 async def test_a_bad_batch_is_an_error_and_the_worker_stays_up(
@@ -190,7 +193,7 @@ async def test_a_killed_worker_is_reported_as_crashed_and_restarted(
         async for event in trainer.train(
             MODEL_NAME, initial_adapter, workdir / "killed", batch_path, GRPOConfig()
         ):
-            if event["event"] == "train_started":
+            if event.event == "train_started":
                 os.kill(pid, signal.SIGKILL)
     assert info.value.returncode == -signal.SIGKILL
     assert not (workdir / "killed").exists()

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import psutil
 import pytest
+from artlike_server.trainer import protocol
 from artlike_server.training.trainer_client import (
-    HEARTBEAT,
     TrainerCrashed,
     TrainerError,
     TrainerProcess,
@@ -33,8 +33,18 @@ def stand_in(tmp_path: Path, body: str) -> str:
         + textwrap.dedent(
             """
             import json, sys, time
+            DEFAULTS = {  # the fields each event must carry (artlike_server.trainer.protocol)
+                "ready": {"device": "cpu", "dtype": "float32", "threads": 1, "backend": "peft", "vocab_size": 10,
+                          "load_seconds": 0.0},
+                "train_started": {"num_gradient_steps": 1, "sequences": 1, "trainable_tokens": 1,
+                                  "optimizer_state": "fresh"},
+                "step": {"gradient_step": 1, "num_gradient_steps": 1, "loss": 0.0, "policy_loss": 0.0, "kl": 0.0,
+                         "entropy": 0.0, "grad_norm": 0.0, "clip_fraction": 0.0, "learning_rate": 1e-5,
+                         "tokens": 1, "seconds": 0.0},
+                "saved": {"path": "out", "seconds": 0.0},
+            }
             def emit(event, id, **fields):
-                print(json.dumps({"event": event, "id": id, **fields}), flush=True)
+                print(json.dumps({"event": event, "id": id, **DEFAULTS.get(event, {}), **fields}), flush=True)
             def commands():
                 for line in sys.stdin:
                     yield json.loads(line)
@@ -51,7 +61,7 @@ def trainer(tmp_path: Path, body: str, **kwargs: float) -> TrainerProcess:
     return TrainerProcess(tmp_path / "model", python=stand_in(tmp_path, body), **options)  # type: ignore[arg-type]
 
 
-async def collect(process: TrainerProcess, tmp_path: Path) -> list[dict[str, object]]:
+async def collect(process: TrainerProcess, tmp_path: Path) -> list[protocol.TrainEvent]:
     events = []
     async for event in process.train("m", tmp_path / "a", tmp_path / "b", tmp_path / "batch", GRPOConfig()):
         events.append(event)
@@ -87,9 +97,9 @@ async def test_heartbeats_while_the_worker_is_quiet_then_a_timeout(tmp_path: Pat
         async for event in process.train(
             "m", tmp_path / "a", tmp_path / "b", tmp_path / "batch", GRPOConfig()
         ):
-            seen.append(str(event["event"]))
+            seen.append(event.event)
     assert seen[0] == "train_started"
-    assert seen.count(HEARTBEAT) >= 3
+    assert seen.count("heartbeat") >= 3
     assert not process.is_running
 
 
@@ -123,7 +133,7 @@ async def test_events_of_an_abandoned_command_are_skipped(tmp_path: Path) -> Non
     """
     process = trainer(tmp_path, body)
     events = await collect(process, tmp_path)
-    assert [e["event"] for e in events] == ["saved"]
+    assert [e.event for e in events] == ["saved"]
     await process.stop()
 
 
@@ -167,7 +177,7 @@ async def test_an_abandoned_train_kills_the_busy_worker_so_stop_is_prompt(tmp_pa
 
     async def consume() -> None:
         async for event in process.train("m", tmp_path / "a", tmp_path / "b", tmp_path / "batch", GRPOConfig()):
-            if event["event"] == "train_started":
+            if event.event == "train_started":
                 started.set()
 
     task = asyncio.create_task(consume())

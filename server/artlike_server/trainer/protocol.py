@@ -1,6 +1,7 @@
 """The line protocol between the server and its trainer worker process.
 
-stdin: one JSON command per line. stdout: one JSON event per line (all logging goes to stderr). Every
+stdin: one JSON command per line. stdout: one JSON event per line (all logging goes to stderr); both sides
+are the pydantic models below (`Command`, `WorkerEvent`). Every
 command carries an integer `id`, echoed in each event it causes, so a client can skip the late events of a
 command it stopped waiting for. Commands run one at a time, in order.
 
@@ -32,9 +33,9 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from artlike.types import LoraConfig, TrainConfig
+from artlike.types import LoraConfig, StepEvent, TrainConfig
 
 
 class _Command(BaseModel):
@@ -69,16 +70,96 @@ class Train(_Command):
 
 Command = Annotated[Ping | Shutdown | InitAdapter | Train, Field(discriminator="cmd")]
 
-# Event names (the "event" field).
-READY = "ready"
-PONG = "pong"
-ADAPTER_READY = "adapter_ready"
-TRAIN_STARTED = "train_started"
-PROGRESS = "progress"
-STEP = "step"
-SAVED = "saved"
-ERROR = "error"
-BYE = "bye"
+# ------------------------------------------------------------------------------------------- events
 
-TERMINAL_EVENTS = frozenset({PONG, ADAPTER_READY, SAVED, ERROR, BYE})
+
+class _Event(BaseModel):
+    id: int = 0  # the command it answers (0: `ready`, before any command)
+
+
+class Ready(_Event):
+    event: Literal["ready"] = "ready"
+    device: str
+    dtype: str
+    threads: int
+    backend: Literal["peft", "unsloth"]
+    gradient_checkpointing: bool = False
+    vocab_size: int
+    load_seconds: float
+
+
+class Pong(_Event):
+    event: Literal["pong"] = "pong"
+
+
+class AdapterReady(_Event):
+    event: Literal["adapter_ready"] = "adapter_ready"
+    path: str
+    seconds: float
+
+
+class TrainStarted(_Event):
+    event: Literal["train_started"] = "train_started"
+    num_gradient_steps: int
+    sequences: int
+    trainable_tokens: int
+    optimizer_state: Literal["reused", "fresh"]
+
+
+class Progress(_Event):
+    event: Literal["progress"] = "progress"
+    gradient_step: int
+    micro_batch: int
+    micro_batches: int
+
+
+class Step(StepEvent):
+    """One optimizer step: the `StepEvent` the job streams, plus the protocol's fields."""
+
+    event: Literal["step"] = "step"
+    id: int = 0
+
+    def step_event(self) -> StepEvent:
+        return StepEvent.model_validate(self.model_dump(exclude={"event", "id"}))
+
+
+class Saved(_Event):
+    event: Literal["saved"] = "saved"
+    path: str
+    seconds: float
+
+
+class Failed(_Event):
+    """A command failed; the worker waits for the next one."""
+
+    event: Literal["error"] = "error"
+    kind: str
+    message: str
+
+
+class Bye(_Event):
+    event: Literal["bye"] = "bye"
+
+
+class Heartbeat(_Event):
+    """Made by the trainer client, never by the worker: the worker was quiet for a while during `train`."""
+
+    event: Literal["heartbeat"] = "heartbeat"
+    elapsed_seconds: float
+    idle_seconds: float
+    gradient_step: int | None = None  # from the last `progress`, if any
+    micro_batch: int | None = None
+    micro_batches: int | None = None
+
+
+WorkerEvent = Annotated[
+    Ready | Pong | AdapterReady | TrainStarted | Progress | Step | Saved | Failed | Bye,
+    Field(discriminator="event"),
+]
+WORKER_EVENT: TypeAdapter[WorkerEvent] = TypeAdapter(WorkerEvent)
+
+TrainEvent = TrainStarted | Progress | Step | Saved | Heartbeat
+"""What `TrainerProcess.train` yields."""
+
+TERMINAL_EVENTS = (Pong, AdapterReady, Saved, Failed, Bye)
 """The last event of a command: after it the worker reads the next command."""

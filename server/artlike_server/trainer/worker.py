@@ -47,8 +47,8 @@ class EventWriter:
     def __init__(self, stream: BinaryIO) -> None:
         self._stream = stream
 
-    def emit(self, event: str, command_id: int, **fields: Any) -> None:
-        self._stream.write(orjson.dumps({"event": event, "id": command_id, **fields}) + b"\n")
+    def emit(self, event: protocol.WorkerEvent) -> None:
+        self._stream.write(event.model_dump_json().encode() + b"\n")
         self._stream.flush()
 
 
@@ -113,13 +113,13 @@ class Worker:
         self, command: protocol.Ping | protocol.Shutdown | protocol.InitAdapter | protocol.Train
     ) -> None:
         if isinstance(command, protocol.Ping):
-            self._events.emit(protocol.PONG, command.id)
+            self._events.emit(protocol.Pong(id=command.id))
         elif isinstance(command, protocol.InitAdapter):
             self._init_adapter(command)
         elif isinstance(command, protocol.Train):
             self._train(command)
         elif isinstance(command, protocol.Shutdown):
-            self._events.emit(protocol.BYE, command.id)
+            self._events.emit(protocol.Bye(id=command.id))
 
     def _init_adapter(self, command: protocol.InitAdapter) -> None:
         started = time.perf_counter()
@@ -128,9 +128,7 @@ class Worker:
         config = peft_lora_config(command.lora, self._base_model_path)
         self._adapters.create(command.model_name, config, seed=command.seed)
         self._adapters.save(command.model_name, out_dir)
-        self._events.emit(
-            protocol.ADAPTER_READY, command.id, path=str(out_dir), seconds=time.perf_counter() - started
-        )
+        self._events.emit(protocol.AdapterReady(id=command.id, path=str(out_dir), seconds=time.perf_counter() - started))
 
     def _train(self, command: protocol.Train) -> None:
         out_dir = Path(command.out_dir)
@@ -149,14 +147,13 @@ class Worker:
         plan = plan_optimizer_steps(
             trainable, epochs=config.epochs, steps_per_epoch=config.gradient_steps_per_epoch
         )
-        self._events.emit(
-            protocol.TRAIN_STARTED,
-            command.id,
+        self._events.emit(protocol.TrainStarted(
+            id=command.id,
             num_gradient_steps=len(plan),
             sequences=len(sequences),
             trainable_tokens=sum(trainable),
             optimizer_state="reused" if reused else "fresh",
-        )
+        ))
         model.train()
         try:
             run_optimizer_steps(
@@ -168,18 +165,15 @@ class Worker:
                 device=self._device,
                 reference=model.disable_adapter,
                 master=slot.master,
-                on_step=lambda event: self._events.emit(protocol.STEP, command.id, **event.model_dump()),
-                on_micro_batch=lambda step, index, count: self._events.emit(
-                    protocol.PROGRESS, command.id, gradient_step=step, micro_batch=index, micro_batches=count
-                ),
+                on_step=lambda event: self._events.emit(protocol.Step(id=command.id, **event.model_dump())),
+                on_micro_batch=lambda step, index, count: self._events.emit(protocol.Progress(
+                    id=command.id, gradient_step=step, micro_batch=index, micro_batches=count)),
             )
         finally:
             model.eval()
         started = time.perf_counter()
         self._adapters.save(command.model_name, out_dir)
-        self._events.emit(
-            protocol.SAVED, command.id, path=str(out_dir), seconds=time.perf_counter() - started
-        )
+        self._events.emit(protocol.Saved(id=command.id, path=str(out_dir), seconds=time.perf_counter() - started))
 
 
 # -------------------------------------------------------------------------------------------- main
@@ -224,9 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.eval()  # type: ignore[no-untyped-call]
     worker = Worker(args.base_model, model, events)
-    events.emit(
-        protocol.READY,
-        0,
+    events.emit(protocol.Ready(
         device=str(device),
         dtype=str(dtype).removeprefix("torch."),
         threads=threads,
@@ -234,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         gradient_checkpointing=bool(args.gradient_checkpointing),
         vocab_size=vocab_size(model),
         load_seconds=time.perf_counter() - started,
-    )
+    ))
     logger.info("ready: %s %s on %s, %d threads", backend, dtype, device, threads)
     for line in sys.stdin.buffer:
         if not line.strip():
@@ -245,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
             worker.handle(command)
         except Exception as exc:  # reported to the client; the worker stays up for the next command
             logger.exception("command %s failed", command_id)
-            events.emit(protocol.ERROR, command_id, kind=type(exc).__name__, message=str(exc) or repr(exc))
+            events.emit(protocol.Failed(id=command_id, kind=type(exc).__name__, message=str(exc) or repr(exc)))
             continue
         if isinstance(command, protocol.Shutdown):
             break

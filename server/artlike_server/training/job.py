@@ -44,6 +44,7 @@ from ..errors import Conflict, InvalidRequest, NotFound, ServiceUnavailable
 from ..metrics import Metrics
 from ..models.manager import AdapterRefused, ModelManager, served_name
 from ..models.store import ModelStore
+from ..trainer import protocol
 from ..trainer.batch_file import write_batch
 from ..trainer.packing import count_gradient_steps
 from .advantages import group_advantages, is_zero_variance
@@ -299,8 +300,8 @@ class TrainingService:
             )
             async with aclosing(events):
                 async for event in events:
-                    if event.get("event") == "step":
-                        step = StepEvent(**{k: v for k, v in event.items() if k != "event"})
+                    if isinstance(event, protocol.Step):
+                        step = event.step_event()
                         steps.append(step)
                         self.metrics.training_step(step.tokens, step.seconds)
                         job.emit(step)

@@ -27,19 +27,15 @@ import time
 from collections import deque
 from collections.abc import AsyncGenerator, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-import orjson
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from artlike.types import LoraConfig, TrainConfig
 from artlike_server.logfiles import RotatingLog
 from artlike_server.trainer import protocol
 
 logger = logging.getLogger("artlike.trainer_client")
-
-HEARTBEAT = "heartbeat"
-"""Event yielded by `train()` when the worker has been quiet for `heartbeat_interval` seconds."""
 
 _STDERR_TAIL_LINES = 40
 _STREAM_LIMIT = 1 << 20  # bytes per stdout line
@@ -111,11 +107,11 @@ class TrainerProcess:
         self._idle_timeout = idle_timeout
         self._lock = asyncio.Lock()
         self._proc: asyncio.subprocess.Process | None = None
-        self._events: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+        self._events: asyncio.Queue[protocol.WorkerEvent | None] = asyncio.Queue()
         self._readers: list[asyncio.Task[None]] = []
         self._stderr_tail: deque[str] = deque(maxlen=_STDERR_TAIL_LINES)
         self._next_id = 1
-        self.ready_info: dict[str, Any] | None = None
+        self.ready_info: protocol.Ready | None = None
         """The worker's `ready` event: device, dtype, threads, backend, load_seconds..."""
 
     # ------------------------------------------------------------------------------------ public
@@ -128,7 +124,7 @@ class TrainerProcess:
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None else None
 
-    async def start(self) -> dict[str, Any]:
+    async def start(self) -> protocol.Ready:
         """Spawn the worker (if not running) and wait for it to load the base model; returns `ready`."""
         async with self._lock:
             return await self._ensure_started()
@@ -140,18 +136,20 @@ class TrainerProcess:
 
     async def init_adapter(
         self, model_name: str, lora: LoraConfig, out_dir: Path, *, seed: int = 0
-    ) -> dict[str, Any]:
+    ) -> protocol.AdapterReady:
         """Write a fresh adapter (outputs identical to the base model) to `out_dir`; returns `adapter_ready`."""
         async with self._lock:
             await self._ensure_started()
             command = protocol.InitAdapter(
                 id=self._take_id(), model_name=model_name, lora=lora, out_dir=str(out_dir), seed=seed
             )
-            return await self._complete(command)
+            ready = await self._complete(command)
+            assert isinstance(ready, protocol.AdapterReady), ready
+            return ready
 
     async def train(
         self, model_name: str, adapter_dir: Path, out_dir: Path, batch_path: Path, config: TrainConfig
-    ) -> AsyncGenerator[dict[str, Any], None]:
+    ) -> AsyncGenerator[protocol.TrainEvent, None]:
         """Train from `adapter_dir` on the batch file; yields the worker's events, ending with `saved`.
 
         Events: `train_started`, `progress` (per micro-batch), `step` (StepEvent fields, per optimizer step),
@@ -171,6 +169,8 @@ class TrainerProcess:
             try:
                 await self._send(command)
                 async for event in self._events_of(command.id, heartbeats=True):
+                    if not isinstance(event, protocol.TrainEvent):
+                        raise TrainerError("ProtocolError", f"unexpected event during train: {event!r}")
                     yield event
             except (asyncio.CancelledError, GeneratorExit):
                 self._abandon()
@@ -195,7 +195,7 @@ class TrainerProcess:
         self._next_id += 1
         return self._next_id - 1
 
-    async def _ensure_started(self) -> dict[str, Any]:
+    async def _ensure_started(self) -> protocol.Ready:
         if self.is_running and self.ready_info is not None:
             return self.ready_info
         await self._cleanup()
@@ -218,8 +218,12 @@ class TrainerProcess:
             asyncio.create_task(self._read_stderr(self._proc.stderr)),
         ]
         logger.info("trainer worker started (pid %d)", self._proc.pid)
-        self.ready_info = await self._wait_for(0, self._start_timeout)
-        return self.ready_info
+        ready = await self._wait_for(0, self._start_timeout)
+        if not isinstance(ready, protocol.Ready):
+            await self._kill()
+            raise TrainerError("ProtocolError", f"the worker's first event was not `ready`: {ready!r}")
+        self.ready_info = ready
+        return ready
 
     async def _send(self, command: BaseModel) -> None:
         assert self._proc is not None and self._proc.stdin is not None
@@ -231,18 +235,18 @@ class TrainerProcess:
 
     async def _complete(
         self, command: protocol.Ping | protocol.Shutdown | protocol.InitAdapter
-    ) -> dict[str, Any]:
+    ) -> protocol.WorkerEvent:
         """Send a command and wait (at most `command_timeout` s in all) for its terminal event."""
         await self._send(command)
         return await self._wait_for(command.id, self._command_timeout)
 
-    async def _wait_for(self, command_id: int, limit_seconds: float) -> dict[str, Any]:
+    async def _wait_for(self, command_id: int, limit_seconds: float) -> protocol.WorkerEvent:
         """The terminal event of a command (or `ready` for id 0), within `limit_seconds`."""
         try:
             async with asyncio.timeout(limit_seconds):
                 async with contextlib.aclosing(self._events_of(command_id, heartbeats=False)) as events:
                     async for event in events:
-                        if event["event"] == protocol.READY or event["event"] in protocol.TERMINAL_EVENTS:
+                        if isinstance(event, (protocol.Ready, *protocol.TERMINAL_EVENTS)):
                             return event
         except TimeoutError:
             await self._kill()
@@ -251,10 +255,12 @@ class TrainerProcess:
             ) from None
         raise AssertionError("unreachable: the event stream ends only with a terminal event or an error")
 
-    async def _events_of(self, command_id: int, *, heartbeats: bool) -> AsyncGenerator[dict[str, Any], None]:
+    async def _events_of(
+        self, command_id: int, *, heartbeats: bool
+    ) -> AsyncGenerator[protocol.WorkerEvent | protocol.Heartbeat, None]:
         """Events of one command until its terminal event; raises on error, crash or silence."""
         started = last_event_at = time.monotonic()
-        last_progress: dict[str, Any] = {}
+        last_progress: protocol.Progress | None = None
         while True:
             try:
                 event = await asyncio.wait_for(self._events.get(), timeout=self._heartbeat_interval)
@@ -266,35 +272,35 @@ class TrainerProcess:
                         f"trainer worker silent for {now - last_event_at:.0f} s (limit {self._idle_timeout:.0f} s); killed"
                     ) from None
                 if heartbeats:
-                    yield {
-                        "event": HEARTBEAT,
-                        "id": command_id,
-                        "elapsed_seconds": now - started,
-                        "idle_seconds": now - last_event_at,
-                        **{k: v for k, v in last_progress.items() if k not in ("event", "id")},
-                    }
+                    yield protocol.Heartbeat(
+                        id=command_id,
+                        elapsed_seconds=now - started,
+                        idle_seconds=now - last_event_at,
+                        gradient_step=last_progress.gradient_step if last_progress else None,
+                        micro_batch=last_progress.micro_batch if last_progress else None,
+                        micro_batches=last_progress.micro_batches if last_progress else None,
+                    )
                 continue
             if event is None:
                 raise await self._crashed("trainer worker exited")
             last_event_at = time.monotonic()
-            if event.get("id") != command_id:
+            if event.id != command_id:
                 logger.debug("skipping event of an earlier command: %s", event)
                 continue
-            name = event.get("event")
-            if name == protocol.ERROR:
-                raise TrainerError(str(event.get("kind", "Error")), str(event.get("message", "")))
-            if name == protocol.PROGRESS:
+            if isinstance(event, protocol.Failed):
+                raise TrainerError(event.kind, event.message)
+            if isinstance(event, protocol.Progress):
                 last_progress = event
             yield event
-            if name in protocol.TERMINAL_EVENTS:
+            if isinstance(event, protocol.TERMINAL_EVENTS):
                 return
 
     @staticmethod
-    async def _read_events(stream: asyncio.StreamReader, queue: asyncio.Queue[dict[str, Any] | None]) -> None:
+    async def _read_events(stream: asyncio.StreamReader, queue: asyncio.Queue[protocol.WorkerEvent | None]) -> None:
         while line := await stream.readline():
             try:
-                event = orjson.loads(line)
-            except orjson.JSONDecodeError:
+                event = protocol.WORKER_EVENT.validate_json(line)
+            except ValidationError:
                 logger.error("trainer wrote a non-protocol line to stdout: %r", line[:200])
                 continue
             await queue.put(event)
