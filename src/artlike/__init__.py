@@ -34,6 +34,7 @@ from ._errors import (
 from ._gather import gather_trajectory_groups
 from ._http import RetryPolicy
 from ._model import TrainableModel
+from ._sft import best_of_groups
 from ._train import TrainResult, TrainStream, UnknownEvent, parse_event
 from ._trajectory import Trajectory, TrajectoryGroup, choice_to_message
 from ._version import __version__
@@ -47,6 +48,7 @@ from .types import (
     KeepBest,
     LoraConfig,
     ModelInfo,
+    SFTConfig,
     StartEvent,
     StatusEvent,
     StepEvent,
@@ -78,6 +80,7 @@ __all__ = [
     "NotFoundError",
     "PayloadTooLargeError",
     "RetryPolicy",
+    "SFTConfig",
     "ServiceUnavailableError",
     "StartEvent",
     "StatusEvent",
@@ -95,6 +98,7 @@ __all__ = [
     "TrajectoryRecord",
     "UnknownEvent",
     "__version__",
+    "best_of_groups",
     "choice_to_message",
     "gather_trajectory_groups",
     "parse_event",

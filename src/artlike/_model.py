@@ -16,6 +16,7 @@ import httpx
 from pydantic import BaseModel
 
 from ._http import DEFAULT_TIMEOUT, Connection, RetryPolicy
+from ._sft import Example, build_sft_request
 from ._train import (
     DEFAULT_IDLE_TIMEOUT,
     AnyEvent,
@@ -224,6 +225,44 @@ class TrainableModel:
     ) -> TrainResult:
         """`train` for sync code: runs the step and returns its result; `on_event` sees every event."""
         body = build_train_request(self.name, groups, _train_config(config, options)).model_dump(mode="json")
+        lines = self._connection.stream_lines_sync("POST", "/_train_model", json=body, idle_timeout=idle_timeout)
+        return run_train_sync(lines, model=self.name, progress=progress, on_event=on_event)
+
+    def train_sft(
+        self,
+        examples: Iterable[Example],
+        *,
+        config: TrainConfig | None = None,
+        progress: bool = True,
+        idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+        **options: Any,
+    ) -> TrainStream:
+        """Supervised fine-tuning on `examples`: recorded trajectories (their exact sampled tokens), offline
+        ones, or chat message lists (rendered with the served chat template). Options are `SFTConfig` fields
+        (`learning_rate=1e-4`, `epochs`, `assistant_turns="last"`, `lr_schedule`, `warmup_steps`, ...).
+        Iterate or await it like `train`. `art.best_of_groups(groups)` picks examples from rollouts.
+        """
+        sft = _train_config(config, {"objective": "sft", **options} if config is None else {})
+        body = build_sft_request(self.name, examples, sft).model_dump(mode="json")
+
+        def lines() -> AsyncGenerator[str, None]:
+            return self._connection.stream_lines("POST", "/_train_model", json=body, idle_timeout=idle_timeout)
+
+        return TrainStream(lines, model=self.name, progress=progress)
+
+    def train_sft_sync(
+        self,
+        examples: Iterable[Example],
+        *,
+        config: TrainConfig | None = None,
+        progress: bool = True,
+        on_event: Callable[[AnyEvent], None] | None = None,
+        idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+        **options: Any,
+    ) -> TrainResult:
+        """`train_sft` for sync code."""
+        sft = _train_config(config, {"objective": "sft", **options} if config is None else {})
+        body = build_sft_request(self.name, examples, sft).model_dump(mode="json")
         lines = self._connection.stream_lines_sync("POST", "/_train_model", json=body, idle_timeout=idle_timeout)
         return run_train_sync(lines, model=self.name, progress=progress, on_event=on_event)
 

@@ -173,7 +173,7 @@ class TrainProgress:
         if isinstance(event, StartEvent):
             self.bar.reset(total=event.num_gradient_steps)
             self.bar.set_description(f"train {event.model} step {event.from_step}→{event.from_step + 1}")
-            self.postfix = {"reward": f"{event.reward_mean:.3f}"}
+            self.postfix = {"reward": f"{event.reward_mean:.3f}"} if event.reward_mean is not None else {}
             if event.groups_skipped:
                 self.postfix["skipped_groups"] = f"{event.groups_skipped}/{event.groups}"
         elif isinstance(event, StatusEvent):

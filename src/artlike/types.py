@@ -19,7 +19,17 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    TypeAdapter,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 STREAM_VERSION = 1
 """Version of the `/_train_model` NDJSON stream; sent in the `start` line and the X-Artlike-Stream-Version header."""
@@ -151,6 +161,10 @@ class _TrainOptions(_Strict):
     # Trajectories of a group share their prompt: the trainer runs it once per micro-batch and lets every
     # sample attend to its keys and values. Same result up to float rounding; off: each sequence whole.
     share_prefixes: bool = True
+    # The learning rate over the job's optimizer steps: linear warmup over `warmup_steps`, then constant or
+    # a cosine decay to 0 at the last step.
+    lr_schedule: Literal["constant", "cosine"] = "constant"
+    warmup_steps: int = Field(0, ge=0)
 
 
 class _PolicyGradientOptions(_TrainOptions):
@@ -202,6 +216,15 @@ class GSPOConfig(_PolicyGradientOptions):
     epsilon_high: float = Field(4e-4, ge=0.0, le=10.0)
 
 
+class SFTConfig(_TrainOptions):
+    """Supervised fine-tuning: maximise the likelihood of the examples' assistant tokens (cross-entropy)."""
+
+    objective: Literal["sft"] = "sft"
+    assistant_turns: Literal["all", "last"] = "all"  # "last": earlier assistant turns are context only
+    lr_schedule: Literal["constant", "cosine"] = "cosine"
+    learning_rate: float = Field(1e-4, gt=0, le=1.0)
+
+
 def _objective_of(value: Any) -> str:
     # A config without "objective" is GRPO, as before objectives existed.
     if isinstance(value, dict):
@@ -210,7 +233,10 @@ def _objective_of(value: Any) -> str:
 
 
 TrainConfig = Annotated[
-    Annotated[GRPOConfig, Tag("grpo")] | Annotated[CISPOConfig, Tag("cispo")] | Annotated[GSPOConfig, Tag("gspo")],
+    Annotated[GRPOConfig, Tag("grpo")]
+    | Annotated[CISPOConfig, Tag("cispo")]
+    | Annotated[GSPOConfig, Tag("gspo")]
+    | Annotated[SFTConfig, Tag("sft")],
     Discriminator(_objective_of),
 ]
 """A training job's options: one config class per objective, chosen by its `objective` field (default "grpo")."""
@@ -258,10 +284,53 @@ class TrainGroup(_Strict):
     trajectories: list[TrajectoryRef | OfflineTrajectory] = Field(min_length=1)
 
 
+class RecordedExample(_Strict):
+    """A supervised example the server recorded: its completions' exact sampled tokens are the targets."""
+
+    trajectory_id: TrajectoryId
+
+
+class MessagesExample(_Strict):
+    """A supervised example as chat messages: the assistant turns, rendered by the model's chat template."""
+
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    tools: list[dict[str, Any]] | None = None
+
+    @model_validator(mode="after")
+    def _has_assistant_turn(self) -> MessagesExample:
+        if not any(m.get("role") == "assistant" for m in self.messages):
+            raise ValueError("an example needs at least one assistant message to train on")
+        return self
+
+
 class TrainRequest(_Strict):
+    """`POST /_train_model`: rewarded `groups` for the policy-gradient objectives, `examples` for SFT."""
+
     model: ModelName
-    groups: list[TrainGroup] = Field(min_length=1)
-    config: TrainConfig = Field(default_factory=GRPOConfig)
+    config: TrainConfig = Field(default_factory=GRPOConfig)  # before the data: their checks read it
+    groups: list[TrainGroup] = Field(default_factory=list, validate_default=True)
+    examples: list[RecordedExample | MessagesExample] = Field(default_factory=list, validate_default=True)
+
+    @field_validator("groups", "examples")
+    @classmethod
+    def _data_fits_the_objective(cls, value: list[Any], info: ValidationInfo) -> list[Any]:
+        config = info.data.get("config")
+        if config is None:
+            return value  # the config itself was invalid: that error is reported
+        supervised = isinstance(config, SFTConfig)
+        if info.field_name == "groups":
+            if supervised and value:
+                raise ValueError("objective 'sft' trains on `examples` (recorded trajectory ids or chat messages), "
+                                 "not on rewarded `groups`")
+            if not supervised and not value:
+                raise ValueError(f"objective {config.objective!r} needs at least one rewarded group")
+        else:
+            if not supervised and value:
+                raise ValueError(f"`examples` are for objective 'sft'; objective {config.objective!r} trains on "
+                                 "rewarded `groups`")
+            if supervised and not value:
+                raise ValueError("objective 'sft' needs at least one example")
+        return value
 
 
 # ------------------------------------------------------------------------------------- stream events
@@ -278,8 +347,8 @@ class StartEvent(BaseModel):
     groups_skipped: int  # groups whose rewards were all equal: zero advantage, no signal
     sequences: int
     trainable_tokens: int
-    reward_mean: float
-    reward_std: float
+    reward_mean: float | None = None  # None: an SFT job (examples have no reward)
+    reward_std: float | None = None
 
 
 class StatusEvent(BaseModel):

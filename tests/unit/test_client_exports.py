@@ -16,9 +16,10 @@ from artlike._cli import INSTALL_SERVER_HINT, main
 EXPECTED_EXPORTS = {
     # the workflow
     "TrainableModel", "Trajectory", "TrajectoryGroup", "gather_trajectory_groups", "choice_to_message",
-    "RetryPolicy", "__version__",
+    "RetryPolicy", "__version__", "best_of_groups",
     # wire types users read or build
-    "LoraConfig", "TrainConfig", "GRPOConfig", "CISPOConfig", "GSPOConfig", "ModelInfo", "StepInfo", "TrajectoryRecord", "StepRetention", "KeepBest",
+    "LoraConfig", "TrainConfig", "GRPOConfig", "CISPOConfig", "GSPOConfig", "SFTConfig",
+    "ModelInfo", "StepInfo", "TrajectoryRecord", "StepRetention", "KeepBest",
     # the train stream
     "STREAM_VERSION", "TrainEvent", "StartEvent", "StatusEvent", "StepEvent", "DoneEvent", "ErrorEvent",
     "UnknownEvent", "TrainResult", "TrainStream", "parse_event",

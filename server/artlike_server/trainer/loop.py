@@ -21,6 +21,7 @@ from artlike_server.trainer.objectives import PolicyBatch, build_objective
 from artlike_server.trainer.packing import MicroBatchPlan, plan_micro_batches, plan_optimizer_steps
 from artlike_server.trainer.precision import MasterWeights
 from artlike_server.trainer.prefixes import Family, first_needed_position, plan_families
+from artlike_server.trainer.schedule import learning_rate_at
 from artlike_server.training.sequences import TrainSequence
 
 
@@ -174,7 +175,6 @@ def run_optimizer_steps(
     """
     optimized = [p for group in optimizer.param_groups for p in group["params"]]
     for group in optimizer.param_groups:
-        group["lr"] = config.learning_rate
         group["weight_decay"] = config.weight_decay
     plan = plan_optimizer_steps(
         [sum(s.trainable[1:]) for s in sequences],
@@ -191,6 +191,10 @@ def run_optimizer_steps(
         master.zero_grads()  # the model's own gradients too: a job that failed mid-step may have left some
     for step_index, indices in enumerate(plan, start=1):
         started = time.perf_counter()
+        learning_rate = learning_rate_at(step_index, len(plan), config.learning_rate, schedule=config.lr_schedule,
+                                         warmup_steps=config.warmup_steps)
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate
         step_sequences = [sequences[i] for i in indices]
         micro_batches = plan_step(step_sequences, config.micro_batch_tokens, share_prefixes=share_prefixes)
         normalizer = objective.normalizer([sum(s.trainable[1:]) for s in step_sequences])
@@ -247,7 +251,7 @@ def run_optimizer_steps(
             entropy=totals.entropy_sum / max(1, totals.tokens),
             grad_norm=grad_norm,
             clip_fraction=totals.clipped / max(1, totals.tokens),
-            learning_rate=config.learning_rate,
+            learning_rate=learning_rate,
             tokens=totals.tokens,
             seconds=time.perf_counter() - started,
             logprob_mismatch=totals.mismatch_sum / max(1, totals.mismatch_tokens),

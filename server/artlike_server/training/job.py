@@ -30,6 +30,8 @@ from artlike.types import (
     DoneEvent,
     ErrorEvent,
     OfflineTrajectory,
+    RecordedExample,
+    SFTConfig,
     StartEvent,
     StatusEvent,
     StepEvent,
@@ -160,12 +162,17 @@ class TrainingService:
         if from_step is None:
             raise NotFound(f"model {request.model!r} has no servable step", param="model", code="model_not_found")
 
-        refs = [t for g in request.groups for t in g.trajectories if isinstance(t, TrajectoryRef)]
-        ids = [t.trajectory_id for t in refs]
+        supervised = isinstance(request.config, SFTConfig)
+        data_param = "examples" if supervised else "groups"
+        ids = (
+            [e.trajectory_id for e in request.examples if isinstance(e, RecordedExample)]
+            if supervised
+            else [t.trajectory_id for g in request.groups for t in g.trajectories if isinstance(t, TrajectoryRef)]
+        )
         if len(set(ids)) != len(ids):
             # Counted in one pass: a body may hold hundreds of thousands of ids.
             dup = next(i for i, count in Counter(ids).items() if count > 1)
-            raise InvalidRequest(f"trajectory {dup!r} appears more than once", param="groups",
+            raise InvalidRequest(f"trajectory {dup!r} appears more than once", param=data_param,
                                  code="duplicate_trajectory")
         try:
             # Without request bodies, and refused before anything is loaded when over the limits.
@@ -173,23 +180,24 @@ class TrainingService:
                 ids, max_records=self.limits.max_records, max_bytes=self.limits.max_bytes)
         except ReadLimitExceeded as error:
             raise InvalidRequest(f"{error}; train on fewer or shorter trajectories per request",
-                                 param="groups", code="training_data_too_large") from None
+                                 param=data_param, code="training_data_too_large") from None
         missing = [i for i in ids if not records.get(i)]
         if missing:
             shown = ", ".join(repr(i) for i in missing[:5]) + (" ..." if len(missing) > 5 else "")
             raise NotFound(f"{len(missing)} trajectory id(s) have no recorded completions: {shown}",
-                           param="groups", code="trajectory_not_found")
+                           param=data_param, code="trajectory_not_found")
 
         # Tokenizing offline trajectories and merging turns is CPU work: off the event loop.
-        sequences, skipped, rewards, metric_values = await asyncio.to_thread(self._build, request, records)
-        if skipped == len(request.groups):
+        build = self._build_examples if supervised else self._build
+        sequences, skipped, rewards, metric_values = await asyncio.to_thread(build, request, records)
+        if request.groups and skipped == len(request.groups):
             raise InvalidRequest(
                 f"all {skipped} group(s) have equal rewards within the group, so every advantage is 0 and "
                 "there is nothing to learn; vary the rollouts (temperature, more samples per group) or the reward",
                 param="groups", code="no_signal")
         if not sequences:
             raise InvalidRequest("no trainable tokens: every completion was masked (e.g. mask_truncated and all "
-                                 "completions hit max_tokens)", param="groups", code="no_trainable_tokens")
+                                 "completions hit max_tokens)", param=data_param, code="no_trainable_tokens")
         num_gradient_steps = count_gradient_steps(len(sequences), request.config)
         if num_gradient_steps > self.limits.max_gradient_steps:
             raise InvalidRequest(
@@ -198,7 +206,8 @@ class TrainingService:
                 "(--max-gradient-steps)", param="config.epochs", code="too_many_gradient_steps")
         return PreparedJob(
             model=request.model, from_step=from_step, config=request.config, sequences=sequences,
-            trajectories=sum(len(g.trajectories) for g in request.groups), groups=len(request.groups),
+            trajectories=len(request.examples) + sum(len(g.trajectories) for g in request.groups),
+            groups=len(request.groups),
             groups_skipped=skipped, rewards=rewards,
             metrics={k: statistics.fmean(v) for k, v in metric_values.items()},
             num_gradient_steps=num_gradient_steps,
@@ -207,6 +216,8 @@ class TrainingService:
     def _build(self, request: TrainRequest, records: dict[str, list[Any]]
                ) -> tuple[list[TrainSequence], int, list[float], dict[str, list[float]]]:
         """Sequences, groups skipped, rewards and metrics of a request (runs in a worker thread)."""
+        config = request.config
+        assert not isinstance(config, SFTConfig), "SFT examples are built by _build_examples"
         sequences: list[TrainSequence] = []
         skipped = 0
         rewards: list[float] = []
@@ -220,7 +231,7 @@ class TrainingService:
             if is_zero_variance(group_rewards):
                 skipped += 1
                 continue
-            advantages = group_advantages(group_rewards, scale_rewards=request.config.scale_rewards)
+            advantages = group_advantages(group_rewards, scale_rewards=config.scale_rewards)
             for index, (trajectory, advantage) in enumerate(zip(group.trajectories, advantages, strict=True)):
                 if isinstance(trajectory, OfflineTrajectory):
                     name = f"groups[{group_index}].trajectories[{index}]"
@@ -235,16 +246,44 @@ class TrainingService:
                 else:
                     name = f"trajectory {trajectory.trajectory_id!r}"
                     built = sequences_from_completions(
-                        records[trajectory.trajectory_id], advantage, mask_truncated=request.config.mask_truncated,
+                        records[trajectory.trajectory_id], advantage, mask_truncated=config.mask_truncated,
                         group_index=group_index)
-                for sequence in built:
-                    if sequence.num_tokens > self.limits.max_sequence_tokens:
-                        raise InvalidRequest(
-                            f"{name} makes a training sequence of {sequence.num_tokens} tokens, over this "
-                            f"server's limit of {self.limits.max_sequence_tokens} (--max-sequence-tokens)",
-                            param=f"groups[{group_index}].trajectories[{index}]", code="sequence_too_long")
+                self._check_lengths(built, name, f"groups[{group_index}].trajectories[{index}]")
                 sequences.extend(s for s in built if s.num_trainable_tokens > 0)
         return sequences, skipped, rewards, metric_values
+
+    def _build_examples(self, request: TrainRequest, records: dict[str, list[Any]]
+                        ) -> tuple[list[TrainSequence], int, list[float], dict[str, list[float]]]:
+        """SFT sequences of a request's examples (runs in a worker thread): recorded ones train on their
+        exact sampled tokens, message lists are rendered with the served chat template."""
+        assert isinstance(request.config, SFTConfig)
+        last_only = request.config.assistant_turns == "last"
+        sequences: list[TrainSequence] = []
+        for index, example in enumerate(request.examples):
+            name = f"examples[{index}]"
+            if isinstance(example, RecordedExample):
+                built = sequences_from_completions(records[example.trajectory_id], 1.0, mask_truncated=False,
+                                                   group_index=index, last_turn_only=last_only)
+            else:
+                offline = OfflineTrajectory(messages=example.messages, tools=example.tools, reward=0.0)
+                try:
+                    with self._tokenizer_lock:
+                        built = sequences_from_offline(offline, self._tokenizer(), 1.0,
+                                                       chat_template=self._chat_template, group_index=index,
+                                                       last_turn_only=last_only)
+                except SequenceBuildError as error:
+                    raise InvalidRequest(f"{name}: {error}", param=name, code="invalid_example") from None
+            self._check_lengths(built, name, name)
+            sequences.extend(s for s in built if s.num_trainable_tokens > 0)
+        return sequences, 0, [], {}
+
+    def _check_lengths(self, built: list[TrainSequence], name: str, param: str) -> None:
+        for sequence in built:
+            if sequence.num_tokens > self.limits.max_sequence_tokens:
+                raise InvalidRequest(
+                    f"{name} makes a training sequence of {sequence.num_tokens} tokens, over this "
+                    f"server's limit of {self.limits.max_sequence_tokens} (--max-sequence-tokens)",
+                    param=param, code="sequence_too_long")
 
     # --------------------------------------------------------------------------------- run
 
@@ -281,7 +320,8 @@ class TrainingService:
                 model=p.model, from_step=p.from_step, num_gradient_steps=p.num_gradient_steps,
                 trajectories=p.trajectories, groups=p.groups, groups_skipped=p.groups_skipped,
                 sequences=len(p.sequences), trainable_tokens=p.trainable_tokens,
-                reward_mean=statistics.fmean(p.rewards), reward_std=statistics.pstdev(p.rewards),
+                reward_mean=statistics.fmean(p.rewards) if p.rewards else None,
+                reward_std=statistics.pstdev(p.rewards) if p.rewards else None,
             ))
             staging = self.store.new_staging_dir(p.model)
             batch_path = staging.with_suffix(".batch")

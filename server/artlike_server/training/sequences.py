@@ -112,11 +112,17 @@ def merge_turns(
 
 
 def sequences_from_completions(
-    completions: Sequence[CompletionRecord], advantage: float, *, mask_truncated: bool, group_index: int = 0
+    completions: Sequence[CompletionRecord],
+    advantage: float,
+    *,
+    mask_truncated: bool,
+    group_index: int = 0,
+    last_turn_only: bool = False,
 ) -> list[TrainSequence]:
     """Sequences of one recorded trajectory, its completions taken in the order they were recorded.
 
-    `mask_truncated` keeps completions that hit max_tokens (finish_reason "length") only as context.
+    `mask_truncated` keeps completions that hit max_tokens (finish_reason "length") only as context;
+    `last_turn_only` keeps every completion but the last as context.
     """
     ordered = sorted(completions, key=lambda c: (c.created_at, c.id))
     turns = [
@@ -124,9 +130,10 @@ def sequences_from_completions(
             prompt_ids=c.prompt_token_ids,
             output_ids=c.output_token_ids,
             output_logprobs=c.logprobs,
-            trainable=not (mask_truncated and c.finish_reason == "length"),
+            trainable=not (mask_truncated and c.finish_reason == "length")
+            and not (last_turn_only and index < len(ordered) - 1),
         )
-        for c in ordered
+        for index, c in enumerate(ordered)
     ]
     trajectory_id = ordered[0].trajectory_id if ordered else ""
     return merge_turns(turns, advantage, trajectory_id=trajectory_id, group_index=group_index)
@@ -149,8 +156,10 @@ def sequences_from_offline(
     *,
     chat_template: str | None = None,
     group_index: int = 0,
+    last_turn_only: bool = False,
 ) -> list[TrainSequence]:
-    """Sequences of an offline trajectory: every assistant message is a turn, trained on its tokens.
+    """Sequences of an offline trajectory: every assistant message is a turn, trained on its tokens
+    (`last_turn_only`: the last assistant message only, the others are context).
 
     The prompt of assistant message i is the chat template applied to messages[:i] with the generation
     prompt. Its output ids are the message's `token_ids` when given; otherwise what the chat template renders
@@ -181,6 +190,9 @@ def sequences_from_offline(
                 + ("" if "token_ids" in message else " (send token_ids with logprobs)")
             )
         turns.append(Turn(prompt_ids=prompt_ids, output_ids=output_ids, output_logprobs=output_logprobs))
+    if last_turn_only:
+        turns = [Turn(t.prompt_ids, t.output_ids, t.output_logprobs, trainable=i == len(turns) - 1)
+                 for i, t in enumerate(turns)]
     return merge_turns(turns, advantage, group_index=group_index)
 
 

@@ -10,6 +10,7 @@ job's config (`artlike.types.TrainConfig`, a union on `objective`) to its adapte
     grpo        grpo.py    GRPOConfig             PPO clip on token ratios (Dr. GRPO: constant normaliser)
     cispo       cispo.py   CISPOConfig            clipped, detached importance weight × REINFORCE
     gspo        gspo.py    GSPOConfig             PPO clip on the sequence-level ratio
+    sft         sft.py     SFTConfig              cross-entropy on the examples' assistant tokens
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any, Protocol
 
 import torch
 
-from artlike.types import CISPOConfig, GRPOConfig, GSPOConfig, TrainConfig
+from artlike.types import CISPOConfig, GRPOConfig, GSPOConfig, SFTConfig, TrainConfig
 
 
 @dataclass(frozen=True)
@@ -83,8 +84,9 @@ def _builders() -> dict[type, Callable[[Any], Objective]]:
     from artlike_server.trainer.objectives.cispo import CISPO
     from artlike_server.trainer.objectives.grpo import GRPO
     from artlike_server.trainer.objectives.gspo import GSPO
+    from artlike_server.trainer.objectives.sft import SFT
 
-    return {GRPOConfig: GRPO, CISPOConfig: CISPO, GSPOConfig: GSPO}
+    return {GRPOConfig: GRPO, CISPOConfig: CISPO, GSPOConfig: GSPO, SFTConfig: SFT}
 
 
 def build_objective(config: TrainConfig) -> Objective:
