@@ -31,6 +31,7 @@ from .models.manager import ModelManager
 from .models.store import ModelStore
 from .openai_api.api_router import CompletionRoutes
 from .openai_api.api_router import router as openai_router
+from .openai_api.dialects.anthropic_messages import MessagesDialect
 from .openai_api.dialects.responses import ResponsesDialect
 from .openai_api.response_store import ResponseStore
 from .settings import ServerSettings
@@ -141,7 +142,8 @@ def _build_state(settings: ServerSettings, metrics: Metrics) -> AppState:
     response_store = ResponseStore(settings.data_dir / "responses.sqlite")
     return AppState(settings=settings, engine=engine, engine_client=engine_client, store=store, models=models,
                     log=completion_log, metrics=metrics, trainer=trainer, training=training,
-                    response_store=response_store, dialects={"responses": ResponsesDialect(response_store)})
+                    response_store=response_store,
+                    dialects={"responses": ResponsesDialect(response_store), "messages": MessagesDialect()})
 
 
 def _prune_responses(state: AppState, settings: ServerSettings) -> Callable[[Any], None] | None:

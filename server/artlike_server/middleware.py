@@ -1,6 +1,6 @@
 """Pure ASGI middleware (no BaseHTTPMiddleware: it buffers and adds a task per request on the hot path).
 
-    ApiKeyMiddleware          `Authorization: Bearer <key>` on every route except /health -> 401
+    ApiKeyMiddleware          `Authorization: Bearer <key>` or `x-api-key: <key>` on every route but /health -> 401
     BodySizeLimitMiddleware   Content-Length over the limit -> 413 before reading; chunked bodies counted
     RequestMetricsMiddleware  count, latency and status per route template, in-flight gauge
 
@@ -40,6 +40,7 @@ class ApiKeyMiddleware:
     def __init__(self, app: ASGIApp, api_key: str | None, open_paths: Collection[str] = OPEN_PATHS) -> None:
         self.app = app
         self._expected = f"Bearer {api_key}".encode() if api_key else None
+        self._expected_key = api_key.encode() if api_key else b""
         self._open_paths = frozenset(open_paths)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -51,8 +52,16 @@ class ApiKeyMiddleware:
                 scope.setdefault("state", {})[_AUTHORIZED] = True
             await self.app(scope, receive, send)
             return
-        supplied = next((value for name, value in scope["headers"] if name == b"authorization"), b"")
-        authorized = hmac.compare_digest(supplied, self._expected)
+        # `Authorization: Bearer <key>` (OpenAI's SDKs) or `x-api-key: <key>` (Anthropic's).
+        supplied = anthropic_key = b""
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                supplied = value
+            elif name == b"x-api-key":
+                anthropic_key = value
+        authorized = hmac.compare_digest(supplied, self._expected) or (
+            bool(anthropic_key) and hmac.compare_digest(anthropic_key, self._expected_key))
+        supplied = supplied or anthropic_key
         if scope["path"] in self._open_paths:
             scope.setdefault("state", {})[_AUTHORIZED] = authorized
             await self.app(scope, receive, send)
@@ -61,7 +70,9 @@ class ApiKeyMiddleware:
             await self.app(scope, receive, send)
             return
         error = Unauthorized(
-            "missing API key: send 'Authorization: Bearer <key>'" if not supplied else "invalid API key",
+            "missing API key: send 'Authorization: Bearer <key>' (or 'x-api-key: <key>')"
+            if not supplied
+            else "invalid API key",
             code="invalid_api_key",
         )
         error.headers["WWW-Authenticate"] = "Bearer"

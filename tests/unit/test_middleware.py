@@ -71,6 +71,18 @@ async def test_api_key_is_required_everywhere_but_health(
     assert (await http.get("/no-such-route")).status_code == 401  # unknown routes reveal nothing either
 
 
+async def test_anthropic_sdks_x_api_key_header_is_accepted_too(
+    client: tuple[httpx.AsyncClient, list[int], Metrics],
+) -> None:
+    http, calls, _ = client
+    assert (await http.post("/t/a/echo", content=b"{}", headers={"x-api-key": KEY})).text == "2"
+    for headers in ({"x-api-key": "wrong"}, {"x-api-key": ""}, {"x-api-key": f"Bearer {KEY}"},
+                    {"x-api-key": "wrong", "Authorization": "Bearer wrong"}):
+        response = await http.post("/t/a/echo", content=b"{}", headers=headers)
+        assert response.status_code == 401, headers
+    assert calls == [1]
+
+
 async def test_no_key_configured_means_open() -> None:
     app, _ = small_app(Metrics(), api_key=None)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
