@@ -1,6 +1,6 @@
 """Shared fixtures. Integration tests share ONE real server per session: `artlike serve` as a subprocess
 with the real vLLM engine (float32, so outputs are exact), the real trainer, an API key turned on and
-the tool-capable chat template. Starting it costs about a minute, so every integration test reuses it."""
+the tool-capable chat template it picks by default. Starting it costs about a minute, so every integration test reuses it."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import pytest
 from artlike_server.launcher import ServerProcess
 
 TEST_API_KEY = "test-key"
-SERVER_ARGS = ["--dtype", "float32", "--trainer-dtype", "float32",
-               "--chat-template", "tool-chatml", "--tool-call-parser", "hermes"]
+# No tool flags: the default server turns tool calling on by itself (tool-chatml + hermes for the default
+# model), and the tool tests prove it.
+SERVER_ARGS = ["--dtype", "float32", "--trainer-dtype", "float32"]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

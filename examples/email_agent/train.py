@@ -8,8 +8,8 @@ group), and trains one step on the groups; the server swaps the new adapter in, 
 rollouts already use it. Evaluation runs the same agent greedily on the test split through the plain
 OpenAI endpoint (`name@step`, not recorded). Results go to stdout and to a JSON file.
 
-The server must parse tool calls: `artlike serve --chat-template tool-chatml --tool-call-parser hermes`
-(what --start-server runs). For a larger model on a GPU, see README.md.
+The server must parse tool calls, which `artlike serve` does by default (for the default model: the
+tool-chatml template with the hermes parser; --start-server runs it). For a larger model on a GPU, see README.md.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from examples.email_agent.records import Question, QuestionKind
 from examples.email_agent.rollout import rollout
 
 DEFAULT_BASE_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
-SERVE_ARGUMENTS = ("--chat-template", "tool-chatml", "--tool-call-parser", "hermes")
+SERVE_ARGUMENTS: tuple[str, ...] = ()  # tool calling is on by default
 
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

@@ -17,6 +17,7 @@ from .data_dir_lock import DataDirInUse, DataDirLock
 from .default_model import DEFAULT_MODEL_ID, ensure_default_model
 from .engine.launch import detect_device
 from .engine.templates import resolve_chat_template
+from .engine.tool_calling import choose_tool_calling
 from .hardware import DTYPE_CHOICES, resolve_dtype
 from .settings import ServerSettings
 
@@ -54,9 +55,11 @@ def serve(
     kv_cache_gib: Annotated[float | None, typer.Option(
         help="KV cache size in GiB (default: 1 on CPU; on CUDA vLLM sizes it from free GPU memory).")] = None,
     chat_template: Annotated[str | None, typer.Option(
-        help="A Jinja chat template file, or 'tool-chatml' for the built-in tool-capable ChatML template.")] = None,
+        help="A Jinja chat template file, or 'tool-chatml' for the built-in tool-capable ChatML template. "
+             "Default: the model's own, or tool-chatml for a ChatML model whose template has no tools.")] = None,
     tool_call_parser: Annotated[str | None, typer.Option(
-        help="vLLM tool-call parser (e.g. hermes); turns on automatic tool choice.")] = None,
+        help="vLLM tool-call parser (e.g. hermes, llama3_json, mistral), or 'none' to turn tool calling off. "
+             "Default: picked from the model's chat template (engine/tool_calling.py).")] = None,
     engine_arg: Annotated[list[str] | None, typer.Option(help="Extra vLLM argument (repeatable).")] = None,
     engine_port: Annotated[int | None, typer.Option(help="Loopback port for vLLM (default: a free one).")] = None,
     engine_api_key: Annotated[str | None, typer.Option(
@@ -109,9 +112,15 @@ def serve(
         local = Path(model).expanduser()
         model_path = local.resolve() if local.is_dir() else Path(model)
         name = served_model_name or (local.name if local.is_dir() else model)
+    tools = choose_tool_calling(Path(model_path), parser=tool_call_parser, chat_template=chat_template)
+    if tools.parser is None:
+        typer.echo(f"artlike: tool calling is off: {tools.reason}", err=True)
+    else:
+        which = tools.chat_template or "the model's own"
+        typer.echo(f"artlike: tool calling on: parser {tools.parser}, {which} template ({tools.reason})", err=True)
     template: Path | None = None
-    if chat_template is not None:
-        template = Path(resolve_chat_template(chat_template)).expanduser().resolve()
+    if tools.chat_template is not None:
+        template = Path(resolve_chat_template(tools.chat_template)).expanduser().resolve()
         if not template.is_file():
             raise typer.BadParameter(f"no such chat template file: {template}", param_hint="--chat-template")
     settings = ServerSettings(
@@ -131,7 +140,7 @@ def serve(
         max_model_len=max_model_len,
         kv_cache_gib=kv_cache_gib if kv_cache_gib is not None else (1.0 if resolved_device == "cpu" else None),
         chat_template=template,
-        tool_call_parser=tool_call_parser,
+        tool_call_parser=tools.parser,
         engine_args=tuple(engine_arg or ()),
         trainer_dtype=resolve_dtype(trainer_dtype, resolved_device),
         gradient_checkpointing=gradient_checkpointing,

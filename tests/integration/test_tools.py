@@ -1,0 +1,133 @@
+"""Tool calling on by default: the session server runs with no tool flags (tests/conftest.py), and every
+`tool_choice` works through the official `openai` SDK and LangChain on trajectory URLs; a multi-turn tool
+trajectory is recorded token-exact (each prompt is the engine's own tokenization of the conversation) and
+trains a step. Uses the session fixture `server`."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+from uuid import uuid4
+
+import httpx
+import openai
+import pytest
+
+import artlike as art
+
+from .engine_helpers import engine_connection
+
+pytestmark = pytest.mark.integration
+
+# strict: vLLM constrains the arguments to the schema. Without it a forced call's arguments are free JSON, and
+# the 135M model's often run past max_tokens (then no call can be parsed).
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The current weather in a city.", "strict": True,
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+TIME = {"type": "function", "function": {
+    "name": "get_time", "description": "The local time in a city.", "strict": True,
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+ASK = [{"role": "user", "content": "What is the weather and the time in Paris?"}]
+
+
+def client_for(server: Any, trajectory_id: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.base_url}/t/{trajectory_id}/v1", api_key=server.api_key, max_retries=0)
+
+
+def recorded(server: Any, trajectory_id: str) -> list[dict[str, Any]]:
+    response = httpx.get(f"{server.base_url}/v1/trajectories/{trajectory_id}", headers=server.headers)
+    response.raise_for_status()
+    completions: list[dict[str, Any]] = response.json()["completions"]
+    return completions
+
+
+def well_formed(call: Any, names: set[str]) -> None:
+    assert call.type == "function" and call.id and call.function.name in names
+    assert isinstance(json.loads(call.function.arguments), dict)
+
+
+@pytest.mark.parametrize("tool_choice", ["auto", "required", "none", "named"])
+def test_every_tool_choice_works_on_the_default_server(server: Any, tool_choice: str) -> None:
+    trajectory = uuid4().hex
+    choice: Any = {"type": "function", "function": {"name": "get_time"}} if tool_choice == "named" else tool_choice
+    reply = client_for(server, trajectory).chat.completions.create(
+        model=server.model_id, messages=ASK, tools=[WEATHER, TIME], tool_choice=choice,  # type: ignore[list-item,arg-type]
+        temperature=0, max_tokens=96)
+    calls = reply.choices[0].message.tool_calls or []
+    if tool_choice == "none":
+        assert calls == []
+    elif tool_choice == "named":
+        assert [call.function.name for call in calls] == ["get_time"]  # type: ignore[union-attr]
+    elif tool_choice == "required":
+        assert calls  # guided decoding: at least one call, however weak the model
+    for call in calls:  # "auto": the model may answer in text; any call it makes is well-formed
+        well_formed(call, {"get_weather", "get_time"})
+    [row] = recorded(server, trajectory)
+    assert row["request"]["tool_choice"] == choice and len(row["logprobs"]) == len(row["output_token_ids"])
+
+
+def test_parallel_tool_calls_can_be_limited_to_one(server: Any) -> None:
+    client = client_for(server, uuid4().hex)
+    single = client.chat.completions.create(
+        model=server.model_id, messages=ASK, tools=[WEATHER, TIME], tool_choice="required",  # type: ignore[list-item,arg-type]
+        parallel_tool_calls=False, temperature=0, max_tokens=96)
+    assert len(single.choices[0].message.tool_calls or []) == 1
+    several = client.chat.completions.create(
+        model=server.model_id, messages=ASK, tools=[WEATHER, TIME], tool_choice="required",  # type: ignore[list-item,arg-type]
+        temperature=0, max_tokens=160)
+    calls = several.choices[0].message.tool_calls or []
+    assert calls  # one or more: the hermes parser returns every call of the answer
+    for call in calls:
+        well_formed(call, {"get_weather", "get_time"})
+
+
+def test_langchain_bind_tools_works_and_is_recorded(server: Any) -> None:
+    from langchain_core.tools import tool
+    from langchain_openai import ChatOpenAI
+
+    @tool
+    def get_weather(city: str) -> str:
+        """The current weather in a city."""
+        return f"Sunny in {city}"
+
+    trajectory = uuid4().hex
+    llm = ChatOpenAI(base_url=f"{server.base_url}/t/{trajectory}/v1", api_key=server.api_key,  # type: ignore[arg-type]
+                     model=server.model_id, temperature=0, max_tokens=64, max_retries=0)
+    reply = llm.bind_tools([get_weather], tool_choice="get_weather", strict=True).invoke("What is the weather in Paris?")
+    assert [call["name"] for call in reply.tool_calls] == ["get_weather"]  # type: ignore[attr-defined]
+    assert len(recorded(server, trajectory)) == 1
+
+
+async def test_a_multi_turn_tool_trajectory_is_token_exact_and_trains(server: Any) -> None:
+    engine = engine_connection(server)
+    model = art.TrainableModel(f"tools-{uuid4().hex[:8]}", server.model_id, server.base_url, api_key=server.api_key)
+    await model.register()
+    trajectories = []
+    for reward in (1.0, 0.0):
+        async with model.trajectory() as t:
+            client = t.async_openai_client()
+            messages: list[dict[str, Any]] = [{"role": "user", "content": "What is the weather in Paris?"}]
+            first = await client.chat.completions.create(
+                model=model.name, messages=messages, tools=[WEATHER],  # type: ignore[arg-type,list-item]
+                tool_choice={"type": "function", "function": {"name": "get_weather"}}, max_tokens=48)
+            [call] = first.choices[0].message.tool_calls or []
+            messages += [first.choices[0].message.model_dump(exclude_none=True),
+                         {"role": "tool", "tool_call_id": call.id, "content": "Sunny, 21 C"}]
+            second = await client.chat.completions.create(model=model.name, messages=messages,  # type: ignore[arg-type]
+                                                          tools=[WEATHER], max_tokens=32)  # type: ignore[list-item]
+            t.reward = reward + len(second.choices[0].message.content or "") / 1000
+        assert t.exception is None, t.exception
+        rows = (await t.get_record()).completions
+        assert len(rows) == 2
+        # Each recorded prompt is exactly the engine's tokenization of the conversation at that turn.
+        async with httpx.AsyncClient(base_url=engine.base_url, headers=engine.headers, timeout=30) as direct:
+            for row, turn_messages in zip(rows, (messages[:1], messages), strict=True):
+                tokenized = (await direct.post("/tokenize", json={
+                    "model": server.model_id, "messages": turn_messages, "tools": [WEATHER],
+                    "add_generation_prompt": True})).json()
+                assert row.prompt_token_ids == tokenized["tokens"]
+            assert len(row.logprobs) == len(row.output_token_ids) > 0
+        trajectories.append(t)
+    result = await model.train([art.TrajectoryGroup(trajectories)], learning_rate=1e-5, progress=False)
+    assert result.trained and result.step == 1
+    assert result.start is not None and result.start.sequences >= 2
