@@ -287,6 +287,10 @@ def _strip_choice(choice: dict[str, Any], asked: CallerAsked) -> None:
     if not asked.logprobs and "logprobs" in choice:
         choice["logprobs"] = None
     message = choice.get("message") or choice.get("delta")
+    logprobs = choice.get("logprobs")
+    is_chat = "message" in choice or "delta" in choice
+    if is_chat and isinstance(logprobs, dict) and "refusal" not in logprobs:
+        logprobs["refusal"] = None  # the OpenAI schema requires it in a chat choice's logprobs (null: none)
     if message and "reasoning" in message and (message["reasoning"] is None or not asked.reasoning):
         del message["reasoning"]
 
