@@ -152,6 +152,7 @@ def test_models(http: httpx.Client, base: str) -> None:
     ({"model": "no-such-model", "messages": MESSAGES}, 404),
     ({"model": None, "messages": [{"role": "wizard", "content": "hi"}]}, 400),
     ({"model": None, "messages": MESSAGES, "temperature": 9}, 400),
+    ({"model": None, "messages": [*MESSAGES, {"role": "tool", "content": "18C"}]}, 400),
 ])
 def test_error_bodies(server: Any, http: httpx.Client, base: str, body: dict[str, Any], status: int) -> None:
     if "model" in body and body["model"] is None:  # None: the served model
