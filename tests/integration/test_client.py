@@ -6,12 +6,10 @@ Uses the session fixture `server` (tests/conftest.py): `.base_url`, `.model_id`,
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import subprocess
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 from uuid import uuid4
 
@@ -183,25 +181,6 @@ async def test_the_openai_sdk_sync_async_and_streaming_through_a_trajectory(serv
         assert completion.output_token_ids == record.completions[0].output_token_ids
         assert completion.finish_reason == plain.choices[0].finish_reason
         assert all(logprob <= 0.0 for logprob in completion.logprobs)
-
-
-def load_client_example(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, CLIENT_DIR / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-async def test_the_langchain_example_rolls_out_through_a_trajectory(server: Any) -> None:
-    example = load_client_example("langchain_example")
-    model = new_model(server)
-    await model.register()
-    trajectory = await example.rollout(model, example.QUESTIONS[0])
-    assert not trajectory.failed, trajectory.exception
-    assert trajectory.reward is not None
-    [completion] = (await trajectory.get_record()).completions
-    assert (completion.served_model, completion.step) == (f"{model.name}@0", 0)
 
 
 @pytest.mark.skipif(shutil.which("curl") is None or shutil.which("jq") is None, reason="needs curl and jq")
