@@ -215,3 +215,29 @@ async def test_other_policy_gradient_objectives_train_a_step(server: Any, object
     assert isinstance(done, art.DoneEvent) and (done.trained, done.step) == (True, 1)
     [entry] = [s for s in await model.list_steps() if s.step == 1]
     assert entry.step == 1
+
+
+TYPESCRIPT_DIR = CLIENT_DIR / "typescript"
+
+
+@pytest.mark.skipif(shutil.which("node") is None or shutil.which("npm") is None, reason="needs node and npm")
+def test_the_typescript_example_trains_a_step(server: Any) -> None:
+    """client/typescript/train_one_step.ts with the official `openai` npm package: installed (package-lock),
+    type-checked and compiled by `tsc`, then run under node against the real server."""
+    def npm(*args: str) -> None:
+        result = subprocess.run(["npm", *args], cwd=TYPESCRIPT_DIR, capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, f"npm {' '.join(args)}:\n{result.stdout}{result.stderr}"
+
+    if not (TYPESCRIPT_DIR / "node_modules").is_dir():
+        npm("ci", "--no-audit", "--no-fund")
+    npm("run", "build")
+    name = f"client-ts-{uuid4().hex[:8]}"
+    environment = os.environ | {"ARTLIKE_SERVER": server.base_url, "ARTLIKE_BASE_MODEL": server.model_id,
+                                "ARTLIKE_MODEL": name, "ARTLIKE_API_KEY": server.api_key or ""}
+    result = subprocess.run(["node", "dist/train_one_step.js"], cwd=TYPESCRIPT_DIR, capture_output=True,
+                            text=True, env=environment, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    last = orjson.loads(result.stdout.strip().splitlines()[-1])
+    assert (last["type"], last["model"], last["step"]) == ("done", f"{name}@1", 1)
+    assert "output_tokens=" in result.stderr  # it read the trajectory's record
+    assert new_model(server, name).get_step_sync() == 1
