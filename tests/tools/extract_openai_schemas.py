@@ -106,12 +106,19 @@ def extract(spec: dict[str, Any], roots: list[str]) -> dict[str, Any]:
     }
 
 
+def load_spec(path: Path) -> dict[str, Any]:
+    # libyaml's loader when present: the pure-Python one takes ~10 s on the 3 MB spec.
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    spec: dict[str, Any] = yaml.load(path.read_text(), Loader=loader)
+    return spec
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("spec", type=Path, help="openai-openapi.yaml")
     parser.add_argument("--output", type=Path, default=OUTPUT)
     args = parser.parse_args()
-    document = extract(yaml.safe_load(args.spec.read_text()), ROOTS)
+    document = extract(load_spec(args.spec), ROOTS)
     args.output.write_text(json.dumps(document, separators=(",", ":"), sort_keys=True) + "\n")
     print(f"{args.output}: {len(document['$defs'])} schemas, {args.output.stat().st_size} bytes")
 
