@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.openapi_schema import assert_valid
+from tests.openapi_schema import assert_valid, schema_errors
 
 pytestmark = pytest.mark.integration
 
@@ -49,8 +49,9 @@ def post(http: httpx.Client, url: str, body: dict[str, Any]) -> dict[str, Any]:
     return payload
 
 
-def stream(http: httpx.Client, url: str, body: dict[str, Any]) -> list[dict[str, Any]]:
-    """The `data:` payloads of a server-sent event stream up to `[DONE]`."""
+def stream(http: httpx.Client, url: str, body: dict[str, Any], *, done: bool = True) -> list[dict[str, Any]]:
+    """The `data:` payloads of a server-sent event stream, which ends with `[DONE]` (chat and completions)
+    or just ends (`done=False`: the Responses API, whose last event is `response.completed`)."""
     chunks: list[dict[str, Any]] = []
     with http.stream("POST", url, json={**body, "stream": True}) as response:
         assert response.status_code == 200, response.read().decode()
@@ -60,7 +61,8 @@ def stream(http: httpx.Client, url: str, body: dict[str, Any]) -> list[dict[str,
             if line == "data: [DONE]":
                 return chunks
             chunks.append(json.loads(line.removeprefix("data: ")))
-    raise AssertionError("the stream ended without [DONE]")
+    assert not done, "the stream ended without [DONE]"
+    return chunks
 
 
 def chat(server: Any, **extra: Any) -> dict[str, Any]:
@@ -171,3 +173,38 @@ def test_error_bodies_of_malformed_json_and_a_wrong_key(server: Any, base: str) 
         wrong_key = httpx.get(f"{base}/models", headers={"Authorization": "Bearer wrong"}, timeout=30)
         assert wrong_key.status_code == 401, wrong_key.text
         assert_valid("ErrorResponse", wrong_key.json())
+
+
+def responses_request(server: Any, **extra: Any) -> dict[str, Any]:
+    return {"model": server.model_id, "input": "Say hello in three words.", "max_output_tokens": 8,
+            "temperature": 0.0, **extra}
+
+
+# The Responses route (openai_api/dialects/responses.py) sends `user: null` (the schema: a string or absent)
+# and `usage: null` in the in-progress response of `response.created`/`response.in_progress` (an object or
+# absent), and echoes function tools without `strict` (required on FunctionTool). Remove these markers with
+# the fix.
+RESPONSES_NULLS = pytest.mark.xfail(strict=True, reason="Responses: user/usage null, tools[].strict missing")
+
+
+@RESPONSES_NULLS
+def test_a_response(server: Any, http: httpx.Client, base: str) -> None:
+    assert_valid("Response", post(http, f"{base}/responses", responses_request(server)))
+
+
+@RESPONSES_NULLS
+def test_a_response_with_a_function_call(server: Any, http: httpx.Client, base: str) -> None:
+    tool = {"type": "function", **WEATHER_TOOL["function"]}
+    body = post(http, f"{base}/responses", responses_request(
+        server, input="What is the weather in Paris?", tools=[tool], tool_choice="required", max_output_tokens=64))
+    assert_valid("Response", body)
+    assert any(item["type"] == "function_call" for item in body["output"]), body
+
+
+@RESPONSES_NULLS
+def test_every_response_stream_event(server: Any, http: httpx.Client, base: str) -> None:
+    events = stream(http, f"{base}/responses", responses_request(server), done=False)
+    assert events[-1]["type"] in ("response.completed", "response.incomplete")  # max_output_tokens: incomplete
+    # Every event's errors at once (deduplicated): one wrong field usually repeats in many events.
+    errors = sorted({error for event in events for error in schema_errors("ResponseStreamEvent", event)})
+    assert not errors, "\n".join(errors)
