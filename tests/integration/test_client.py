@@ -6,12 +6,10 @@ Uses the session fixture `server` (tests/conftest.py): `.base_url`, `.model_id`,
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import subprocess
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 from uuid import uuid4
 
@@ -185,25 +183,6 @@ async def test_the_openai_sdk_sync_async_and_streaming_through_a_trajectory(serv
         assert all(logprob <= 0.0 for logprob in completion.logprobs)
 
 
-def load_client_example(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, CLIENT_DIR / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-async def test_the_langchain_example_rolls_out_through_a_trajectory(server: Any) -> None:
-    example = load_client_example("langchain_example")
-    model = new_model(server)
-    await model.register()
-    trajectory = await example.rollout(model, example.QUESTIONS[0])
-    assert not trajectory.failed, trajectory.exception
-    assert trajectory.reward is not None
-    [completion] = (await trajectory.get_record()).completions
-    assert (completion.served_model, completion.step) == (f"{model.name}@0", 0)
-
-
 @pytest.mark.skipif(shutil.which("curl") is None or shutil.which("jq") is None, reason="needs curl and jq")
 def test_the_curl_walkthrough_runs_and_ends_with_a_done_line(server: Any) -> None:
     name = f"client-curl-{uuid4().hex[:8]}"
@@ -236,3 +215,29 @@ async def test_other_policy_gradient_objectives_train_a_step(server: Any, object
     assert isinstance(done, art.DoneEvent) and (done.trained, done.step) == (True, 1)
     [entry] = [s for s in await model.list_steps() if s.step == 1]
     assert entry.step == 1
+
+
+TYPESCRIPT_DIR = CLIENT_DIR / "typescript"
+
+
+@pytest.mark.skipif(shutil.which("node") is None or shutil.which("npm") is None, reason="needs node and npm")
+def test_the_typescript_example_trains_a_step(server: Any) -> None:
+    """client/typescript/train_one_step.ts with the official `openai` npm package: installed (package-lock),
+    type-checked and compiled by `tsc`, then run under node against the real server."""
+    def npm(*args: str) -> None:
+        result = subprocess.run(["npm", *args], cwd=TYPESCRIPT_DIR, capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, f"npm {' '.join(args)}:\n{result.stdout}{result.stderr}"
+
+    if not (TYPESCRIPT_DIR / "node_modules").is_dir():
+        npm("ci", "--no-audit", "--no-fund")
+    npm("run", "build")
+    name = f"client-ts-{uuid4().hex[:8]}"
+    environment = os.environ | {"ARTLIKE_SERVER": server.base_url, "ARTLIKE_BASE_MODEL": server.model_id,
+                                "ARTLIKE_MODEL": name, "ARTLIKE_API_KEY": server.api_key or ""}
+    result = subprocess.run(["node", "dist/train_one_step.js"], cwd=TYPESCRIPT_DIR, capture_output=True,
+                            text=True, env=environment, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    last = orjson.loads(result.stdout.strip().splitlines()[-1])
+    assert (last["type"], last["model"], last["step"]) == ("done", f"{name}@1", 1)
+    assert "output_tokens=" in result.stderr  # it read the trajectory's record
+    assert new_model(server, name).get_step_sync() == 1

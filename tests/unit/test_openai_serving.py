@@ -806,4 +806,57 @@ def test_an_unknown_message_role_is_a_400_naming_it(role: Any) -> None:
         validate_request("chat.completions", {"model": "m", "messages": messages})
     assert caught.value.param == "messages[1].role" and repr(role) in caught.value.message
     for known in ("system", "developer", "user", "assistant", "tool"):
-        validate_request("chat.completions", {"model": "m", "messages": [{"role": known, "content": "x"}]})
+        message = {"role": known, "content": "x"} | ({"tool_call_id": "c1"} if known == "tool" else {})
+        validate_request("chat.completions", {"model": "m", "messages": [message]})
+
+
+CALL = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+
+
+@pytest.mark.parametrize(
+    ("message", "param"),
+    [
+        ({"role": "tool", "content": "18C"}, "messages[1].tool_call_id"),
+        ({"role": "tool", "tool_call_id": 7, "content": "18C"}, "messages[1].tool_call_id"),
+        ({"role": "tool", "tool_call_id": "c1"}, "messages[1].content"),
+        ({"role": "user"}, "messages[1].content"),
+        ({"role": "user", "content": 5}, "messages[1].content"),
+        ({"role": "assistant", "content": None, "tool_calls": {"id": "c1"}}, "messages[1].tool_calls"),
+        ({"role": "assistant", "tool_calls": [{"id": "c1", "type": "function"}]}, "messages[1].tool_calls[0].function"),
+        ({"role": "assistant", "tool_calls": [CALL, {**CALL, "function": {"arguments": "{}"}}]},
+         "messages[1].tool_calls[1].function.name"),
+        ({"role": "assistant", "tool_calls": [{**CALL, "function": {"name": "f", "arguments": {}}}]},
+         "messages[1].tool_calls[0].function.arguments"),
+        ({"role": "assistant", "tool_calls": [{**CALL, "id": None}]}, "messages[1].tool_calls[0].id"),
+        ({"role": "assistant", "tool_calls": [{**CALL, "type": "custom"}]}, "messages[1].tool_calls[0].type"),
+        ({"role": "user", "content": [{"type": "txt", "text": "hi"}]}, "messages[1].content[0].type"),
+        ({"role": "user", "content": ["hi"]}, "messages[1].content[0]"),
+        ({"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text"}]}, "messages[1].content[1].text"),
+        ({"role": "user", "content": [{"type": "image_url"}]}, "messages[1].content[0].image_url"),
+        ({"role": "user", "content": [{"type": "image_url", "image_url": "http://x/y.png"}]},
+         "messages[1].content[0].image_url"),
+        ({"role": "user", "content": [{"type": "image_url", "image_url": {}}]}, "messages[1].content[0].image_url.url"),
+        ({"role": "system", "content": [{"type": "image_url", "image_url": {"url": "u"}}]},
+         "messages[1].content[0].type"),
+        ({"role": "assistant", "content": [{"type": "refusal"}]}, "messages[1].content[0].refusal"),
+    ],
+)
+def test_a_malformed_message_is_a_400_naming_the_field(message: dict[str, Any], param: str) -> None:
+    with pytest.raises(InvalidRequest) as caught:
+        validate_request("chat.completions", {"model": "m", "messages": [{"role": "user", "content": "hi"}, message]})
+    assert (caught.value.param, caught.value.code) == (param, "invalid_value")
+    assert param in caught.value.message
+
+
+def test_well_formed_tool_turns_and_content_parts_pass() -> None:
+    messages = [
+        {"role": "system", "content": [{"type": "text", "text": "be brief"}]},
+        {"role": "user", "content": [{"type": "text", "text": "look"},
+                                     {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA"}}]},
+        {"role": "assistant", "content": None, "tool_calls": [CALL, {**CALL, "id": "c2"}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "18C"},
+        {"role": "tool", "tool_call_id": "c2", "content": [{"type": "text", "text": "20C"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "done"}], "tool_calls": None},
+        {"role": "assistant", "content": "", "tool_calls": []},
+    ]
+    validate_request("chat.completions", {"model": "m", "messages": messages})

@@ -27,6 +27,18 @@ RecordedEndpoint = Literal["chat.completions", "completions", "responses", "mess
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 """The roles of the OpenAI chat API's messages."""
 
+PART_TYPES: dict[str, frozenset[str]] = {
+    "user": frozenset({"text", "image_url", "input_audio", "file", "audio_url", "video_url", "image_embeds"}),
+    "assistant": frozenset({"text", "refusal"}),
+}
+"""Content part types per role (the OpenAI spec's, plus vLLM's multimodal extensions for user messages);
+system, developer and tool messages take text parts only."""
+
+PART_FIELD_TYPES: dict[str, type] = {"text": str, "refusal": str, "image_url": dict, "input_audio": dict,
+                                     "file": dict}
+"""The field each part type must carry, named like the type, and its JSON type; vLLM's extensions
+(`audio_url`, ...) are checked for presence only."""
+
 MAX_CHOICES = 128
 """Upper bound on `n`: each choice is a sequence the engine generates and the log stores."""
 
@@ -85,6 +97,14 @@ class ChatCompletionRequest(_ForwardedRequest):
         return self
 
     @model_validator(mode="after")
+    def _messages_are_well_formed(self) -> ChatCompletionRequest:
+        # A malformed tool message or content part otherwise reaches vLLM's template as something else
+        # (or a 500 there): name the field instead, as the OpenAI API does.
+        for index, message in enumerate(self.messages):
+            _check_message(f"messages[{index}]", message)
+        return self
+
+    @model_validator(mode="after")
     def _top_logprobs_need_logprobs(self) -> ChatCompletionRequest:
         # The proxy forces `logprobs` on for recording; without this check a request the OpenAI API
         # (and vLLM) rejects would silently succeed through a trajectory URL.
@@ -94,6 +114,58 @@ class ChatCompletionRequest(_ForwardedRequest):
             if self.logprob_token_ids:
                 raise _ParamError("logprob_token_ids", "logprob_token_ids requires logprobs to be true")
         return self
+
+
+def _check_message(where: str, message: dict[str, Any]) -> None:
+    """The OpenAI spec's required fields of one chat message (its role is already known to be valid)."""
+    role = message["role"]
+    content = message.get("content")
+    if role == "tool" and not isinstance(message.get("tool_call_id"), str):
+        raise _ParamError(f"{where}.tool_call_id", f"{where}.tool_call_id is required (a string) in a tool message")
+    if content is None:
+        if role not in ("assistant", "function"):
+            raise _ParamError(f"{where}.content", f"{where}.content is required in a {role} message")
+    elif isinstance(content, list):
+        for part_index, part in enumerate(content):
+            _check_part(f"{where}.content[{part_index}]", role, part)
+    elif not isinstance(content, str):
+        raise _ParamError(f"{where}.content", f"{where}.content must be a string or an array of content parts")
+    if role == "assistant" and message.get("tool_calls") is not None:
+        _check_tool_calls(f"{where}.tool_calls", message["tool_calls"])
+
+
+def _check_part(where: str, role: str, part: Any) -> None:
+    if not isinstance(part, dict):
+        raise _ParamError(where, f"{where} must be an object with a type")
+    allowed = PART_TYPES.get(role, frozenset({"text"}))
+    kind = part.get("type")
+    if kind not in allowed:
+        raise _ParamError(f"{where}.type", f"{where}.type must be one of {', '.join(sorted(allowed))} in a "
+                          f"{role} message, not {kind!r}")
+    value = part.get(kind)
+    if value is None or not isinstance(value, PART_FIELD_TYPES.get(kind, object)):
+        expected = "a string" if PART_FIELD_TYPES.get(kind) is str else "an object"
+        raise _ParamError(f"{where}.{kind}", f"{where}.{kind} is required ({expected}) in a {kind} part")
+    if kind == "image_url" and not isinstance(part["image_url"].get("url"), str):
+        raise _ParamError(f"{where}.image_url.url", f"{where}.image_url.url is required (a string)")
+
+
+def _check_tool_calls(where: str, tool_calls: Any) -> None:
+    if not isinstance(tool_calls, list):
+        raise _ParamError(where, f"{where} must be an array of tool calls")
+    for call_index, call in enumerate(tool_calls):
+        at = f"{where}[{call_index}]"
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict):
+            raise _ParamError(f"{at}.function", f"{at}.function is required (an object with name and arguments)")
+        if not isinstance(call.get("id"), str):
+            raise _ParamError(f"{at}.id", f"{at}.id is required (a string)")
+        if call.get("type", "function") != "function":  # spec: required; clients that omit it mean "function"
+            raise _ParamError(f"{at}.type", f"{at}.type must be 'function', not {call.get('type')!r}")
+        for field in ("name", "arguments"):
+            if not isinstance(function.get(field), str):
+                raise _ParamError(f"{at}.function.{field}", f"{at}.function.{field} is required (a string; "
+                                  "arguments are JSON encoded as a string)")
 
 
 class CompletionRequest(_ForwardedRequest):
