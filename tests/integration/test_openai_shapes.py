@@ -76,17 +76,14 @@ def test_chat_completion(server: Any, http: httpx.Client, base: str) -> None:
 # vLLM's chat logprobs object has `content` but not `refusal`, which the schema requires (null allowed).
 # Fix in openai_api/serving.py `_strip_choice`: when `choice["logprobs"]` is a dict with "content", set
 # `.setdefault("refusal", None)` (responses and stream chunks). Remove this marker with that fix.
-REFUSAL_MISSING = pytest.mark.xfail(strict=True, reason="chat logprobs lack `refusal` (serving.py)")
 
 
-@REFUSAL_MISSING
 def test_chat_completion_with_logprobs(server: Any, http: httpx.Client, base: str) -> None:
     body = post(http, f"{base}/chat/completions", chat(server, logprobs=True, top_logprobs=2))
     assert len(body["choices"][0]["logprobs"]["content"]) == body["usage"]["completion_tokens"]
     assert_valid("CreateChatCompletionResponse", body)
 
 
-@REFUSAL_MISSING
 def test_every_chat_stream_chunk_with_logprobs(server: Any, http: httpx.Client, base: str) -> None:
     for chunk in stream(http, f"{base}/chat/completions", chat(server, logprobs=True)):
         assert_valid("CreateChatCompletionStreamResponse", chunk)
@@ -184,15 +181,12 @@ def responses_request(server: Any, **extra: Any) -> dict[str, Any]:
 # and `usage: null` in the in-progress response of `response.created`/`response.in_progress` (an object or
 # absent), and echoes function tools without `strict` (required on FunctionTool). Remove these markers with
 # the fix.
-RESPONSES_NULLS = pytest.mark.xfail(strict=True, reason="Responses: user/usage null, tools[].strict missing")
 
 
-@RESPONSES_NULLS
 def test_a_response(server: Any, http: httpx.Client, base: str) -> None:
     assert_valid("Response", post(http, f"{base}/responses", responses_request(server)))
 
 
-@RESPONSES_NULLS
 def test_a_response_with_a_function_call(server: Any, http: httpx.Client, base: str) -> None:
     tool = {"type": "function", **WEATHER_TOOL["function"]}
     body = post(http, f"{base}/responses", responses_request(
@@ -201,7 +195,6 @@ def test_a_response_with_a_function_call(server: Any, http: httpx.Client, base: 
     assert any(item["type"] == "function_call" for item in body["output"]), body
 
 
-@RESPONSES_NULLS
 def test_every_response_stream_event(server: Any, http: httpx.Client, base: str) -> None:
     events = stream(http, f"{base}/responses", responses_request(server), done=False)
     assert events[-1]["type"] in ("response.completed", "response.incomplete")  # max_output_tokens: incomplete

@@ -367,13 +367,14 @@ class ResponsesTranslation:
             "temperature": body.get("temperature", 1.0),
             "text": body.get("text") or {"format": {"type": "text"}},
             "tool_choice": tool_choice,
-            "tools": body.get("tools") or [],
+            # as translated: a function tool's `strict` is required in the schema (and true by default here)
+            "tools": [{**tool, "strict": tool.get("strict") is not False} for tool in body.get("tools") or ()],
             "top_logprobs": body.get("top_logprobs", 0),
             "top_p": body.get("top_p", 1.0),
             "truncation": body.get("truncation") or "disabled",
-            "usage": None,
-            "user": body.get("user"),
             "metadata": body.get("metadata") or {},
+            # `usage` comes with the finished response; `user` only when given (the schema has no null for either)
+            **({"user": body["user"]} if isinstance(body.get("user"), str) else {}),
         }
 
     def finish(self, response: dict[str, Any], finish_reason: str | None, usage: Any) -> None:
@@ -384,7 +385,8 @@ class ResponsesTranslation:
         else:
             response["status"] = "completed"
             response["completed_at"] = int(time.time())
-        response["usage"] = _usage(usage)
+        if (summary := _usage(usage)) is not None:
+            response["usage"] = summary
 
     async def save(self, response: dict[str, Any]) -> None:
         if self.store is None or self.body.get("store") is False:
