@@ -8,8 +8,10 @@ send it to the trajectory URL.
 from __future__ import annotations
 
 import asyncio
+import os
 
-import litellm
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no fetch of its price table from GitHub at import
+import litellm  # noqa: E402
 
 from examples.integrations.common import demo
 
