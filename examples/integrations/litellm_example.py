@@ -11,7 +11,7 @@ import asyncio
 import os
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no fetch of its price table from GitHub at import
-import litellm  # noqa: E402
+import litellm
 
 from examples.integrations.common import demo
 
