@@ -242,6 +242,8 @@ TrainConfig = Annotated[
 """A training job's options: one config class per objective, chosen by its `objective` field (default "grpo")."""
 
 TRAIN_CONFIG: TypeAdapter[TrainConfig] = TypeAdapter(TrainConfig)
+OBJECTIVES = ("grpo", "cispo", "gspo", "sft")
+"""The `objective` names a `TrainConfig` may carry."""
 
 
 def train_config(**options: Any) -> TrainConfig:

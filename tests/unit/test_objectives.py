@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import orjson
 import pytest
 import torch
 from artlike_server.trainer.loop import run_optimizer_steps
@@ -16,7 +17,16 @@ from artlike_server.trainer.objectives.gspo import gspo_loss
 from artlike_server.trainer.objectives.tokens import step_normalizer
 from pydantic import ValidationError
 
-from artlike.types import CISPOConfig, GRPOConfig, GSPOConfig, StepEvent, TrainRequest, train_config
+from artlike.types import (
+    OBJECTIVES,
+    CISPOConfig,
+    GRPOConfig,
+    GSPOConfig,
+    SFTConfig,
+    StepEvent,
+    TrainRequest,
+    train_config,
+)
 
 from .test_training_loop import batch, tiny_peft_model
 
@@ -182,3 +192,17 @@ def test_the_seam_hands_objectives_what_they_ask_for() -> None:
     out = objective.loss(batch_, objective.normalizer([2]))
     assert float(out.kl) == 0.0 and float(out.mismatch_tokens) == 1.0  # NaN behaviour: not counted
     assert float(out.policy_loss) == pytest.approx(-1.0)
+
+
+def test_a_bad_config_field_is_named_as_the_caller_sent_it() -> None:
+    from artlike_server.errors import InvalidRequest
+    from artlike_server.training.api_router import parse_train_request
+
+    group = {"trajectories": [{"trajectory_id": "a", "reward": 1.0}, {"trajectory_id": "b", "reward": 0.0}]}
+    for config, param in (({"learning_rate": -1}, "config.learning_rate"),
+                          ({"objective": "cispo", "epsilon_high": "x"}, "config.epsilon_high")):
+        with pytest.raises(InvalidRequest) as bad:
+            parse_train_request(orjson.dumps({"model": "m", "groups": [group], "config": config}))
+        assert bad.value.param == param
+    configs = (GRPOConfig, CISPOConfig, GSPOConfig, SFTConfig)
+    assert set(OBJECTIVES) == {config.model_fields["objective"].default for config in configs}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 import orjson
 from fastapi import APIRouter, Request
@@ -16,7 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import StreamingResponse
 from pydantic import ValidationError
 
-from artlike.types import STREAM_VERSION, TrainRequest
+from artlike.types import OBJECTIVES, STREAM_VERSION, TrainRequest
 
 from ..errors import validation_error
 from ..state import get_state
@@ -44,7 +45,16 @@ def parse_train_request(raw: bytes) -> TrainRequest:
     try:
         return TrainRequest.model_validate_json(raw)
     except ValidationError as exc:
-        raise validation_error(RequestValidationError(exc.errors())) from None
+        raise validation_error(RequestValidationError([_without_union_tag(e) for e in exc.errors()])) from None
+
+
+def _without_union_tag(error: Any) -> Any:
+    """pydantic puts the config union's tag in the location (`config.grpo.learning_rate`); callers sent
+    `config.learning_rate`, so that is the parameter to name."""
+    loc = tuple(error.get("loc", ()))
+    if len(loc) > 2 and loc[0] == "config" and loc[1] in OBJECTIVES:
+        return {**error, "loc": (loc[0], *loc[2:])}
+    return error
 
 
 async def _ndjson(job: RunningJob) -> AsyncIterator[bytes]:
