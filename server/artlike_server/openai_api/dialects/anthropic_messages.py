@@ -40,9 +40,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import orjson
-
-from artlike_server.errors import APIError, InvalidRequest
+from artlike_server.errors import APIError
+from artlike_server.openai_api.dialects._fields import bad, expect, sse_event
 
 _UNSUPPORTED_FIELDS = ("mcp_servers", "container")
 _IGNORED_BLOCKS = frozenset({"thinking", "redacted_thinking"})
@@ -59,14 +58,6 @@ _ERROR_TYPES = {
 }
 
 
-def _bad(param: str, message: str, code: str = "invalid_value") -> InvalidRequest:
-    return InvalidRequest(f"{param}: {message}", param=param, code=code)
-
-
-def _expect(value: Any, kind: type | tuple[type, ...], param: str, what: str) -> Any:
-    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
-        raise _bad(param, f"must be {what}")
-    return value
 
 
 # ---------------------------------------------------------------------------------------------- request
@@ -76,53 +67,53 @@ def _text_of(blocks: Any, param: str) -> str:
     """A string, or text blocks joined (system prompts, tool results)."""
     if isinstance(blocks, str):
         return blocks
-    _expect(blocks, list, param, "a string or a list of text blocks")
+    expect(blocks, list, param, "a string or a list of text blocks")
     texts = []
     for index, block in enumerate(blocks):
         where = f"{param}.{index}"
-        _expect(block, dict, where, "an object")
+        expect(block, dict, where, "an object")
         if block.get("type") != "text":
-            raise _bad(f"{where}.type", f"{block.get('type')!r} is not supported here (text blocks only)",
+            raise bad(f"{where}.type", f"{block.get('type')!r} is not supported here (text blocks only)",
                        "unsupported_value")
-        texts.append(_expect(block.get("text"), str, f"{where}.text", "a string"))
+        texts.append(expect(block.get("text"), str, f"{where}.text", "a string"))
     return "\n".join(texts) if param == "system" else "".join(texts)
 
 
 def _image_part(block: dict[str, Any], where: str) -> dict[str, Any]:
-    source = _expect(block.get("source"), dict, f"{where}.source", "an object")
+    source = expect(block.get("source"), dict, f"{where}.source", "an object")
     if source.get("type") == "base64":
-        media = _expect(source.get("media_type"), str, f"{where}.source.media_type", "a string")
-        data = _expect(source.get("data"), str, f"{where}.source.data", "a base64 string")
+        media = expect(source.get("media_type"), str, f"{where}.source.media_type", "a string")
+        data = expect(source.get("data"), str, f"{where}.source.data", "a base64 string")
         return {"type": "image_url", "image_url": {"url": f"data:{media};base64,{data}"}}
     if source.get("type") == "url":
-        return {"type": "image_url", "image_url": {"url": _expect(source.get("url"), str, f"{where}.source.url",
+        return {"type": "image_url", "image_url": {"url": expect(source.get("url"), str, f"{where}.source.url",
                                                                    "a string")}}
-    raise _bad(f"{where}.source.type", f"{source.get('type')!r} is not supported (base64 or url)", "unsupported_value")
+    raise bad(f"{where}.source.type", f"{source.get('type')!r} is not supported (base64 or url)", "unsupported_value")
 
 
 def _user_messages(content: Any, where: str) -> list[dict[str, Any]]:
     """One user message's blocks: its tool results as `tool` messages first, then the rest as a user message."""
     if isinstance(content, str):
         return [{"role": "user", "content": content}]
-    _expect(content, list, where, "a string or a list of content blocks")
+    expect(content, list, where, "a string or a list of content blocks")
     tool_messages: list[dict[str, Any]] = []
     parts: list[dict[str, Any]] = []
     for index, block in enumerate(content):
         at = f"{where}.{index}"
-        _expect(block, dict, at, "an object")
+        expect(block, dict, at, "an object")
         kind = block.get("type")
         if kind == "text":
-            parts.append({"type": "text", "text": _expect(block.get("text"), str, f"{at}.text", "a string")})
+            parts.append({"type": "text", "text": expect(block.get("text"), str, f"{at}.text", "a string")})
         elif kind == "image":
             parts.append(_image_part(block, at))
         elif kind == "tool_result":
-            tool_use_id = _expect(block.get("tool_use_id"), str, f"{at}.tool_use_id", "a string")
+            tool_use_id = expect(block.get("tool_use_id"), str, f"{at}.tool_use_id", "a string")
             result = _text_of(block.get("content", ""), f"{at}.content")
             if block.get("is_error"):
                 result = f"Error: {result}"
             tool_messages.append({"role": "tool", "tool_call_id": tool_use_id, "content": result})
         else:
-            raise _bad(f"{at}.type", f"content block type {kind!r} is not supported in a user message",
+            raise bad(f"{at}.type", f"content block type {kind!r} is not supported in a user message",
                        "unsupported_value")
     messages = tool_messages
     if parts:
@@ -135,27 +126,27 @@ def _user_messages(content: Any, where: str) -> list[dict[str, Any]]:
 def _assistant_message(content: Any, where: str) -> dict[str, Any]:
     if isinstance(content, str):
         return {"role": "assistant", "content": content}
-    _expect(content, list, where, "a string or a list of content blocks")
+    expect(content, list, where, "a string or a list of content blocks")
     texts: list[str] = []
     calls: list[dict[str, Any]] = []
     for index, block in enumerate(content):
         at = f"{where}.{index}"
-        _expect(block, dict, at, "an object")
+        expect(block, dict, at, "an object")
         kind = block.get("type")
         if kind == "text":
-            texts.append(_expect(block.get("text"), str, f"{at}.text", "a string"))
+            texts.append(expect(block.get("text"), str, f"{at}.text", "a string"))
         elif kind == "tool_use":
-            arguments = _expect(block.get("input"), dict, f"{at}.input", "an object")
+            arguments = expect(block.get("input"), dict, f"{at}.input", "an object")
             calls.append({
-                "id": _expect(block.get("id"), str, f"{at}.id", "a string"),
+                "id": expect(block.get("id"), str, f"{at}.id", "a string"),
                 "type": "function",
-                "function": {"name": _expect(block.get("name"), str, f"{at}.name", "a string"),
+                "function": {"name": expect(block.get("name"), str, f"{at}.name", "a string"),
                              "arguments": json.dumps(arguments, ensure_ascii=False)},
             })
         elif kind in _IGNORED_BLOCKS:
             continue
         else:
-            raise _bad(f"{at}.type", f"content block type {kind!r} is not supported in an assistant message",
+            raise bad(f"{at}.type", f"content block type {kind!r} is not supported in an assistant message",
                        "unsupported_value")
     message: dict[str, Any] = {"role": "assistant", "content": "".join(texts) if texts or not calls else None}
     if calls:
@@ -164,20 +155,20 @@ def _assistant_message(content: Any, where: str) -> dict[str, Any]:
 
 
 def _tools(tools: Any) -> list[dict[str, Any]]:
-    _expect(tools, list, "tools", "a list")
+    expect(tools, list, "tools", "a list")
     result = []
     for index, tool in enumerate(tools):
         where = f"tools.{index}"
-        _expect(tool, dict, where, "an object")
+        expect(tool, dict, where, "an object")
         if tool.get("type") not in (None, "custom"):
-            raise _bad(f"{where}.type", f"server tool {tool.get('type')!r} is not supported by this server (only "
+            raise bad(f"{where}.type", f"server tool {tool.get('type')!r} is not supported by this server (only "
                        "client tools: name, description, input_schema)", "unsupported_value")
         function: dict[str, Any] = {
-            "name": _expect(tool.get("name"), str, f"{where}.name", "a string"),
-            "parameters": _expect(tool.get("input_schema"), dict, f"{where}.input_schema", "a JSON schema object"),
+            "name": expect(tool.get("name"), str, f"{where}.name", "a string"),
+            "parameters": expect(tool.get("input_schema"), dict, f"{where}.input_schema", "a JSON schema object"),
         }
         if tool.get("description") is not None:
-            function["description"] = _expect(tool["description"], str, f"{where}.description", "a string")
+            function["description"] = expect(tool["description"], str, f"{where}.description", "a string")
         # Constrained to the schema unless the tool says `strict: false`: a call is then always well-formed
         # (without it the 135M model's forced calls were free JSON, often cut off by max_tokens).
         function["strict"] = tool.get("strict") is not False
@@ -186,7 +177,7 @@ def _tools(tools: Any) -> list[dict[str, Any]]:
 
 
 def _tool_choice(choice: Any, chat: dict[str, Any]) -> None:
-    _expect(choice, dict, "tool_choice", "an object")
+    expect(choice, dict, "tool_choice", "an object")
     kind = choice.get("type")
     if kind == "auto":
         chat["tool_choice"] = "auto"
@@ -195,10 +186,10 @@ def _tool_choice(choice: Any, chat: dict[str, Any]) -> None:
     elif kind == "none":
         chat["tool_choice"] = "none"
     elif kind == "tool":
-        name = _expect(choice.get("name"), str, "tool_choice.name", "a string")
+        name = expect(choice.get("name"), str, "tool_choice.name", "a string")
         chat["tool_choice"] = {"type": "function", "function": {"name": name}}
     else:
-        raise _bad("tool_choice.type", "must be one of auto, any, tool, none")
+        raise bad("tool_choice.type", "must be one of auto, any, tool, none")
     if choice.get("disable_parallel_tool_use"):
         chat["parallel_tool_calls"] = False
 
@@ -212,63 +203,63 @@ def chat_body(body: dict[str, Any]) -> dict[str, Any]:
     """
     model = body.get("model")
     if not isinstance(model, str) or not model:
-        raise _bad("model", "is required (a string)", "missing_required_parameter")
+        raise bad("model", "is required (a string)", "missing_required_parameter")
     if "max_tokens" not in body:
-        raise _bad("max_tokens", "is required", "missing_required_parameter")
-    max_tokens = _expect(body["max_tokens"], int, "max_tokens", "an integer")
+        raise bad("max_tokens", "is required", "missing_required_parameter")
+    max_tokens = expect(body["max_tokens"], int, "max_tokens", "an integer")
     if max_tokens < 1:
-        raise _bad("max_tokens", "must be at least 1")
+        raise bad("max_tokens", "must be at least 1")
     for name in _UNSUPPORTED_FIELDS:
         if body.get(name):
-            raise _bad(name, "is not supported by this server", "unsupported_parameter")
+            raise bad(name, "is not supported by this server", "unsupported_parameter")
     thinking = body.get("thinking")
     if thinking is not None and not (isinstance(thinking, dict) and thinking.get("type") == "disabled"):
-        raise _bad("thinking", "extended thinking is not supported by this server", "unsupported_parameter")
+        raise bad("thinking", "extended thinking is not supported by this server", "unsupported_parameter")
     messages: list[dict[str, Any]] = []
     if body.get("system") is not None:
         messages.append({"role": "system", "content": _text_of(body["system"], "system")})
     raw = body.get("messages")
     if not isinstance(raw, list) or not raw:
-        raise _bad("messages", "must be a non-empty list", "missing_required_parameter" if raw is None else "invalid_value")
+        raise bad("messages", "must be a non-empty list", "missing_required_parameter" if raw is None else "invalid_value")
     for index, message in enumerate(raw):
         where = f"messages.{index}"
-        _expect(message, dict, where, "an object")
+        expect(message, dict, where, "an object")
         role = message.get("role")
         if "content" not in message:
-            raise _bad(f"{where}.content", "is required", "missing_required_parameter")
+            raise bad(f"{where}.content", "is required", "missing_required_parameter")
         if role == "user":
             messages += _user_messages(message["content"], f"{where}.content")
         elif role == "assistant":
             messages.append(_assistant_message(message["content"], f"{where}.content"))
         else:
-            raise _bad(f"{where}.role", f"must be 'user' or 'assistant', not {role!r}")
+            raise bad(f"{where}.role", f"must be 'user' or 'assistant', not {role!r}")
     chat: dict[str, Any] = {"model": model, "messages": messages, "max_tokens": max_tokens}
     for key, (low, high) in _SAMPLING.items():
         if body.get(key) is not None:
-            value = _expect(body[key], (int, float), key, "a number")
+            value = expect(body[key], (int, float), key, "a number")
             if not low <= value <= high:
-                raise _bad(key, f"must be between {low:g} and {high:g}")
+                raise bad(key, f"must be between {low:g} and {high:g}")
             chat[key] = value
     if body.get("top_k") is not None:
-        chat["top_k"] = _expect(body["top_k"], int, "top_k", "an integer")
+        chat["top_k"] = expect(body["top_k"], int, "top_k", "an integer")
     if body.get("stop_sequences") is not None:
-        stops = _expect(body["stop_sequences"], list, "stop_sequences", "a list of strings")
-        chat["stop"] = [_expect(stop, str, f"stop_sequences.{i}", "a string") for i, stop in enumerate(stops)]
+        stops = expect(body["stop_sequences"], list, "stop_sequences", "a list of strings")
+        chat["stop"] = [expect(stop, str, f"stop_sequences.{i}", "a string") for i, stop in enumerate(stops)]
     if body.get("tools"):
         chat["tools"] = _tools(body["tools"])
     if body.get("tool_choice") is not None:
         if not body.get("tools"):
-            raise _bad("tool_choice", "needs tools")
+            raise bad("tool_choice", "needs tools")
         _tool_choice(body["tool_choice"], chat)
     output_format = (body.get("output_config") or {}).get("format")
     if output_format is not None:
-        _expect(output_format, dict, "output_config.format", "an object")
+        expect(output_format, dict, "output_config.format", "an object")
         if output_format.get("type") != "json_schema":
-            raise _bad("output_config.format.type", "only 'json_schema' is supported", "unsupported_value")
-        schema = _expect(output_format.get("schema"), dict, "output_config.format.schema", "a JSON schema object")
+            raise bad("output_config.format.type", "only 'json_schema' is supported", "unsupported_value")
+        schema = expect(output_format.get("schema"), dict, "output_config.format.schema", "a JSON schema object")
         chat["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}
     if body.get("stream") is not None:
-        chat["stream"] = _expect(body["stream"], bool, "stream", "a boolean")
+        chat["stream"] = expect(body["stream"], bool, "stream", "a boolean")
         if chat["stream"]:
             chat["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
     return chat
@@ -360,9 +351,6 @@ class MessagesTranslation:
         return MessagesStreamEncoder(self, served_name)
 
 
-def _event(kind: str, payload: dict[str, Any]) -> bytes:
-    return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(payload) + b"\n\n"
-
 
 class MessagesStreamEncoder:
     """Chat completion chunks in, Anthropic stream events out (see the module docstring)."""
@@ -385,26 +373,26 @@ class MessagesStreamEncoder:
         message: dict[str, Any] = {"id": self._translation.message_id, "type": "message", "role": "assistant",
                    "model": self._served_name, "content": [], "stop_reason": None, "stop_sequence": None,
                    "usage": {**_usage(usage), "output_tokens": 0}}
-        return [_event("message_start", {"type": "message_start", "message": message})]
+        return [sse_event("message_start", {"type": "message_start", "message": message})]
 
     def _close(self) -> list[bytes]:
         if self._open is None:
             return []
         self._open = None
-        return [_event("content_block_stop", {"type": "content_block_stop", "index": self._index})]
+        return [sse_event("content_block_stop", {"type": "content_block_stop", "index": self._index})]
 
     def _open_block(self, block: dict[str, Any]) -> list[bytes]:
         events = self._close()
         self._index += 1
         self._open = block["type"]
-        events.append(_event("content_block_start", {"type": "content_block_start", "index": self._index,
+        events.append(sse_event("content_block_start", {"type": "content_block_start", "index": self._index,
                                                       "content_block": block}))
         return events
 
     def chunk(self, chunk: dict[str, Any]) -> bytes:
         if "error" in chunk and chunk.get("choices") is None:  # vLLM's in-stream error event
             error = chunk["error"] if isinstance(chunk["error"], dict) else {"message": str(chunk["error"])}
-            return _event("error", {"type": "error", "error": {"type": "api_error",
+            return sse_event("error", {"type": "error", "error": {"type": "api_error",
                                                                 "message": str(error.get("message", "engine error"))}})
         if chunk.get("usage") is not None:
             self._usage = chunk["usage"]
@@ -416,7 +404,7 @@ class MessagesStreamEncoder:
             if delta.get("content"):
                 if self._open != "text":
                     events += self._open_block({"type": "text", "text": ""})
-                events.append(_event("content_block_delta", {"type": "content_block_delta", "index": self._index,
+                events.append(sse_event("content_block_delta", {"type": "content_block_delta", "index": self._index,
                                                               "delta": {"type": "text_delta",
                                                                         "text": delta["content"]}}))
             for call in delta.get("tool_calls") or ():
@@ -434,7 +422,7 @@ class MessagesStreamEncoder:
                                         "name": function.get("name") or "", "input": {}})
             self._calls[call.get("index", 0)] = self._index
         if function.get("arguments"):
-            events.append(_event("content_block_delta", {
+            events.append(sse_event("content_block_delta", {
                 "type": "content_block_delta", "index": self._calls[call.get("index", 0)],
                 "delta": {"type": "input_json_delta", "partial_json": function["arguments"]}}))
         return events
@@ -445,14 +433,14 @@ class MessagesStreamEncoder:
         reason, sequence = stop_reason(self._finish_reason, self._matched_stop, self._translation.stops,
                                        called_tools=bool(self._calls))
         usage = _usage(self._usage)
-        events.append(_event("message_delta", {"type": "message_delta",
+        events.append(sse_event("message_delta", {"type": "message_delta",
                                                 "delta": {"stop_reason": reason, "stop_sequence": sequence},
                                                 "usage": {"output_tokens": usage["output_tokens"]}}))
-        events.append(_event("message_stop", {"type": "message_stop"}))
+        events.append(sse_event("message_stop", {"type": "message_stop"}))
         return b"".join(events)
 
     def error(self, error: APIError) -> bytes:
-        return _event("error", error_body(error))
+        return sse_event("error", error_body(error))
 
 
 def error_body(error: APIError) -> dict[str, Any]:

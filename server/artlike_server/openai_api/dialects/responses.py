@@ -35,9 +35,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import orjson
-
-from artlike_server.errors import APIError, InvalidRequest, NotFound
+from artlike_server.errors import APIError, NotFound
+from artlike_server.openai_api.dialects._fields import bad, expect, sse_event
 from artlike_server.openai_api.response_store import ResponseStore, StoredResponse
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
@@ -53,15 +52,6 @@ def _new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
 
-def _bad(param: str, message: str, code: str = "invalid_value") -> InvalidRequest:
-    return InvalidRequest(f"{param}: {message}", param=param, code=code)
-
-
-def _expect(value: Any, kind: type | tuple[type, ...], param: str, what: str) -> Any:
-    # bool is an int in Python; a JSON boolean must not pass for a number.
-    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
-        raise _bad(param, f"must be {what}")
-    return value
 
 
 # ---------------------------------------------------------------------------------------------- request
@@ -71,23 +61,23 @@ def _content_text(content: Any, param: str, *, role: str) -> str | list[dict[str
     """A message's content as chat content: a string, or parts (images keep it a parts list)."""
     if isinstance(content, str):
         return content
-    _expect(content, list, param, "a string or a list of content parts")
+    expect(content, list, param, "a string or a list of content parts")
     parts: list[dict[str, Any]] = []
     for index, part in enumerate(content):
         where = f"{param}[{index}]"
-        _expect(part, dict, where, "an object")
+        expect(part, dict, where, "an object")
         kind = part.get("type")
         if kind in _TEXT_PARTS:
-            parts.append({"type": "text", "text": _expect(part.get("text"), str, f"{where}.text", "a string")})
+            parts.append({"type": "text", "text": expect(part.get("text"), str, f"{where}.text", "a string")})
         elif kind == "refusal":
-            parts.append({"type": "text", "text": _expect(part.get("refusal"), str, f"{where}.refusal", "a string")})
+            parts.append({"type": "text", "text": expect(part.get("refusal"), str, f"{where}.refusal", "a string")})
         elif kind == "input_image" and role != "assistant":
             url = part.get("image_url")
             if not isinstance(url, str):
-                raise _bad(f"{where}.image_url", "must be a URL or data URL string (file_id is not supported)")
+                raise bad(f"{where}.image_url", "must be a URL or data URL string (file_id is not supported)")
             parts.append({"type": "image_url", "image_url": {"url": url, "detail": part.get("detail") or "auto"}})
         else:
-            raise _bad(f"{where}.type", f"content part type {kind!r} is not supported here", "unsupported_value")
+            raise bad(f"{where}.type", f"content part type {kind!r} is not supported here", "unsupported_value")
     if all(part["type"] == "text" for part in parts):
         return "".join(part["text"] for part in parts)
     return parts
@@ -106,26 +96,26 @@ def input_messages(items: Any, param: str = "input") -> list[dict[str, Any]]:
     """
     if isinstance(items, str):
         return [{"role": "user", "content": items}]
-    _expect(items, list, param, "a string or a list of input items")
+    expect(items, list, param, "a string or a list of input items")
     messages: list[dict[str, Any]] = []
     for index, item in enumerate(items):
         where = f"{param}[{index}]"
-        _expect(item, dict, where, "an object")
+        expect(item, dict, where, "an object")
         kind = item.get("type", "message")
         if kind == "message":
             role = item.get("role")
             if role not in _MESSAGE_ROLES:
-                raise _bad(f"{where}.role", f"must be one of {', '.join(sorted(_MESSAGE_ROLES))}, not {role!r}")
+                raise bad(f"{where}.role", f"must be one of {', '.join(sorted(_MESSAGE_ROLES))}, not {role!r}")
             if "content" not in item:
-                raise _bad(f"{where}.content", "is required", "missing_required_parameter")
+                raise bad(f"{where}.content", "is required", "missing_required_parameter")
             messages.append({"role": role, "content": _content_text(item["content"], f"{where}.content", role=role)})
         elif kind == "function_call":
             call = {
-                "id": _expect(item.get("call_id"), str, f"{where}.call_id", "a string"),
+                "id": expect(item.get("call_id"), str, f"{where}.call_id", "a string"),
                 "type": "function",
                 "function": {
-                    "name": _expect(item.get("name"), str, f"{where}.name", "a string"),
-                    "arguments": _expect(item.get("arguments"), str, f"{where}.arguments", "a JSON string"),
+                    "name": expect(item.get("name"), str, f"{where}.name", "a string"),
+                    "arguments": expect(item.get("arguments"), str, f"{where}.arguments", "a JSON string"),
                 },
             }
             last = messages[-1] if messages else None
@@ -138,26 +128,26 @@ def input_messages(items: Any, param: str = "input") -> list[dict[str, Any]]:
             content = _content_text(output, f"{where}.output", role="tool")
             messages.append({
                 "role": "tool",
-                "tool_call_id": _expect(item.get("call_id"), str, f"{where}.call_id", "a string"),
+                "tool_call_id": expect(item.get("call_id"), str, f"{where}.call_id", "a string"),
                 "content": content,
             })
         elif kind in _IGNORED_ITEMS:
             continue
         else:
-            raise _bad(f"{where}.type", f"input item type {kind!r} is not supported by this server", "unsupported_value")
+            raise bad(f"{where}.type", f"input item type {kind!r} is not supported by this server", "unsupported_value")
     return messages
 
 
 def chat_tools(tools: Any) -> list[dict[str, Any]]:
-    _expect(tools, list, "tools", "a list")
+    expect(tools, list, "tools", "a list")
     result = []
     for index, tool in enumerate(tools):
         where = f"tools[{index}]"
-        _expect(tool, dict, where, "an object")
+        expect(tool, dict, where, "an object")
         if tool.get("type") != "function":
-            raise _bad(f"{where}.type", f"tool type {tool.get('type')!r} is not supported by this server (only "
+            raise bad(f"{where}.type", f"tool type {tool.get('type')!r} is not supported by this server (only "
                        "'function' tools)", "unsupported_value")
-        function: dict[str, Any] = {"name": _expect(tool.get("name"), str, f"{where}.name", "a string")}
+        function: dict[str, Any] = {"name": expect(tool.get("name"), str, f"{where}.name", "a string")}
         for key in ("description", "parameters"):
             if tool.get(key) is not None:
                 function[key] = tool[key]
@@ -173,33 +163,33 @@ def chat_tool_choice(choice: Any) -> str | dict[str, Any]:
         return str(choice)
     if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("name"), str):
         return {"type": "function", "function": {"name": choice["name"]}}
-    raise _bad("tool_choice", "must be 'auto', 'none', 'required' or {'type': 'function', 'name': ...}",
+    raise bad("tool_choice", "must be 'auto', 'none', 'required' or {'type': 'function', 'name': ...}",
                "unsupported_value")
 
 
 def response_format(text: Any) -> dict[str, Any] | None:
     if text is None:
         return None
-    _expect(text, dict, "text", "an object")
+    expect(text, dict, "text", "an object")
     fmt = text.get("format")
     if fmt is None or (isinstance(fmt, dict) and fmt.get("type") == "text"):
         return None
-    _expect(fmt, dict, "text.format", "an object")
+    expect(fmt, dict, "text.format", "an object")
     if fmt.get("type") == "json_object":
         return {"type": "json_object"}
     if fmt.get("type") == "json_schema":
         schema = {key: fmt[key] for key in ("name", "schema", "strict", "description") if key in fmt}
         return {"type": "json_schema", "json_schema": schema}
-    raise _bad("text.format.type", f"{fmt.get('type')!r} is not supported", "unsupported_value")
+    raise bad("text.format.type", f"{fmt.get('type')!r} is not supported", "unsupported_value")
 
 
 def _number(body: dict[str, Any], key: str, low: float, high: float) -> float | None:
     value = body.get(key)
     if value is None:
         return None
-    _expect(value, (int, float), key, "a number")
+    expect(value, (int, float), key, "a number")
     if not low <= value <= high:
-        raise _bad(key, f"must be between {low:g} and {high:g}")
+        raise bad(key, f"must be between {low:g} and {high:g}")
     return float(value)
 
 
@@ -207,33 +197,33 @@ def chat_body(body: dict[str, Any], history: Sequence[dict[str, Any]]) -> dict[s
     """The chat completions body for a Responses request (`history`: the stored conversation it continues)."""
     model = body.get("model")
     if not isinstance(model, str) or not model:
-        raise _bad("model", "is required", "missing_required_parameter")
+        raise bad("model", "is required", "missing_required_parameter")
     if "input" not in body and not history:
-        raise _bad("input", "is required", "missing_required_parameter")
+        raise bad("input", "is required", "missing_required_parameter")
     if body.get("background"):
-        raise _bad("background", "background responses are not supported by this server", "unsupported_parameter")
+        raise bad("background", "background responses are not supported by this server", "unsupported_parameter")
     messages: list[dict[str, Any]] = []
     instructions = body.get("instructions")
     if instructions is not None:
-        messages.append({"role": "system", "content": _expect(instructions, str, "instructions", "a string")})
+        messages.append({"role": "system", "content": expect(instructions, str, "instructions", "a string")})
     messages += history
     if body.get("input") is not None:
         messages += input_messages(body["input"])
     if not messages:
-        raise _bad("input", "must not be empty")
+        raise bad("input", "must not be empty")
     chat: dict[str, Any] = {"model": model, "messages": messages}
     if body.get("tools"):
         chat["tools"] = chat_tools(body["tools"])
         if body.get("tool_choice") is not None:
             chat["tool_choice"] = chat_tool_choice(body["tool_choice"])
         if body.get("parallel_tool_calls") is not None:
-            chat["parallel_tool_calls"] = _expect(body["parallel_tool_calls"], bool, "parallel_tool_calls", "a boolean")
+            chat["parallel_tool_calls"] = expect(body["parallel_tool_calls"], bool, "parallel_tool_calls", "a boolean")
     elif body.get("tool_choice") not in (None, "auto", "none"):
-        raise _bad("tool_choice", "needs tools")
+        raise bad("tool_choice", "needs tools")
     max_output_tokens = body.get("max_output_tokens")
     if max_output_tokens is not None:
-        if _expect(max_output_tokens, int, "max_output_tokens", "an integer") < 1:
-            raise _bad("max_output_tokens", "must be at least 1")
+        if expect(max_output_tokens, int, "max_output_tokens", "an integer") < 1:
+            raise bad("max_output_tokens", "must be at least 1")
         chat["max_tokens"] = max_output_tokens
     for key, high in (("temperature", 2.0), ("top_p", 1.0)):
         if (value := _number(body, key, 0.0, high)) is not None:
@@ -246,16 +236,16 @@ def chat_body(body: dict[str, Any], history: Sequence[dict[str, Any]]) -> dict[s
     if (fmt := response_format(body.get("text"))) is not None:
         chat["response_format"] = fmt
     include = body.get("include") or []
-    _expect(include, list, "include", "a list")
+    expect(include, list, "include", "a list")
     if LOGPROBS_INCLUDE in include:
         chat["logprobs"] = True
         top = body.get("top_logprobs")
         if top is not None:
-            if not 0 <= _expect(top, int, "top_logprobs", "an integer") <= 20:
-                raise _bad("top_logprobs", "must be between 0 and 20")
+            if not 0 <= expect(top, int, "top_logprobs", "an integer") <= 20:
+                raise bad("top_logprobs", "must be between 0 and 20")
             chat["top_logprobs"] = top
     if body.get("stream") is not None:
-        chat["stream"] = _expect(body["stream"], bool, "stream", "a boolean")
+        chat["stream"] = expect(body["stream"], bool, "stream", "a boolean")
         if chat["stream"]:
             chat["stream_options"] = {"include_usage": True}
     return chat
@@ -415,9 +405,6 @@ class ResponsesTranslation:
         return ResponsesStreamEncoder(self, served_name)
 
 
-def _event(kind: str, payload: dict[str, Any]) -> bytes:
-    return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(payload) + b"\n\n"
-
 
 @dataclass
 class _OpenItem:
@@ -445,7 +432,7 @@ class ResponsesStreamEncoder:
     def _emit(self, kind: str, **fields: Any) -> bytes:
         payload = {"type": kind, **fields, "sequence_number": self._sequence}
         self._sequence += 1
-        return _event(kind, payload)
+        return sse_event(kind, payload)
 
     def _start(self) -> list[bytes]:
         if self._started:
@@ -570,7 +557,7 @@ class ResponsesDialect:
         history: list[dict[str, Any]] = []
         previous = body.get("previous_response_id")
         if previous is not None:
-            _expect(previous, str, "previous_response_id", "a string")
+            expect(previous, str, "previous_response_id", "a string")
             stored = await self.store.get(previous) if self.store is not None else None
             if stored is None:
                 raise NotFound(f"no stored response {previous!r} (was it created with store: false, or pruned?)",

@@ -15,12 +15,10 @@ step's `metrics.is_weight` is the mean clipped weight.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 
-from artlike.types import CISPOConfig
-from artlike_server.trainer.objectives import LossOutput, PolicyBatch
+from artlike_server.trainer.objectives import LossOutput
+from artlike_server.trainer.objectives.adapters import TokenLevel
 from artlike_server.trainer.objectives.tokens import (
     Aggregation,
     behaviour_or_current,
@@ -76,25 +74,8 @@ def cispo_loss(
     )
 
 
-class CISPO:
+class CISPO(TokenLevel):
     """The CISPO objective on the seam (`CISPOConfig`)."""
 
     name = "cispo"
-
-    def __init__(self, config: CISPOConfig) -> None:
-        self.config = config
-
-    @property
-    def needs_reference(self) -> bool:
-        return self.config.kl_beta > 0.0
-
-    def normalizer(self, trainable_tokens_per_sequence: Sequence[int]) -> float:
-        return step_normalizer(trainable_tokens_per_sequence, self.config.loss_aggregation, self.config.loss_normalizer)
-
-    def loss(self, batch: PolicyBatch, normalizer: float) -> LossOutput:
-        c = self.config
-        return cispo_loss(
-            batch.logprobs, batch.behaviour_logprobs, batch.advantages, batch.mask,
-            epsilon_low=c.epsilon_low, epsilon_high=c.epsilon_high, aggregation=c.loss_aggregation,
-            ref_logprobs=batch.ref_logprobs, kl_beta=c.kl_beta, normalizer=normalizer,
-        )  # fmt: skip
+    loss_function = staticmethod(cispo_loss)

@@ -18,12 +18,10 @@ as the current detached logprob: ρ = 1.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 
-from artlike.types import GRPOConfig
-from artlike_server.trainer.objectives import LossOutput, PolicyBatch
+from artlike_server.trainer.objectives import LossOutput
+from artlike_server.trainer.objectives.adapters import TokenLevel
 from artlike_server.trainer.objectives.tokens import (
     Aggregation,
     behaviour_or_current,
@@ -82,25 +80,8 @@ def policy_loss(
     )
 
 
-class GRPO:
+class GRPO(TokenLevel):
     """The GRPO objective on the seam (`GRPOConfig`)."""
 
     name = "grpo"
-
-    def __init__(self, config: GRPOConfig) -> None:
-        self.config = config
-
-    @property
-    def needs_reference(self) -> bool:
-        return self.config.kl_beta > 0.0
-
-    def normalizer(self, trainable_tokens_per_sequence: Sequence[int]) -> float:
-        return step_normalizer(trainable_tokens_per_sequence, self.config.loss_aggregation, self.config.loss_normalizer)
-
-    def loss(self, batch: PolicyBatch, normalizer: float) -> LossOutput:
-        c = self.config
-        return policy_loss(
-            batch.logprobs, batch.behaviour_logprobs, batch.advantages, batch.mask,
-            epsilon_low=c.epsilon_low, epsilon_high=c.epsilon_high, aggregation=c.loss_aggregation,
-            ref_logprobs=batch.ref_logprobs, kl_beta=c.kl_beta, normalizer=normalizer,
-        )  # fmt: skip
+    loss_function = staticmethod(policy_loss)

@@ -1,0 +1,37 @@
+"""What the token-level policy-gradient objectives' seam adapters share (GRPO, CISPO): the reference policy
+only when the KL term is on, the step normaliser of `tokens.py`, and one call of their pure loss function."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import ClassVar
+
+from artlike.types import CISPOConfig, GRPOConfig
+from artlike_server.trainer.objectives import LossOutput, PolicyBatch
+from artlike_server.trainer.objectives.tokens import step_normalizer
+
+
+class TokenLevel:
+    """A token-level clipped objective: `loss_function(logprobs, behaviour, advantages, mask, *, epsilon_low,
+    epsilon_high, aggregation, ref_logprobs, kl_beta, normalizer)`."""
+
+    name: str
+    loss_function: ClassVar[Callable[..., LossOutput]]
+
+    def __init__(self, config: GRPOConfig | CISPOConfig) -> None:
+        self.config = config
+
+    @property
+    def needs_reference(self) -> bool:
+        return self.config.kl_beta > 0.0
+
+    def normalizer(self, trainable_tokens_per_sequence: Sequence[int]) -> float:
+        return step_normalizer(trainable_tokens_per_sequence, self.config.loss_aggregation, self.config.loss_normalizer)
+
+    def loss(self, batch: PolicyBatch, normalizer: float) -> LossOutput:
+        c = self.config
+        return type(self).loss_function(
+            batch.logprobs, batch.behaviour_logprobs, batch.advantages, batch.mask,
+            epsilon_low=c.epsilon_low, epsilon_high=c.epsilon_high, aggregation=c.loss_aggregation,
+            ref_logprobs=batch.ref_logprobs, kl_beta=c.kl_beta, normalizer=normalizer,
+        )  # fmt: skip
