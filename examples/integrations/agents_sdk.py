@@ -41,6 +41,7 @@ async def run_weather_agent(
     *,
     api: Literal["responses", "chat_completions"] = "responses",
     question: str = "What is the weather in Paris?",
+    temperature: float = 1.0,
 ) -> str:
     """The agent's final answer: a forced first tool call (the SDK resets `tool_choice` after it), then an
     answer ("" when the run failed: see below)."""
@@ -55,7 +56,8 @@ async def run_weather_agent(
         instructions="Answer weather questions. Call get_weather, then answer in one sentence.",
         tools=[get_weather],
         model=llm,
-        model_settings=ModelSettings(tool_choice="required", max_tokens=64, temperature=1.0),
+        model_settings=ModelSettings(tool_choice="required", parallel_tool_calls=False, max_tokens=96,
+                                     temperature=temperature),
     )
     try:
         result = await Runner.run(agent, question, max_turns=4)

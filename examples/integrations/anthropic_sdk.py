@@ -21,13 +21,16 @@ WEATHER_TOOL: dict[str, Any] = {
 }
 
 
-async def run_weather_turns(base_url: str, api_key: str, model: str, *, question: str = "Weather in Paris?") -> str:
-    """Two turns: a forced `get_weather` call, then the answer given its result. Returns the answer's text."""
+async def run_weather_turns(base_url: str, api_key: str, model: str, *, question: str = "Weather in Paris?",
+                            temperature: float = 1.0) -> str:
+    """Two turns: a forced `get_weather` call, then the answer given its result. Returns the answer's text.
+    (Recent `anthropic` SDKs take sampling parameters only through `extra_body`.)"""
+    sampling = {"temperature": temperature}
     async with anthropic.AsyncAnthropic(base_url=base_url, api_key=api_key, max_retries=0) as client:
         messages: list[dict[str, Any]] = [{"role": "user", "content": question}]
         first = await client.messages.create(
             model=model, max_tokens=64, messages=messages, tools=[WEATHER_TOOL],  # type: ignore[arg-type,list-item]
-            tool_choice={"type": "tool", "name": "get_weather"})
+            tool_choice={"type": "tool", "name": "get_weather"}, extra_body=sampling)
         calls = [block for block in first.content if block.type == "tool_use"]
         if not calls:
             return ""
@@ -38,5 +41,5 @@ async def run_weather_turns(base_url: str, api_key: str, model: str, *, question
                                          for call in calls]},
         ]
         second = await client.messages.create(model=model, max_tokens=48, messages=messages,  # type: ignore[arg-type]
-                                              tools=[WEATHER_TOOL])  # type: ignore[list-item]
+                                              tools=[WEATHER_TOOL], extra_body=sampling)  # type: ignore[list-item]
         return "".join(block.text for block in second.content if block.type == "text")

@@ -145,7 +145,9 @@ async def test_a_trajectory_recorded_through_the_anthropic_sdk_trains_a_step(ser
     trajectories = []
     for reward in (1.0, 0.0):
         async with model.trajectory() as t:
-            answer = await run_weather_turns(t.base_url.removesuffix("/v1"), server.api_key, model.name)
+            # Greedy: the forced call always completes (sampled, its arguments can run past max_tokens).
+            answer = await run_weather_turns(t.base_url.removesuffix("/v1"), server.api_key, model.name,
+                                             temperature=0.0)
             t.reward = reward + (0.5 if "sunny" in answer.lower() else 0.0)
         assert t.exception is None, t.exception
         record = await t.get_record()

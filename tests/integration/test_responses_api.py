@@ -150,7 +150,9 @@ async def test_an_agents_sdk_run_is_recorded_and_trains(server: Any) -> None:
     trajectories = []
     for api in ("responses", "chat_completions"):
         async with model.trajectory() as t:
-            answer = await run_weather_agent(t.base_url, server.api_key, model.name, api=api)
+            # Greedy, so the forced first call always completes (sampled, a 135M model's call can run past
+            # max_tokens; the SDK then ends the run after one turn). The reward below makes the signal.
+            answer = await run_weather_agent(t.base_url, server.api_key, model.name, api=api, temperature=0.0)
             t.reward = 1.0 if "sunny" in answer.lower() else 0.0
         assert t.exception is None, t.exception
         record = await t.get_record()

@@ -109,12 +109,14 @@ async def test_a_multi_turn_tool_trajectory_is_token_exact_and_trains(server: An
             messages: list[dict[str, Any]] = [{"role": "user", "content": "What is the weather in Paris?"}]
             first = await client.chat.completions.create(
                 model=model.name, messages=messages, tools=[WEATHER],  # type: ignore[arg-type,list-item]
-                tool_choice={"type": "function", "function": {"name": "get_weather"}}, max_tokens=48)
+                tool_choice={"type": "function", "function": {"name": "get_weather"}}, max_tokens=48,
+                temperature=0)  # greedy: the forced call always completes within max_tokens
             [call] = first.choices[0].message.tool_calls or []
             messages += [first.choices[0].message.model_dump(exclude_none=True),
                          {"role": "tool", "tool_call_id": call.id, "content": "Sunny, 21 C"}]
             second = await client.chat.completions.create(model=model.name, messages=messages,  # type: ignore[arg-type]
-                                                          tools=[WEATHER], max_tokens=32)  # type: ignore[list-item]
+                                                          tools=[WEATHER], max_tokens=32,  # type: ignore[list-item]
+                                                          temperature=0)
             t.reward = reward + len(second.choices[0].message.content or "") / 1000
         assert t.exception is None, t.exception
         rows = (await t.get_record()).completions
