@@ -15,6 +15,7 @@ import pytest
 import artlike as art
 
 from .engine_helpers import engine_connection
+from .recording import recorded
 
 pytestmark = pytest.mark.integration
 
@@ -30,12 +31,6 @@ def client_for(server: Any, trajectory_id: str | None = None, **options: Any) ->
     base = f"{server.base_url}/t/{trajectory_id}" if trajectory_id else server.base_url
     return anthropic.Anthropic(base_url=base, api_key=server.api_key, max_retries=0, **options)
 
-
-def recorded(server: Any, trajectory_id: str) -> list[dict[str, Any]]:
-    response = httpx.get(f"{server.base_url}/v1/trajectories/{trajectory_id}", headers=server.headers)
-    response.raise_for_status()
-    completions: list[dict[str, Any]] = response.json()["completions"]
-    return completions
 
 
 def test_a_message_is_a_recorded_chat_completion_with_the_same_tokens(server: Any) -> None:

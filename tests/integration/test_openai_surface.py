@@ -17,6 +17,8 @@ import pytest
 from artlike_server.default_model import ensure_default_model
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from .recording import recorded
+
 pytestmark = pytest.mark.integration
 
 EOS_ID = 2  # <|im_end|>
@@ -48,15 +50,6 @@ def async_client(server: Any, trajectory_id: str) -> openai.AsyncOpenAI:
     base = f"{server.base_url}/t/{trajectory_id}/v1"
     return openai.AsyncOpenAI(base_url=base, api_key=server.api_key, max_retries=0, timeout=300)
 
-
-def recorded(server: Any, trajectory_id: str) -> list[dict[str, Any]]:
-    response = httpx.get(
-        f"{server.base_url}/v1/trajectories/{trajectory_id}", headers=server.headers, timeout=30
-    )
-    assert response.status_code == 200, response.text
-    body = response.json()
-    assert body["trajectory_id"] == trajectory_id
-    return body["completions"]
 
 
 def assert_token_exact(row: dict[str, Any]) -> None:

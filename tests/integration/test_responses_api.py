@@ -16,6 +16,7 @@ import pytest
 import artlike as art
 
 from .engine_helpers import engine_connection
+from .recording import recorded
 
 pytestmark = pytest.mark.integration
 
@@ -32,12 +33,6 @@ def client_for(server: Any, trajectory_id: str | None = None) -> openai.OpenAI:
     base = f"{server.base_url}/t/{trajectory_id}/v1" if trajectory_id else f"{server.base_url}/v1"
     return openai.OpenAI(base_url=base, api_key=server.api_key, max_retries=0)
 
-
-def recorded(server: Any, trajectory_id: str) -> list[dict[str, Any]]:
-    response = httpx.get(f"{server.base_url}/v1/trajectories/{trajectory_id}", headers=server.headers)
-    response.raise_for_status()
-    completions: list[dict[str, Any]] = response.json()["completions"]
-    return completions
 
 
 def test_a_response_is_a_recorded_chat_completion_with_the_same_tokens(server: Any) -> None:

@@ -16,6 +16,7 @@ import pytest
 import artlike as art
 
 from .engine_helpers import engine_connection
+from .recording import recorded
 
 pytestmark = pytest.mark.integration
 
@@ -33,12 +34,6 @@ ASK = [{"role": "user", "content": "What is the weather and the time in Paris?"}
 def client_for(server: Any, trajectory_id: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{server.base_url}/t/{trajectory_id}/v1", api_key=server.api_key, max_retries=0)
 
-
-def recorded(server: Any, trajectory_id: str) -> list[dict[str, Any]]:
-    response = httpx.get(f"{server.base_url}/v1/trajectories/{trajectory_id}", headers=server.headers)
-    response.raise_for_status()
-    completions: list[dict[str, Any]] = response.json()["completions"]
-    return completions
 
 
 def well_formed(call: Any, names: set[str]) -> None:
