@@ -17,6 +17,7 @@ Sync twins carry a `_sync` suffix (`model.register_sync()`, `model.train_sync(..
 This package is the client: it never imports torch, vLLM or the server.
 """
 
+from ._dpo import preference_pairs
 from ._errors import (
     APIConnectionError,
     APIError,
@@ -42,6 +43,7 @@ from .types import (
     STREAM_VERSION,
     CISPOConfig,
     DoneEvent,
+    DPOConfig,
     ErrorEvent,
     GRPOConfig,
     GSPOConfig,
@@ -69,6 +71,7 @@ __all__ = [
     "BadRequestError",
     "CISPOConfig",
     "ConflictError",
+    "DPOConfig",
     "DoneEvent",
     "ErrorEvent",
     "GRPOConfig",
@@ -102,4 +105,5 @@ __all__ = [
     "choice_to_message",
     "gather_trajectory_groups",
     "parse_event",
+    "preference_pairs",
 ]

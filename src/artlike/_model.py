@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 from pydantic import BaseModel
 
+from ._dpo import Pair, build_dpo_request
 from ._http import DEFAULT_TIMEOUT, Connection, RetryPolicy
 from ._sft import Example, build_sft_request
 from ._train import (
@@ -33,6 +34,7 @@ from .types import (
     StepInfo,
     StepRetention,
     TrainConfig,
+    TrainRequest,
     UpdateModelRequest,
     train_config,
 )
@@ -206,12 +208,8 @@ class TrainableModel:
         validated here, before any request (pydantic ValidationError). Failed trajectories are left out.
         `idle_timeout`: seconds without any stream line (the server sends heartbeats) before giving up.
         """
-        body = build_train_request(self.name, groups, _train_config(config, options)).model_dump(mode="json")
-
-        def lines() -> AsyncGenerator[str, None]:
-            return self._connection.stream_lines("POST", "/_train_model", json=body, idle_timeout=idle_timeout)
-
-        return TrainStream(lines, model=self.name, progress=progress)
+        return self._stream(build_train_request(self.name, groups, _train_config(config, options)), progress,
+                            idle_timeout)
 
     def train_sync(
         self,
@@ -224,9 +222,8 @@ class TrainableModel:
         **options: Any,
     ) -> TrainResult:
         """`train` for sync code: runs the step and returns its result; `on_event` sees every event."""
-        body = build_train_request(self.name, groups, _train_config(config, options)).model_dump(mode="json")
-        lines = self._connection.stream_lines_sync("POST", "/_train_model", json=body, idle_timeout=idle_timeout)
-        return run_train_sync(lines, model=self.name, progress=progress, on_event=on_event)
+        return self._run_sync(build_train_request(self.name, groups, _train_config(config, options)), progress,
+                              on_event, idle_timeout)
 
     def train_sft(
         self,
@@ -243,12 +240,7 @@ class TrainableModel:
         Iterate or await it like `train`. `art.best_of_groups(groups)` picks examples from rollouts.
         """
         sft = _train_config(config, {"objective": "sft", **options} if config is None else {})
-        body = build_sft_request(self.name, examples, sft).model_dump(mode="json")
-
-        def lines() -> AsyncGenerator[str, None]:
-            return self._connection.stream_lines("POST", "/_train_model", json=body, idle_timeout=idle_timeout)
-
-        return TrainStream(lines, model=self.name, progress=progress)
+        return self._stream(build_sft_request(self.name, examples, sft), progress, idle_timeout)
 
     def train_sft_sync(
         self,
@@ -262,8 +254,51 @@ class TrainableModel:
     ) -> TrainResult:
         """`train_sft` for sync code."""
         sft = _train_config(config, {"objective": "sft", **options} if config is None else {})
-        body = build_sft_request(self.name, examples, sft).model_dump(mode="json")
-        lines = self._connection.stream_lines_sync("POST", "/_train_model", json=body, idle_timeout=idle_timeout)
+        return self._run_sync(build_sft_request(self.name, examples, sft), progress, on_event, idle_timeout)
+
+    def train_dpo(
+        self,
+        pairs: Iterable[Pair],
+        *,
+        config: TrainConfig | None = None,
+        progress: bool = True,
+        idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+        **options: Any,
+    ) -> TrainStream:
+        """Direct preference optimisation on `pairs`: `(chosen, rejected)` recorded trajectories (their exact
+        sampled tokens) or `{"prompt": [...], "chosen": ..., "rejected": ...}` messages. Options are
+        `DPOConfig` fields (`beta`, `loss_type`, `label_smoothing`, `reference="name@N"`, `reference_free`,
+        `learning_rate`, `epochs`, ...). Iterate or await it like `train`; `art.preference_pairs(groups)`
+        makes pairs from rollouts."""
+        dpo = _train_config(config, {"objective": "dpo", **options} if config is None else {})
+        return self._stream(build_dpo_request(self.name, pairs, dpo), progress, idle_timeout)
+
+    def train_dpo_sync(
+        self,
+        pairs: Iterable[Pair],
+        *,
+        config: TrainConfig | None = None,
+        progress: bool = True,
+        on_event: Callable[[AnyEvent], None] | None = None,
+        idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+        **options: Any,
+    ) -> TrainResult:
+        """`train_dpo` for sync code."""
+        dpo = _train_config(config, {"objective": "dpo", **options} if config is None else {})
+        return self._run_sync(build_dpo_request(self.name, pairs, dpo), progress, on_event, idle_timeout)
+
+    def _stream(self, request: TrainRequest, progress: bool, idle_timeout: float) -> TrainStream:
+        body = request.model_dump(mode="json")
+
+        def lines() -> AsyncGenerator[str, None]:
+            return self._connection.stream_lines("POST", "/_train_model", json=body, idle_timeout=idle_timeout)
+
+        return TrainStream(lines, model=self.name, progress=progress)
+
+    def _run_sync(self, request: TrainRequest, progress: bool, on_event: Callable[[AnyEvent], None] | None,
+                  idle_timeout: float) -> TrainResult:
+        lines = self._connection.stream_lines_sync("POST", "/_train_model", json=request.model_dump(mode="json"),
+                                                   idle_timeout=idle_timeout)
         return run_train_sync(lines, model=self.name, progress=progress, on_event=on_event)
 
     # --------------------------------------------------------------------------------- lifecycle

@@ -21,6 +21,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Discriminator,
     Field,
@@ -225,6 +226,35 @@ class SFTConfig(_TrainOptions):
     learning_rate: float = Field(1e-4, gt=0, le=1.0)
 
 
+STEP_REFERENCE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}@[0-9]{1,9}$"
+"""A model's step as `name@N` (its served name)."""
+
+
+class DPOConfig(_TrainOptions):
+    """DPO: raise the policy's log-likelihood ratio of chosen over rejected answers against a frozen reference.
+
+    `loss_type`: "sigmoid" (the DPO paper; `label_smoothing` > 0 is conservative DPO), "robust" (noise-robust
+    DPO: unbiased under `label_smoothing` flipped labels), "hinge" (SLiC), "ipo" (IPO, on mean token
+    logprobs). `reference`: the base model (adapter off) by default, or a step `"name@N"` of a model on the
+    same base; `reference_free`: no reference (the implicit reward is the policy's logprob alone).
+    """
+
+    objective: Literal["dpo"] = "dpo"
+    beta: float = Field(0.1, gt=0.0, le=100.0)
+    loss_type: Literal["sigmoid", "ipo", "hinge", "robust"] = "sigmoid"
+    label_smoothing: float = Field(0.0, ge=0.0, lt=0.5, description="The assumed fraction of flipped labels.")
+    reference_free: bool = False
+    reference: str | None = Field(None, pattern=STEP_REFERENCE_PATTERN)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> DPOConfig:
+        if self.reference_free and self.reference is not None:
+            raise ValueError("reference_free trains without a reference; do not also name one")
+        if self.label_smoothing and self.loss_type not in ("sigmoid", "robust"):
+            raise ValueError(f"label_smoothing applies to loss_type 'sigmoid' and 'robust', not {self.loss_type!r}")
+        return self
+
+
 def _objective_of(value: Any) -> str:
     # A config without "objective" is GRPO, as before objectives existed.
     if isinstance(value, dict):
@@ -236,13 +266,14 @@ TrainConfig = Annotated[
     Annotated[GRPOConfig, Tag("grpo")]
     | Annotated[CISPOConfig, Tag("cispo")]
     | Annotated[GSPOConfig, Tag("gspo")]
-    | Annotated[SFTConfig, Tag("sft")],
+    | Annotated[SFTConfig, Tag("sft")]
+    | Annotated[DPOConfig, Tag("dpo")],
     Discriminator(_objective_of),
 ]
 """A training job's options: one config class per objective, chosen by its `objective` field (default "grpo")."""
 
 TRAIN_CONFIG: TypeAdapter[TrainConfig] = TypeAdapter(TrainConfig)
-OBJECTIVES = ("grpo", "cispo", "gspo", "sft")
+OBJECTIVES = ("grpo", "cispo", "gspo", "sft", "dpo")
 """The `objective` names a `TrainConfig` may carry."""
 
 
@@ -305,33 +336,90 @@ class MessagesExample(_Strict):
         return self
 
 
+Messages = list[dict[str, Any]]
+
+
+def _as_messages(value: Any) -> Any:
+    # An answer may be given as its text: one assistant message.
+    return [{"role": "assistant", "content": value}] if isinstance(value, str) else value
+
+
+class RecordedPair(_Strict):
+    """A preference between two recorded trajectories of the same prompt: their exact sampled tokens."""
+
+    chosen_trajectory_id: TrajectoryId
+    rejected_trajectory_id: TrajectoryId
+
+    @model_validator(mode="after")
+    def _different(self) -> RecordedPair:
+        if self.chosen_trajectory_id == self.rejected_trajectory_id:
+            raise ValueError("the chosen and rejected trajectories are the same")
+        return self
+
+
+class MessagesPair(_Strict):
+    """A preference as chat messages (TRL's conversational format): the `prompt` messages, then the `chosen`
+    and the `rejected` continuation (assistant turns, with tool calls and results in between when any; a
+    string is one assistant message). Only the continuations' assistant tokens are scored."""
+
+    prompt: Messages = Field(min_length=1)
+    chosen: Annotated[Messages, BeforeValidator(_as_messages)] = Field(min_length=1)
+    rejected: Annotated[Messages, BeforeValidator(_as_messages)] = Field(min_length=1)
+    tools: list[dict[str, Any]] | None = None
+
+    @model_validator(mode="after")
+    def _usable(self) -> MessagesPair:
+        for side in ("chosen", "rejected"):
+            if not any(m.get("role") == "assistant" for m in getattr(self, side)):
+                raise ValueError(f"`{side}` has no assistant message to score")
+        if self.chosen == self.rejected:
+            raise ValueError("the chosen and rejected answers are the same")
+        return self
+
+
+def _pair_kind(value: Any) -> str:
+    recorded = isinstance(value, RecordedPair) or (isinstance(value, dict) and "chosen_trajectory_id" in value)
+    return "recorded" if recorded else "messages"
+
+
+PreferencePair = Annotated[
+    Annotated[RecordedPair, Tag("recorded")] | Annotated[MessagesPair, Tag("messages")],
+    Discriminator(_pair_kind),
+]
+"""A DPO pair: recorded (`chosen_trajectory_id`, `rejected_trajectory_id`) or as messages (`prompt`, ...)."""
+PAIR_KINDS = ("recorded", "messages")
+
+_DATA_FIELDS: dict[str, str] = {"sft": "examples", "dpo": "pairs"}
+_DATA_DESCRIPTIONS = {
+    "groups": "rewarded `groups`",
+    "examples": "`examples` (recorded trajectory ids or chat messages)",
+    "pairs": "preference `pairs` (chosen and rejected answers)",
+}
+
+
 class TrainRequest(_Strict):
-    """`POST /_train_model`: rewarded `groups` for the policy-gradient objectives, `examples` for SFT."""
+    """`POST /_train_model`: rewarded `groups` for the policy-gradient objectives, `examples` for SFT,
+    preference `pairs` for DPO."""
 
     model: ModelName
     config: TrainConfig = Field(default_factory=GRPOConfig)  # before the data: their checks read it
     groups: list[TrainGroup] = Field(default_factory=list, validate_default=True)
     examples: list[RecordedExample | MessagesExample] = Field(default_factory=list, validate_default=True)
+    pairs: list[PreferencePair] = Field(default_factory=list, validate_default=True)
 
-    @field_validator("groups", "examples")
+    @field_validator("groups", "examples", "pairs")
     @classmethod
     def _data_fits_the_objective(cls, value: list[Any], info: ValidationInfo) -> list[Any]:
         config = info.data.get("config")
         if config is None:
             return value  # the config itself was invalid: that error is reported
-        supervised = isinstance(config, SFTConfig)
-        if info.field_name == "groups":
-            if supervised and value:
-                raise ValueError("objective 'sft' trains on `examples` (recorded trajectory ids or chat messages), "
-                                 "not on rewarded `groups`")
-            if not supervised and not value:
-                raise ValueError(f"objective {config.objective!r} needs at least one rewarded group")
-        else:
-            if not supervised and value:
-                raise ValueError(f"`examples` are for objective 'sft'; objective {config.objective!r} trains on "
-                                 "rewarded `groups`")
-            if supervised and not value:
-                raise ValueError("objective 'sft' needs at least one example")
+        wanted = _DATA_FIELDS.get(config.objective, "groups")
+        if info.field_name == wanted and not value:
+            raise ValueError(f"objective {config.objective!r} trains on {_DATA_DESCRIPTIONS[wanted]}; "
+                             "send at least one")
+        if info.field_name != wanted and value:
+            raise ValueError(f"`{info.field_name}` are not for objective {config.objective!r}, which trains on "
+                             f"{_DATA_DESCRIPTIONS[wanted]}")
         return value
 
 

@@ -16,9 +16,9 @@ from artlike._cli import INSTALL_SERVER_HINT, main
 EXPECTED_EXPORTS = {
     # the workflow
     "TrainableModel", "Trajectory", "TrajectoryGroup", "gather_trajectory_groups", "choice_to_message",
-    "RetryPolicy", "__version__", "best_of_groups",
+    "RetryPolicy", "__version__", "best_of_groups", "preference_pairs",
     # wire types users read or build
-    "LoraConfig", "TrainConfig", "GRPOConfig", "CISPOConfig", "GSPOConfig", "SFTConfig",
+    "LoraConfig", "TrainConfig", "GRPOConfig", "CISPOConfig", "GSPOConfig", "SFTConfig", "DPOConfig",
     "ModelInfo", "StepInfo", "TrajectoryRecord", "StepRetention", "KeepBest",
     # the train stream
     "STREAM_VERSION", "TrainEvent", "StartEvent", "StatusEvent", "StepEvent", "DoneEvent", "ErrorEvent",

@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from artlike.types import (
     OBJECTIVES,
     CISPOConfig,
+    DPOConfig,
     GRPOConfig,
     GSPOConfig,
     SFTConfig,
@@ -204,5 +205,5 @@ def test_a_bad_config_field_is_named_as_the_caller_sent_it() -> None:
         with pytest.raises(InvalidRequest) as bad:
             parse_train_request(orjson.dumps({"model": "m", "groups": [group], "config": config}))
         assert bad.value.param == param
-    configs = (GRPOConfig, CISPOConfig, GSPOConfig, SFTConfig)
+    configs = (GRPOConfig, CISPOConfig, GSPOConfig, SFTConfig, DPOConfig)
     assert set(OBJECTIVES) == {config.model_fields["objective"].default for config in configs}

@@ -15,6 +15,8 @@ import copy
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +30,7 @@ from transformers import PreTrainedModel
 from artlike.types import LoraConfig
 from artlike_server.trainer.precision import MasterWeights
 
+REFERENCE_KEY = "reference"  # the PEFT adapter name of a reference step while it is in use
 WEIGHTS_FILE = "adapter_model.safetensors"
 CONFIG_FILE = "adapter_config.json"
 
@@ -166,6 +169,23 @@ class AdapterSlots:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         return out_dir
+
+    @contextmanager
+    def reference(self, adapter_dir: Path, active_model: str) -> Iterator[None]:
+        """Within the block the model is `adapter_dir`'s adapter (a step used as a reference policy, e.g. DPO's
+        `reference: "name@N"`); afterwards `active_model`'s adapter is active again and the reference is gone."""
+        config = _read_config(adapter_dir)
+        weights = _read_weights(adapter_dir)
+        self.model.add_adapter(REFERENCE_KEY, config, autocast_adapter_dtype=False)
+        try:
+            result: Any = set_peft_model_state_dict(self.model, weights, adapter_name=REFERENCE_KEY)
+            if result.unexpected_keys:
+                raise AdapterError(f"{adapter_dir} has unexpected keys, e.g. {result.unexpected_keys[:3]}")
+            self.model.set_adapter(REFERENCE_KEY)
+            yield
+        finally:
+            self.activate(active_model)
+            self.model.delete_adapter(REFERENCE_KEY)
 
     def parameters(self, model_name: str) -> list[torch.nn.Parameter]:
         key = self._slots[model_name].key

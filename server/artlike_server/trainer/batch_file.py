@@ -9,6 +9,7 @@ metadata map; no pickle). float32 keeps NaN, which marks unknown behaviour logpr
     offsets             int64   [num_sequences + 1]   sequence i is [offsets[i], offsets[i+1])
     advantages          float64 [num_sequences]
     group_indices       int64   [num_sequences]
+    preferences         int8    [num_sequences]       DPO: 1 chosen, -1 rejected, 0 not in a pair
     metadata["trajectory_ids"]  JSON list of str
 """
 
@@ -50,6 +51,7 @@ def write_batch(path: Path, sequences: Sequence[TrainSequence]) -> None:
         "offsets": offsets,
         "advantages": np.array([s.advantage for s in sequences], dtype=np.float64),
         "group_indices": np.array([s.group_index for s in sequences], dtype=np.int64),
+        "preferences": np.array([s.preference for s in sequences], dtype=np.int8),
     }
     metadata = {
         "format": FORMAT,
@@ -70,7 +72,9 @@ def read_batch(path: Path) -> list[TrainSequence]:
     offsets = arrays["offsets"].tolist()
     trajectory_ids = orjson.loads(metadata["trajectory_ids"])
     count = len(offsets) - 1
-    if not (len(arrays["advantages"]) == len(arrays["group_indices"]) == len(trajectory_ids) == count):
+    preferences = arrays.get("preferences", np.zeros(count, dtype=np.int8))
+    if not (len(arrays["advantages"]) == len(arrays["group_indices"]) == len(preferences)
+            == len(trajectory_ids) == count):
         raise BatchFileError(f"{path}: per-sequence arrays disagree on the number of sequences")
     token_ids = arrays["token_ids"].tolist()
     trainable = arrays["trainable"].astype(bool).tolist()
@@ -83,6 +87,7 @@ def read_batch(path: Path) -> list[TrainSequence]:
             advantage=float(arrays["advantages"][i]),
             trajectory_id=trajectory_ids[i],
             group_index=int(arrays["group_indices"][i]),
+            preference=int(preferences[i]),
         )
         for i in range(count)
     ]

@@ -18,9 +18,21 @@ from torch import nn
 from artlike.types import StepEvent, TrainConfig
 from artlike_server.trainer.logprobs import DEFAULT_CHUNK_TOKENS, supports_prefix_sharing, token_logprobs
 from artlike_server.trainer.objectives import PolicyBatch, build_objective
-from artlike_server.trainer.packing import MicroBatchPlan, plan_micro_batches, plan_optimizer_steps
+from artlike_server.trainer.packing import (
+    MicroBatchPlan,
+    pack_units,
+    plan_micro_batches,
+    plan_optimizer_steps,
+    units_of,
+)
 from artlike_server.trainer.precision import MasterWeights
-from artlike_server.trainer.prefixes import Family, first_needed_position, plan_families
+from artlike_server.trainer.prefixes import (
+    DEFAULT_CALL_OVERHEAD,
+    Family,
+    common_prefix_length,
+    first_needed_position,
+    plan_families,
+)
 from artlike_server.trainer.schedule import learning_rate_at
 from artlike_server.training.sequences import TrainSequence
 
@@ -40,6 +52,8 @@ class MicroBatch:
     behaviour_logprobs: torch.Tensor  # [B, T-1] float32, aligned with the targets
     advantages: torch.Tensor  # [B] float32
     prefix_ids: torch.Tensor | None = None  # [P] long: the tokens every row starts with (prefixes.py)
+    ref_logprobs: torch.Tensor | None = None  # [B, T-1] float32: the reference policy's, aligned with the targets
+    pairs: torch.Tensor | None = None  # [P, 2] long: (chosen row, rejected row) of each preference pair
 
     @property
     def decoder_positions(self) -> int:
@@ -54,12 +68,15 @@ def collate(
     device: torch.device | None = None,
     *,
     prefix_length: int = 0,
+    reference: Sequence[torch.Tensor] | None = None,
 ) -> MicroBatch:
     """Right-pad into tensors; per-token fields shift by one to align with next-token targets.
 
     The first token of a sequence has no context and is never a target, even if marked trainable. With
     `prefix_length` P > 0 the sequences share their first P tokens, which become `prefix_ids`; the rows
-    hold what follows (their targets start at token P + 1: nothing up to P may be trainable).
+    hold what follows (their targets start at token P + 1: nothing up to P may be trainable). `reference`
+    holds each sequence's reference logprobs ([num_tokens − 1], target-aligned: `reference_logprobs`).
+    Preference pairs among the sequences (`TrainSequence.preference`) become `pairs`.
     """
     if prefix_length:
         shared = sequences[0].token_ids[:prefix_length]
@@ -71,27 +88,49 @@ def collate(
     input_ids = torch.full((count, length), pad_token_id, dtype=torch.long)
     mask = torch.zeros((count, length - 1), dtype=torch.bool)
     behaviour = torch.zeros((count, length - 1), dtype=torch.float32)
+    ref = None if reference is None else torch.zeros((count, length - 1), dtype=torch.float32)
     for row, seq in enumerate(sequences):
         n = seq.num_tokens - prefix_length
         input_ids[row, :n] = torch.tensor(seq.token_ids[prefix_length:], dtype=torch.long)
         mask[row, : n - 1] = torch.tensor(seq.trainable[prefix_length + 1 :], dtype=torch.bool)
         behaviour[row, : n - 1] = torch.tensor(seq.behaviour_logprobs[prefix_length + 1 :], dtype=torch.float32)
+        if ref is not None and reference is not None:
+            ref[row, : n - 1] = reference[row][prefix_length:]
     advantages = torch.tensor([s.advantage for s in sequences], dtype=torch.float32)
     prefix_ids = torch.tensor(sequences[0].token_ids[:prefix_length], dtype=torch.long) if prefix_length else None
+    pairs = _pair_rows(sequences)
     return MicroBatch(
         input_ids=input_ids.to(device),
         mask=mask.to(device),
         behaviour_logprobs=behaviour.to(device),
         advantages=advantages.to(device),
         prefix_ids=None if prefix_ids is None else prefix_ids.to(device),
+        ref_logprobs=None if ref is None else ref.to(device),
+        pairs=None if pairs is None else pairs.to(device),
     )
+
+
+def _pair_rows(sequences: Sequence[TrainSequence]) -> torch.Tensor | None:
+    """[P, 2] (chosen row, rejected row) of the preference pairs among `sequences`; None when there are none."""
+    sides: dict[int, dict[int, int]] = {}
+    for row, seq in enumerate(sequences):
+        if seq.preference:
+            sides.setdefault(seq.group_index, {})[seq.preference] = row
+    if not sides:
+        return None
+    if any(set(side) != {1, -1} for side in sides.values()):
+        raise ValueError("a micro-batch holds half of a preference pair")
+    return torch.tensor([[side[1], side[-1]] for side in sides.values()], dtype=torch.long)
 
 
 def plan_step(sequences: Sequence[TrainSequence], token_budget: int, *, share_prefixes: bool) -> list[MicroBatchPlan]:
     """The micro-batches of one optimizer step: prefix families (when shared), the rest packed by length.
 
-    Sequences without a trainable target are left out: they contribute nothing to the loss.
+    Sequences without a trainable target are left out: they contribute nothing to the loss. Preference
+    pairs are planned whole (`_plan_pairs`).
     """
+    if any(s.preference for s in sequences):
+        return _plan_pairs(sequences, token_budget, share_prefixes=share_prefixes)
     needed = [first_needed_position(s.trainable) for s in sequences]
     trained = [i for i, position in enumerate(needed) if position is not None]
     lengths = [sequences[i].num_tokens for i in trained]
@@ -103,6 +142,59 @@ def plan_step(sequences: Sequence[TrainSequence], token_budget: int, *, share_pr
         MicroBatchPlan(tuple(trained[i] for i in plan.members), plan.prefix_length)
         for plan in plan_micro_batches(lengths, families, token_budget)
     ]
+
+
+def _plan_pairs(sequences: Sequence[TrainSequence], token_budget: int, *, share_prefixes: bool) -> list[MicroBatchPlan]:
+    """Micro-batches that hold whole preference pairs: a pair whose answers share a prompt of at least
+    `DEFAULT_CALL_OVERHEAD` tokens runs it once, in a micro-batch of its own; the other pairs are packed."""
+    units = units_of([s.group_index for s in sequences], [s.preference for s in sequences])
+    plans: list[MicroBatchPlan] = []
+    packed: list[list[int]] = []
+    for unit in units:
+        prefix = 0
+        if share_prefixes and len(unit) == 2:
+            first, second = (sequences[i] for i in unit)
+            needed = min(first_needed_position(first.trainable) or 0, first_needed_position(second.trainable) or 0)
+            prefix = min(needed, common_prefix_length(first.token_ids, second.token_ids))
+        if prefix >= DEFAULT_CALL_OVERHEAD:
+            plans.append(MicroBatchPlan(tuple(unit), prefix))
+        else:
+            packed.append(unit)
+    lengths = [s.num_tokens for s in sequences]
+    plans.extend(MicroBatchPlan(tuple(members)) for members in pack_units(packed, lengths, token_budget))
+    return plans
+
+
+def reference_logprobs(
+    model: nn.Module,
+    sequences: Sequence[TrainSequence],
+    reference: Callable[[], Any],
+    *,
+    pad_token_id: int,
+    token_budget: int,
+    device: torch.device | None = None,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    share_prefixes: bool = True,
+) -> list[torch.Tensor]:
+    """Every sequence's reference logprobs, computed once per job without gradient under `reference()`, in
+    eval mode (no adapter dropout). Each is [num_tokens − 1] float32 on the CPU, target-aligned (entry j is
+    token j + 1's), 0 where the target is not trainable."""
+    result = [torch.zeros(max(0, s.num_tokens - 1)) for s in sequences]
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad(), reference():
+            for plan in plan_step(sequences, token_budget, share_prefixes=share_prefixes):
+                batch = collate([sequences[i] for i in plan.members], pad_token_id, device,
+                                prefix_length=plan.prefix_length)  # fmt: skip
+                logprobs, _ = token_logprobs(model, batch.input_ids, mask=batch.mask, chunk_tokens=chunk_tokens,
+                                             prefix_ids=batch.prefix_ids)  # fmt: skip
+                for row, index in enumerate(plan.members):
+                    n = sequences[index].num_tokens - plan.prefix_length
+                    result[index][plan.prefix_length :] = logprobs[row, : n - 1].float().cpu()
+    finally:
+        model.train(was_training)
+    return result
 
 
 def validate_batch(sequences: Sequence[TrainSequence], vocab_size: int) -> None:
@@ -119,6 +211,21 @@ def validate_batch(sequences: Sequence[TrainSequence], vocab_size: int) -> None:
             raise BatchError(f"sequence {index} has a non-finite advantage")
     if not any(any(seq.trainable[1:]) for seq in sequences):
         raise BatchError("the batch has no trainable tokens")
+    for unit in units_of([s.group_index for s in sequences], [s.preference for s in sequences]):
+        sides = sorted(sequences[i].preference for i in unit)
+        if sides[0] != 0 and (sides != [-1, 1] or not all(any(sequences[i].trainable[1:]) for i in unit)):
+            raise BatchError(f"preference pair {sequences[unit[0]].group_index} needs one chosen and one rejected "
+                             "sequence, each with trainable tokens")
+
+
+def plan_job(sequences: Sequence[TrainSequence], config: TrainConfig) -> list[list[int]]:
+    """The sequences of each optimizer step of a job (`packing.plan_optimizer_steps`; pairs stay whole)."""
+    return plan_optimizer_steps(
+        [sum(s.trainable[1:]) for s in sequences],
+        epochs=config.epochs,
+        steps_per_epoch=config.gradient_steps_per_epoch,
+        units=units_of([s.group_index for s in sequences], [s.preference for s in sequences]),
+    )
 
 
 @dataclass
@@ -161,7 +268,8 @@ def run_optimizer_steps(
     """Train `epochs × gradient_steps_per_epoch` optimizer steps on `sequences`; call `on_step` after each.
 
     `config` names the objective (`objectives.build_objective`). `reference()` returns a context manager under
-    which `model` is the reference policy (the adapter disabled); it is used only when the objective needs it. `on_micro_batch(step, index, count)` reports
+    which `model` is the reference policy (the adapter disabled, or a reference adapter active); when the
+    objective needs it, every sequence's reference logprobs are computed once, before the first step. `on_micro_batch(step, index, count)` reports
     progress inside a step. Each step's `logprob_mismatch` is measured on its tokens before its update: in
     the first step that is pure engine/trainer drift, later it includes the updates made so far.
 
@@ -176,15 +284,16 @@ def run_optimizer_steps(
     optimized = [p for group in optimizer.param_groups for p in group["params"]]
     for group in optimizer.param_groups:
         group["weight_decay"] = config.weight_decay
-    plan = plan_optimizer_steps(
-        [sum(s.trainable[1:]) for s in sequences],
-        epochs=config.epochs,
-        steps_per_epoch=config.gradient_steps_per_epoch,
-    )
+    plan = plan_job(sequences, config)
     share_prefixes = config.share_prefixes and supports_prefix_sharing(model)
     objective = build_objective(config)
-    if objective.needs_reference and reference is None:
-        raise ValueError(f"the {objective.name} objective (as configured) needs a reference policy")
+    references: list[torch.Tensor] | None = None
+    if objective.needs_reference:
+        if reference is None:
+            raise ValueError(f"the {objective.name} objective (as configured) needs a reference policy")
+        references = reference_logprobs(model, sequences, reference, pad_token_id=pad_token_id,
+                                        token_budget=config.micro_batch_tokens, device=device,
+                                        chunk_tokens=chunk_tokens, share_prefixes=share_prefixes)  # fmt: skip
     events: list[StepEvent] = []
     optimizer.zero_grad(set_to_none=True)
     if master is not None:
@@ -202,21 +311,17 @@ def run_optimizer_steps(
         for mb_index, micro_batch in enumerate(micro_batches):
             if on_micro_batch is not None:
                 on_micro_batch(step_index, mb_index, len(micro_batches))
-            batch = collate([step_sequences[i] for i in micro_batch.members], pad_token_id, device,
-                            prefix_length=micro_batch.prefix_length)  # fmt: skip
+            members = [indices[i] for i in micro_batch.members]  # indices into `sequences`
+            batch = collate([sequences[i] for i in members], pad_token_id, device,
+                            prefix_length=micro_batch.prefix_length,
+                            reference=None if references is None else [references[i] for i in members])  # fmt: skip
             totals.decoder_positions += batch.decoder_positions
             logprobs, entropy = token_logprobs(  # [B, T-1] each, 0 where not trainable
                 model, batch.input_ids, mask=batch.mask, chunk_tokens=chunk_tokens, prefix_ids=batch.prefix_ids
             )
-            ref_logprobs = None
-            if objective.needs_reference and reference is not None:
-                with torch.no_grad(), reference():
-                    ref_logprobs, _ = token_logprobs(
-                        model, batch.input_ids, mask=batch.mask, chunk_tokens=chunk_tokens,
-                        prefix_ids=batch.prefix_ids,
-                    )  # fmt: skip
             out = objective.loss(
-                PolicyBatch(logprobs, batch.mask, batch.behaviour_logprobs, batch.advantages, ref_logprobs),
+                PolicyBatch(logprobs, batch.mask, batch.behaviour_logprobs, batch.advantages, batch.ref_logprobs,
+                            batch.pairs),
                 normalizer,
             )
             out.loss.backward()  # type: ignore[no-untyped-call]

@@ -62,17 +62,66 @@ def split_into_steps(trainable_tokens: Sequence[int], num_steps: int) -> list[li
     return [sorted(step) for step in steps]
 
 
-def count_gradient_steps(num_sequences: int, config: TrainConfig) -> int:
-    """How many optimizer steps a job of `num_sequences` sequences makes (as `plan_optimizer_steps`)."""
-    return config.epochs * min(config.gradient_steps_per_epoch, num_sequences)
+def count_gradient_steps(num_units: int, config: TrainConfig) -> int:
+    """How many optimizer steps a job of `num_units` units (`units_of`) makes (as `plan_optimizer_steps`)."""
+    return config.epochs * min(config.gradient_steps_per_epoch, num_units)
+
+
+def units_of(group_indices: Sequence[int], preferences: Sequence[int]) -> list[list[int]]:
+    """The indices that must stay together in one optimizer step and micro-batch: the two sequences of each
+    preference pair (same group index, preference ±1), every other sequence alone; in first-seen order.
+
+    >>> units_of([0, 0, 1, 1, 7], [1, -1, -1, 1, 0])
+    [[0, 1], [2, 3], [4]]
+    """
+    units: list[list[int]] = []
+    pair_unit: dict[int, list[int]] = {}
+    for index, (group, preference) in enumerate(zip(group_indices, preferences, strict=True)):
+        if preference == 0:
+            units.append([index])
+        elif group in pair_unit:
+            pair_unit[group].append(index)
+        else:
+            pair_unit[group] = [index]
+            units.append(pair_unit[group])
+    return units
 
 
 def plan_optimizer_steps(
-    trainable_tokens: Sequence[int], *, epochs: int, steps_per_epoch: int
+    trainable_tokens: Sequence[int],
+    *,
+    epochs: int,
+    steps_per_epoch: int,
+    units: Sequence[Sequence[int]] | None = None,
 ) -> list[list[int]]:
-    """All optimizer steps of a job: `epochs` passes over the same split of the batch."""
-    per_epoch = split_into_steps(trainable_tokens, steps_per_epoch)
+    """All optimizer steps of a job: `epochs` passes over the same split of the batch; `units` (`units_of`)
+    are never split between steps."""
+    if units is None:
+        units = [[index] for index in range(len(trainable_tokens))]
+    per_unit = split_into_steps([sum(trainable_tokens[i] for i in unit) for unit in units], steps_per_epoch)
+    per_epoch = [sorted(index for u in step for index in units[u]) for step in per_unit]
     return [list(step) for _ in range(epochs) for step in per_epoch]
+
+
+def pack_units(units: Sequence[Sequence[int]], lengths: Sequence[int], token_budget: int) -> list[list[int]]:
+    """`pack` for units that must share a micro-batch (preference pairs): first-fit-decreasing by a unit's
+    longest member, a micro-batch holding its units while rows × longest length <= token_budget.
+
+    >>> pack_units([[0, 1], [2, 3], [4, 5]], [100, 80, 30, 50, 60, 60], token_budget=300)
+    [[0, 1], [4, 5, 2, 3]]
+    """
+    longest = [max(lengths[i] for i in unit) for unit in units]
+    order = sorted(range(len(units)), key=lambda u: (-longest[u], u))
+    bins: list[list[int]] = []  # unit indices; the first is the longest
+    for u in order:
+        for members in bins:
+            rows = sum(len(units[m]) for m in members) + len(units[u])
+            if rows * longest[members[0]] <= token_budget:
+                members.append(u)
+                break
+        else:
+            bins.append([u])
+    return [[index for u in members for index in units[u]] for members in bins]
 
 
 @dataclass(frozen=True)

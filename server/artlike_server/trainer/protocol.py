@@ -10,7 +10,7 @@ command it stopped waiting for. Commands run one at a time, in order.
     {"cmd": "init_adapter", "id": 2, "model_name": "m", "lora": {LoraConfig}, "out_dir": "...", "seed": 0}
         -> {"event": "adapter_ready", "id": 2, "path": "...", "seconds": 0.4}
     {"cmd": "train", "id": 3, "model_name": "m", "adapter_dir": "...", "out_dir": "...",
-     "batch_path": "...", "config": {TrainConfig}}
+     "batch_path": "...", "config": {TrainConfig}, "reference_adapter_dir": null | "..."}
         -> {"event": "train_started", "id": 3, "num_gradient_steps": 2, "sequences": 8, "trainable_tokens": 900,
             "optimizer_state": "reused" | "fresh"}
         -> {"event": "progress", "id": 3, "gradient_step": 1, "micro_batch": 0, "micro_batches": 2}   (0..n)
@@ -66,6 +66,7 @@ class Train(_Command):
     out_dir: str
     batch_path: str
     config: TrainConfig
+    reference_adapter_dir: str | None = None  # the step named by the config's `reference` (DPO)
 
 
 Command = Annotated[Ping | Shutdown | InitAdapter | Train, Field(discriminator="cmd")]

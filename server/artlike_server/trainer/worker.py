@@ -21,6 +21,9 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from functools import partial
 from pathlib import Path
 from typing import Any, BinaryIO, cast
 
@@ -33,8 +36,7 @@ from artlike_server.hardware import DTYPE_CHOICES, resolve_dtype
 from artlike_server.trainer import protocol
 from artlike_server.trainer.adapters import AdapterSlots, check_writable, peft_lora_config
 from artlike_server.trainer.batch_file import read_batch
-from artlike_server.trainer.loop import run_optimizer_steps, validate_batch
-from artlike_server.trainer.packing import plan_optimizer_steps
+from artlike_server.trainer.loop import plan_job, run_optimizer_steps, validate_batch
 
 logger = logging.getLogger("artlike.trainer")
 
@@ -144,9 +146,10 @@ class Worker:
         model = self._adapters.model
         config = command.config
         trainable = [sum(s.trainable[1:]) for s in sequences]
-        plan = plan_optimizer_steps(
-            trainable, epochs=config.epochs, steps_per_epoch=config.gradient_steps_per_epoch
-        )
+        plan = plan_job(sequences, config)
+        reference: Callable[[], AbstractContextManager[Any]] = model.disable_adapter
+        if command.reference_adapter_dir is not None:
+            reference = partial(self._adapters.reference, Path(command.reference_adapter_dir), command.model_name)
         self._events.emit(protocol.TrainStarted(
             id=command.id,
             num_gradient_steps=len(plan),
@@ -163,7 +166,7 @@ class Worker:
                 config,
                 pad_token_id=self._pad_token_id,
                 device=self._device,
-                reference=model.disable_adapter,
+                reference=reference,
                 master=slot.master,
                 on_step=lambda event: self._events.emit(protocol.Step(id=command.id, **event.model_dump())),
                 on_micro_batch=lambda step, index, count: self._events.emit(protocol.Progress(

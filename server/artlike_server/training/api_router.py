@@ -17,7 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import StreamingResponse
 from pydantic import ValidationError
 
-from artlike.types import OBJECTIVES, STREAM_VERSION, TrainRequest
+from artlike.types import OBJECTIVES, PAIR_KINDS, STREAM_VERSION, TrainRequest
 
 from ..errors import validation_error
 from ..state import get_state
@@ -49,11 +49,13 @@ def parse_train_request(raw: bytes) -> TrainRequest:
 
 
 def _without_union_tag(error: Any) -> Any:
-    """pydantic puts the config union's tag in the location (`config.grpo.learning_rate`); callers sent
-    `config.learning_rate`, so that is the parameter to name."""
+    """pydantic puts a union's tag in the location (`config.grpo.learning_rate`, `pairs.0.messages.prompt`);
+    callers sent `config.learning_rate` and `pairs.0.prompt`, so that is the parameter to name."""
     loc = tuple(error.get("loc", ()))
     if len(loc) > 2 and loc[0] == "config" and loc[1] in OBJECTIVES:
         return {**error, "loc": (loc[0], *loc[2:])}
+    if len(loc) > 2 and loc[0] == "pairs" and loc[2] in PAIR_KINDS:  # pairs.0.recorded.chosen_trajectory_id
+        return {**error, "loc": (*loc[:2], *loc[3:])}
     return error
 
 

@@ -28,9 +28,11 @@ from pydantic import BaseModel
 
 from artlike.types import (
     DoneEvent,
+    DPOConfig,
     ErrorEvent,
     OfflineTrajectory,
     RecordedExample,
+    RecordedPair,
     SFTConfig,
     StartEvent,
     StatusEvent,
@@ -48,7 +50,7 @@ from ..models.manager import AdapterRefused, ModelManager, served_name
 from ..models.store import ModelStore
 from ..trainer import protocol
 from ..trainer.batch_file import write_batch
-from ..trainer.packing import count_gradient_steps
+from ..trainer.packing import count_gradient_steps, units_of
 from .advantages import group_advantages, is_zero_variance
 from .sequences import SequenceBuildError, TrainSequence, sequences_from_completions, sequences_from_offline
 from .trainer_client import TrainerCrashed, TrainerError, TrainerProcess, TrainerTimeout
@@ -83,6 +85,7 @@ class PreparedJob:
     rewards: list[float]
     metrics: dict[str, float]
     num_gradient_steps: int
+    reference_adapter_dir: Path | None = None  # the step a DPO config's `reference` names
 
     @cached_property  # summed once: a large batch has millions of tokens, and the event loop reads this
     def trainable_tokens(self) -> int:
@@ -162,18 +165,17 @@ class TrainingService:
         if from_step is None:
             raise NotFound(f"model {request.model!r} has no servable step", param="model", code="model_not_found")
 
-        supervised = isinstance(request.config, SFTConfig)
-        data_param = "examples" if supervised else "groups"
-        ids = (
-            [e.trajectory_id for e in request.examples if isinstance(e, RecordedExample)]
-            if supervised
-            else [t.trajectory_id for g in request.groups for t in g.trajectories if isinstance(t, TrajectoryRef)]
-        )
-        if len(set(ids)) != len(ids):
+        config = request.config
+        data_param = "examples" if isinstance(config, SFTConfig) else "pairs" if isinstance(config, DPOConfig) \
+            else "groups"
+        reference_adapter_dir = self._reference_step(request.model, config)
+        ids = _recorded_ids(request)
+        if len(set(ids)) != len(ids) and not isinstance(config, DPOConfig):  # a pair's answer may recur in others
             # Counted in one pass: a body may hold hundreds of thousands of ids.
             dup = next(i for i, count in Counter(ids).items() if count > 1)
             raise InvalidRequest(f"trajectory {dup!r} appears more than once", param=data_param,
                                  code="duplicate_trajectory")
+        ids = list(dict.fromkeys(ids))
         try:
             # Without request bodies, and refused before anything is loaded when over the limits.
             records = await self.completion_log.read_for_training(
@@ -188,7 +190,7 @@ class TrainingService:
                            param=data_param, code="trajectory_not_found")
 
         # Tokenizing offline trajectories and merging turns is CPU work: off the event loop.
-        build = self._build_examples if supervised else self._build
+        build = {"examples": self._build_examples, "pairs": self._build_pairs}.get(data_param, self._build)
         sequences, skipped, rewards, metric_values = await asyncio.to_thread(build, request, records)
         if request.groups and skipped == len(request.groups):
             raise InvalidRequest(
@@ -198,7 +200,8 @@ class TrainingService:
         if not sequences:
             raise InvalidRequest("no trainable tokens: every completion was masked (e.g. mask_truncated and all "
                                  "completions hit max_tokens)", param=data_param, code="no_trainable_tokens")
-        num_gradient_steps = count_gradient_steps(len(sequences), request.config)
+        units = units_of([s.group_index for s in sequences], [s.preference for s in sequences])
+        num_gradient_steps = count_gradient_steps(len(units), request.config)
         if num_gradient_steps > self.limits.max_gradient_steps:
             raise InvalidRequest(
                 f"this job would make {num_gradient_steps} optimizer steps (epochs x gradient_steps_per_epoch, "
@@ -206,18 +209,33 @@ class TrainingService:
                 "(--max-gradient-steps)", param="config.epochs", code="too_many_gradient_steps")
         return PreparedJob(
             model=request.model, from_step=from_step, config=request.config, sequences=sequences,
-            trajectories=len(request.examples) + sum(len(g.trajectories) for g in request.groups),
+            trajectories=len(request.examples) + 2 * len(request.pairs)
+            + sum(len(g.trajectories) for g in request.groups),
             groups=len(request.groups),
             groups_skipped=skipped, rewards=rewards,
             metrics={k: statistics.fmean(v) for k, v in metric_values.items()},
-            num_gradient_steps=num_gradient_steps,
+            num_gradient_steps=num_gradient_steps, reference_adapter_dir=reference_adapter_dir,
         )
+
+    def _reference_step(self, model: str, config: TrainConfig) -> Path | None:
+        """The adapter directory of the step a DPO config names as its reference; 4xx when it cannot be used."""
+        if not isinstance(config, DPOConfig) or config.reference is None:
+            return None
+        name, _, number = config.reference.rpartition("@")
+        reference_model = self.store.get(name)
+        if reference_model is None or int(number) not in self.store.committed_steps(name):
+            raise NotFound(f"the reference step {config.reference!r} does not exist", param="config.reference",
+                           code="reference_not_found")
+        if reference_model.base_model != self.store.require(model).base_model:
+            raise InvalidRequest(f"the reference {config.reference!r} is an adapter of another base model",
+                                 param="config.reference", code="invalid_reference")
+        return self.store.step_dir(name, int(number))
 
     def _build(self, request: TrainRequest, records: dict[str, list[Any]]
                ) -> tuple[list[TrainSequence], int, list[float], dict[str, list[float]]]:
         """Sequences, groups skipped, rewards and metrics of a request (runs in a worker thread)."""
         config = request.config
-        assert not isinstance(config, SFTConfig), "SFT examples are built by _build_examples"
+        assert not isinstance(config, SFTConfig | DPOConfig), "examples and pairs have their own builders"
         sequences: list[TrainSequence] = []
         skipped = 0
         rewards: list[float] = []
@@ -275,6 +293,45 @@ class TrainingService:
                     raise InvalidRequest(f"{name}: {error}", param=name, code="invalid_example") from None
             self._check_lengths(built, name, name)
             sequences.extend(s for s in built if s.num_trainable_tokens > 0)
+        return sequences, 0, [], {}
+
+    def _build_pairs(self, request: TrainRequest, records: dict[str, list[Any]]
+                     ) -> tuple[list[TrainSequence], int, list[float], dict[str, list[float]]]:
+        """DPO sequences of a request's pairs (runs in a worker thread): each answer is one sequence, the chosen
+        side `preference` 1 and the rejected -1, both with the pair's index as `group_index`."""
+        sequences: list[TrainSequence] = []
+        for index, pair in enumerate(request.pairs):
+            name = f"pairs[{index}]"
+            sides = []
+            for side, preference in (("chosen", 1), ("rejected", -1)):
+                if isinstance(pair, RecordedPair):
+                    trajectory_id = pair.chosen_trajectory_id if preference == 1 else pair.rejected_trajectory_id
+                    built = sequences_from_completions(records[trajectory_id], 0.0, mask_truncated=False,
+                                                       group_index=index)
+                else:
+                    offline = OfflineTrajectory(messages=[*pair.prompt, *getattr(pair, side)], tools=pair.tools,
+                                                reward=0.0)
+                    try:
+                        with self._tokenizer_lock:
+                            built = sequences_from_offline(offline, self._tokenizer(), 0.0,
+                                                           chat_template=self._chat_template, group_index=index,
+                                                           context_messages=len(pair.prompt))
+                    except SequenceBuildError as error:
+                        raise InvalidRequest(f"{name}.{side}: {error}", param=f"{name}.{side}",
+                                             code="invalid_pair") from None
+                if len(built) != 1:
+                    raise InvalidRequest(
+                        f"{name}.{side} makes {len(built)} training sequences; each answer of a pair must be one "
+                        "conversation whose turns extend each other token for token", param=f"{name}.{side}",
+                        code="invalid_pair")
+                self._check_lengths(built, f"{name}.{side}", f"{name}.{side}")
+                built[0].preference = preference
+                sides.append(built[0])
+            chosen, rejected = sides
+            if (chosen.token_ids, chosen.trainable) == (rejected.token_ids, rejected.trainable):
+                raise InvalidRequest(f"{name}: the chosen and rejected answers are the same tokens",
+                                     param=name, code="invalid_pair")
+            sequences.extend(sides)
         return sequences, 0, [], {}
 
     def _check_lengths(self, built: list[TrainSequence], name: str, param: str) -> None:
@@ -337,6 +394,7 @@ class TrainingService:
                 out_dir=staging,
                 batch_path=batch_path,
                 config=p.config,
+                reference_adapter_dir=p.reference_adapter_dir,
             )
             async with aclosing(events):
                 async for event in events:
@@ -381,6 +439,16 @@ class TrainingService:
                 staging.with_suffix(".batch").unlink(missing_ok=True)
             del self._active[p.model]
             job.emit(_STREAM_END)  # type: ignore[arg-type]
+
+
+def _recorded_ids(request: TrainRequest) -> list[str]:
+    """The recorded trajectory ids a request trains on, in order (a DPO answer may appear in several pairs)."""
+    if isinstance(request.config, SFTConfig):
+        return [e.trajectory_id for e in request.examples if isinstance(e, RecordedExample)]
+    if isinstance(request.config, DPOConfig):
+        return [i for p in request.pairs if isinstance(p, RecordedPair)
+                for i in (p.chosen_trajectory_id, p.rejected_trajectory_id)]
+    return [t.trajectory_id for g in request.groups for t in g.trajectories if isinstance(t, TrajectoryRef)]
 
 
 def _error_code(error: Exception) -> str:

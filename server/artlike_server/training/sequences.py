@@ -38,7 +38,8 @@ class TrainSequence:
     behaviour_logprobs: list[float]  # per token: sampling logprob; 0.0 where not trainable, NaN when unknown
     advantage: float
     trajectory_id: str = ""
-    group_index: int = 0
+    group_index: int = 0  # the group (or, for a preference pair, the pair) the sequence belongs to
+    preference: int = 0  # DPO: 1 the chosen side of pair `group_index`, -1 the rejected side, 0 not in a pair
 
     @property
     def num_tokens(self) -> int:
@@ -157,9 +158,11 @@ def sequences_from_offline(
     chat_template: str | None = None,
     group_index: int = 0,
     last_turn_only: bool = False,
+    context_messages: int = 0,
 ) -> list[TrainSequence]:
     """Sequences of an offline trajectory: every assistant message is a turn, trained on its tokens
-    (`last_turn_only`: the last assistant message only, the others are context).
+    (`last_turn_only`: the last assistant message only; `context_messages`: none of the first N messages;
+    the others are context).
 
     The prompt of assistant message i is the chat template applied to messages[:i] with the generation
     prompt. Its output ids are the message's `token_ids` when given; otherwise what the chat template renders
@@ -189,7 +192,8 @@ def sequences_from_offline(
                 f"messages[{index}] has {len(output_ids)} tokens but {len(output_logprobs)} logprobs"
                 + ("" if "token_ids" in message else " (send token_ids with logprobs)")
             )
-        turns.append(Turn(prompt_ids=prompt_ids, output_ids=output_ids, output_logprobs=output_logprobs))
+        turns.append(Turn(prompt_ids=prompt_ids, output_ids=output_ids, output_logprobs=output_logprobs,
+                          trainable=index >= context_messages))
     if last_turn_only:
         turns = [Turn(t.prompt_ids, t.output_ids, t.output_logprobs, trainable=i == len(turns) - 1)
                  for i, t in enumerate(turns)]

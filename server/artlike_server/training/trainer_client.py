@@ -148,9 +148,11 @@ class TrainerProcess:
             return ready
 
     async def train(
-        self, model_name: str, adapter_dir: Path, out_dir: Path, batch_path: Path, config: TrainConfig
+        self, model_name: str, adapter_dir: Path, out_dir: Path, batch_path: Path, config: TrainConfig,
+        reference_adapter_dir: Path | None = None,
     ) -> AsyncGenerator[protocol.TrainEvent, None]:
         """Train from `adapter_dir` on the batch file; yields the worker's events, ending with `saved`.
+        `reference_adapter_dir`: the step the config's `reference` names (else the base model is the reference).
 
         Events: `train_started`, `progress` (per micro-batch), `step` (StepEvent fields, per optimizer step),
         `heartbeat` (from this client, when the worker is quiet) and finally `saved` (`path`). Use it
@@ -165,6 +167,7 @@ class TrainerProcess:
                 out_dir=str(out_dir),
                 batch_path=str(batch_path),
                 config=config,
+                reference_adapter_dir=None if reference_adapter_dir is None else str(reference_adapter_dir),
             )
             try:
                 await self._send(command)

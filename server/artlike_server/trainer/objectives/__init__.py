@@ -11,6 +11,10 @@ job's config (`artlike.types.TrainConfig`, a union on `objective`) to its adapte
     cispo       cispo.py   CISPOConfig            clipped, detached importance weight × REINFORCE
     gspo        gspo.py    GSPOConfig             PPO clip on the sequence-level ratio
     sft         sft.py     SFTConfig              cross-entropy on the examples' assistant tokens
+    dpo         dpo.py     DPOConfig              preference loss on pairs' log-ratios to the reference
+
+Pair structure comes with the data, not the objective: sequences of a preference pair (`TrainSequence.preference`)
+always share an optimizer step and a micro-batch, and `PolicyBatch.pairs` names their rows.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from typing import Any, Protocol
 
 import torch
 
-from artlike.types import CISPOConfig, GRPOConfig, GSPOConfig, SFTConfig, TrainConfig
+from artlike.types import CISPOConfig, DPOConfig, GRPOConfig, GSPOConfig, SFTConfig, TrainConfig
 
 
 @dataclass(frozen=True)
@@ -33,6 +37,7 @@ class PolicyBatch:
     behaviour_logprobs: torch.Tensor  # [B, T] the sampler's logprob (NaN: unknown)
     advantages: torch.Tensor  # [B]
     ref_logprobs: torch.Tensor | None = None  # [B, T] the reference policy's, when the objective needs it
+    pairs: torch.Tensor | None = None  # [P, 2] long: (chosen row, rejected row) of each preference pair
 
 
 @dataclass(frozen=True)
@@ -82,11 +87,12 @@ class Objective(Protocol):
 
 def _builders() -> dict[type, Callable[[Any], Objective]]:
     from artlike_server.trainer.objectives.cispo import CISPO
+    from artlike_server.trainer.objectives.dpo import DPO
     from artlike_server.trainer.objectives.grpo import GRPO
     from artlike_server.trainer.objectives.gspo import GSPO
     from artlike_server.trainer.objectives.sft import SFT
 
-    return {GRPOConfig: GRPO, CISPOConfig: CISPO, GSPOConfig: GSPO, SFTConfig: SFT}
+    return {GRPOConfig: GRPO, CISPOConfig: CISPO, GSPOConfig: GSPO, SFTConfig: SFT, DPOConfig: DPO}
 
 
 def build_objective(config: TrainConfig) -> Objective:

@@ -1,0 +1,128 @@
+"""DPO through `/_train_model` (objective "dpo") on the real trainer and engine.
+
+Pairs of one kind (agree to help, politely, over refusing) train a few steps; on held-out pairs of the same
+kind, scored by the served step's own prompt logprobs, the chosen-minus-rejected logprob margin rises, and
+the step metrics' `reward_accuracy` rises from 0 (the policy starts equal to its reference). A second job on
+recorded pairs uses the trained step as its reference (`reference: "name@1"`): its first step starts at
+zero rewards again. Pairs the trainer cannot use are refused before any work. Uses the session fixture
+`server` (tests/conftest.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import uuid4
+
+import httpx
+import pytest
+
+import artlike as art
+
+from .engine_helpers import engine_connection
+
+pytestmark = pytest.mark.integration
+
+TASKS = ["my homework", "a cover letter", "my garden", "a birthday speech", "my tax form", "a bug in my code",
+         "a recipe", "my bike", "a poem", "a travel plan"]
+HELD_OUT = ["my resume", "a science project", "a wedding toast", "my budget"]
+
+
+def pair(task: str) -> dict[str, Any]:
+    return {"prompt": [{"role": "user", "content": f"Can you help me with {task}?"}],
+            "chosen": f"Yes, gladly! Let us work on {task} together.",
+            "rejected": f"No. I will not help you with {task}."}
+
+
+async def answer_logprob(http: httpx.AsyncClient, model: str, prompt: list[dict[str, Any]], answer: str) -> float:
+    """log π(answer | prompt) under the served `model`: the engine's prompt logprobs of the answer's tokens."""
+    async def tokens(messages: list[dict[str, Any]], generation_prompt: bool) -> list[int]:
+        reply = await http.post("/tokenize", json={"model": model, "messages": messages,
+                                                    "add_generation_prompt": generation_prompt})
+        reply.raise_for_status()
+        return list(reply.json()["tokens"])
+
+    context = await tokens(prompt, True)
+    full = await tokens([*prompt, {"role": "assistant", "content": answer}], False)
+    assert full[: len(context)] == context
+    reply = await http.post("/v1/completions", json={"model": model, "prompt": full, "max_tokens": 1,
+                                                     "temperature": 0, "prompt_logprobs": 0})
+    reply.raise_for_status()
+    scored = reply.json()["choices"][0]["prompt_logprobs"]
+    return sum(scored[i][str(full[i])]["logprob"] for i in range(len(context), len(full)))
+
+
+async def held_out_margin(http: httpx.AsyncClient, model: str) -> float:
+    margins = []
+    for task in HELD_OUT:
+        p = pair(task)
+        margins.append(await answer_logprob(http, model, p["prompt"], p["chosen"])
+                       - await answer_logprob(http, model, p["prompt"], p["rejected"]))
+    return sum(margins) / len(margins)
+
+
+async def test_dpo_prefers_the_chosen_kind_on_held_out_pairs(server: Any) -> None:
+    model = art.TrainableModel(f"dpo-{uuid4().hex[:8]}", server.model_id, server.base_url, api_key=server.api_key,
+                               lora=art.LoraConfig(rank=8))
+    await model.register()
+    engine = engine_connection(server)
+    async with httpx.AsyncClient(base_url=engine.base_url, headers=engine.headers, timeout=120) as http:
+        before = await held_out_margin(http, f"{model.name}@0")
+        result = await model.train_dpo([pair(task) for task in TASKS], beta=0.1, learning_rate=3e-4, epochs=3,
+                                       gradient_steps_per_epoch=2, progress=False)
+        assert result.trained and result.step == 1
+        steps = result.metrics
+        assert len(steps) == 6 and all(s.objective == "dpo" for s in steps)
+        first, last = steps[0].metrics, steps[-1].metrics
+        assert first["reward_accuracy"] == 0.0 and abs(first["reward_margin"]) < 1e-3  # policy == reference
+        assert last["reward_accuracy"] >= 0.8 and last["reward_margin"] > 0.05, last
+        after = await held_out_margin(http, f"{model.name}@1")
+    assert after > before + 1.0, (before, after)
+
+    # Recorded pairs (their exact sampled tokens), with the trained step as the reference.
+    recorded = []
+    for task in HELD_OUT[:2]:
+        answers = []
+        for temperature in (0.0, 1.5):  # two different answers to one prompt
+            async with model.trajectory() as t:
+                await t.async_openai_client().chat.completions.create(
+                    model=model.name, messages=pair(task)["prompt"], temperature=temperature, max_tokens=12,
+                    seed=7)  # type: ignore[arg-type]
+            answers.append(t)
+        recorded.append((answers[0], answers[1]))
+    second = await model.train_dpo(recorded, reference=f"{model.name}@1", learning_rate=1e-4, progress=False)
+    assert second.trained and second.step == 2
+    assert abs(second.metrics[0].metrics["reward_margin"]) < 1e-3  # step 1 is both the policy and the reference
+
+
+async def test_pairs_dpo_cannot_use_are_refused(server: Any) -> None:
+    model = art.TrainableModel(f"dpo-bad-{uuid4().hex[:8]}", server.model_id, server.base_url,
+                               api_key=server.api_key)
+    await model.register()
+    same = []
+    for _ in range(2):  # greedy: the same tokens twice, under two trajectory ids
+        async with model.trajectory() as t:
+            await t.async_openai_client().chat.completions.create(
+                model=model.name, messages=[{"role": "user", "content": "Say yes."}], temperature=0, max_tokens=4)
+        same.append(t)
+    async with httpx.AsyncClient(base_url=server.base_url, headers=server.headers, timeout=60) as http:
+        cases = [
+            ({"pairs": [{"chosen_trajectory_id": same[0].id, "rejected_trajectory_id": same[1].id}]},
+             "pairs[0]", "invalid_pair"),
+            ({"pairs": [pair("a poem")], "groups": [{"trajectories": [{"trajectory_id": same[0].id, "reward": 1}]}]},
+             "groups", None),
+            ({}, "pairs", None),
+            ({"pairs": [{**pair("a poem"), "rejected": [{"role": "user", "content": "hm"}]}]}, "pairs.0", None),
+        ]
+        for body, param, code in cases:
+            reply = await http.post("/_train_model", json={"model": model.name, "config": {"objective": "dpo"},
+                                                           **body})
+            assert reply.status_code == 400, reply.text
+            error = reply.json()["error"]
+            assert error["param"] == param, error
+            if code is not None:
+                assert error["code"] == code, error
+        reply = await http.post("/_train_model", json={"model": model.name, "pairs": [pair("a poem")],
+                                                       "config": {"objective": "dpo", "reference": f"{model.name}@9"}})
+        assert reply.status_code == 404 and reply.json()["error"]["param"] == "config.reference", reply.text
+        steps = await http.get(f"/v1/trainable_models/{model.name}/steps")
+        assert [s["step"] for s in steps.json()["data"]] == [0]  # nothing was trained
