@@ -39,6 +39,8 @@ from .state import AppState, get_state
 from .tokenizer import load_chat_tokenizer
 from .training.api_router import router as training_router
 from .training.job import TrainingLimits, TrainingService
+from .training.sessions import TrainingSessions
+from .training.sessions_router import router as sessions_router
 from .training.trainer_client import TrainerProcess
 
 log = logging.getLogger(__name__)
@@ -83,10 +85,13 @@ def create_app(settings: ServerSettings, *, on_fatal: Callable[[BaseException], 
                                                         settings.log_prune_interval_s,
                                                         on_pruned=_prune_responses(state, settings)),
                                      name="log-prune")
+        reaper = asyncio.create_task(_reap_idle_sessions(state), name="session-reaper")
         try:
             yield
         finally:
             starter.cancel()
+            reaper.cancel()
+            await state.sessions.shutdown()
             await state.training.shutdown()  # usually done already (begin_shutdown); a running job holds the trainer
             pruner.cancel()
             await state.trainer.stop()
@@ -106,6 +111,7 @@ def create_app(settings: ServerSettings, *, on_fatal: Callable[[BaseException], 
     app.include_router(openai_router)
     app.include_router(models_router)
     app.include_router(training_router)
+    app.include_router(sessions_router)
     app.include_router(metrics_router)
     app.add_api_route("/health", health, methods=["GET"])
     return app
@@ -140,10 +146,24 @@ def _build_state(settings: ServerSettings, metrics: Metrics) -> AppState:
     training = TrainingService(store, models, completion_log, trainer, metrics, _tokenizer_loader(settings),
                                chat_template=chat_template, limits=limits)
     response_store = ResponseStore(settings.data_dir / "responses.sqlite")
+    sessions = TrainingSessions(store, models, completion_log, trainer, training)
     return AppState(settings=settings, engine=engine, engine_client=engine_client, store=store, models=models,
-                    log=completion_log, metrics=metrics, trainer=trainer, training=training,
+                    log=completion_log, metrics=metrics, trainer=trainer, training=training, sessions=sessions,
                     response_store=response_store,
                     dialects={"responses": ResponsesDialect(response_store), "messages": MessagesDialect()})
+
+
+SESSION_REAP_INTERVAL_S = 5.0
+
+
+async def _reap_idle_sessions(state: AppState) -> None:
+    """End training sessions left idle past their timeout; a failure is logged and the loop goes on."""
+    while True:
+        await asyncio.sleep(SESSION_REAP_INTERVAL_S)
+        try:
+            await state.sessions.reap_idle()
+        except Exception:
+            log.exception("ending idle training sessions failed")
 
 
 def _prune_responses(state: AppState, settings: ServerSettings) -> Callable[[Any], None] | None:

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from .openai_api.response_store import ResponseStore
     from .settings import ServerSettings
     from .training.job import TrainingService
+    from .training.sessions import TrainingSessions
     from .training.trainer_client import TrainerProcess
 
 
@@ -32,6 +33,7 @@ class AppState:
     metrics: Metrics
     trainer: TrainerProcess
     training: TrainingService
+    sessions: TrainingSessions
     response_store: ResponseStore
     dialects: dict[str, Dialect] = field(default_factory=dict)  # APIs served by translation, by route name
 

@@ -35,10 +35,12 @@ from ._errors import (
 from ._gather import gather_trajectory_groups
 from ._http import RetryPolicy
 from ._model import TrainableModel
+from ._session import TrainingSession
 from ._sft import best_of_groups
 from ._train import TrainResult, TrainStream, UnknownEvent, parse_event
 from ._trajectory import Trajectory, TrajectoryGroup, choice_to_message
 from ._version import __version__
+from .session_types import AdamParams, OptimStepResult, PassResult, SavedState, SessionInfo, SessionSequence
 from .types import (
     STREAM_VERSION,
     CISPOConfig,
@@ -66,6 +68,7 @@ __all__ = [
     "APIConnectionError",
     "APIError",
     "APITimeoutError",
+    "AdamParams",
     "ArtlikeError",
     "AuthenticationError",
     "BadRequestError",
@@ -81,10 +84,15 @@ __all__ = [
     "LoraConfig",
     "ModelInfo",
     "NotFoundError",
+    "OptimStepResult",
+    "PassResult",
     "PayloadTooLargeError",
     "RetryPolicy",
     "SFTConfig",
+    "SavedState",
     "ServiceUnavailableError",
+    "SessionInfo",
+    "SessionSequence",
     "StartEvent",
     "StatusEvent",
     "StepEvent",
@@ -96,6 +104,7 @@ __all__ = [
     "TrainStream",
     "TrainableModel",
     "TrainingError",
+    "TrainingSession",
     "Trajectory",
     "TrajectoryGroup",
     "TrajectoryRecord",

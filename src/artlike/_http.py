@@ -154,10 +154,11 @@ class Connection:
 
     async def request(
         self, method: str, path: str, *, json: Any = None, params: dict[str, Any] | None = None,
-        idempotent: bool | None = None,
+        idempotent: bool | None = None, request_timeout: httpx.Timeout | None = None,
     ) -> httpx.Response:
         """Send, retrying transient failures; the body is read. Raises a typed error for error statuses."""
-        async with self.stream(method, path, json=json, params=params, idempotent=idempotent) as response:
+        async with self.stream(method, path, json=json, params=params, idempotent=idempotent,
+                               request_timeout=request_timeout) as response:
             await response.aread()
         return response
 
@@ -212,9 +213,10 @@ class Connection:
 
     def request_sync(
         self, method: str, path: str, *, json: Any = None, params: dict[str, Any] | None = None,
-        idempotent: bool | None = None,
+        idempotent: bool | None = None, request_timeout: httpx.Timeout | None = None,
     ) -> httpx.Response:
-        with self.stream_sync(method, path, json=json, params=params, idempotent=idempotent) as response:
+        with self.stream_sync(method, path, json=json, params=params, idempotent=idempotent,
+                              request_timeout=request_timeout) as response:
             response.read()
         return response
 

@@ -17,6 +17,7 @@ from pydantic import BaseModel
 
 from ._dpo import Pair, build_dpo_request
 from ._http import DEFAULT_TIMEOUT, Connection, RetryPolicy
+from ._session import TrainingSession
 from ._sft import Example, build_sft_request
 from ._train import (
     DEFAULT_IDLE_TIMEOUT,
@@ -286,6 +287,20 @@ class TrainableModel:
         """`train_dpo` for sync code."""
         dpo = _train_config(config, {"objective": "dpo", **options} if config is None else {})
         return self._run_sync(build_dpo_request(self.name, pairs, dpo), progress, on_event, idle_timeout)
+
+    async def training_session(self, *, from_step: int | None = None, idle_timeout_s: float = 600.0,
+                               **optimizer: Any) -> TrainingSession:
+        """Open a training session (low-level primitives: forward_backward, optim_step, save_state...) on this
+        model, from `from_step` (default: the latest); `optimizer` holds AdamW's `learning_rate`, `betas`,
+        `eps`, `weight_decay`, `max_grad_norm`. Use it with `async with` to end it."""
+        return await TrainingSession.open(self._connection, self.name, from_step=from_step,
+                                          idle_timeout_s=idle_timeout_s, **optimizer)
+
+    def training_session_sync(self, *, from_step: int | None = None, idle_timeout_s: float = 600.0,
+                              **optimizer: Any) -> TrainingSession:
+        """`training_session` for sync code (use it with `with`)."""
+        return TrainingSession.open_sync(self._connection, self.name, from_step=from_step,
+                                         idle_timeout_s=idle_timeout_s, **optimizer)
 
     def _stream(self, request: TrainRequest, progress: bool, idle_timeout: float) -> TrainStream:
         body = request.model_dump(mode="json")

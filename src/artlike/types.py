@@ -209,6 +209,12 @@ class CISPOConfig(_TokenLevelOptions):
     epsilon_high: float = Field(0.28, ge=0.0, le=10.0)
 
 
+class ImportanceSamplingConfig(_TokenLevelOptions):
+    """Importance-sampled REINFORCE: −ρ·A per token with the ratio ρ unclipped (GRPO without its trust region)."""
+
+    objective: Literal["importance_sampling"] = "importance_sampling"
+
+
 class GSPOConfig(_PolicyGradientOptions):
     """GSPO (Qwen): the PPO clip on the sequence-level importance ratio (the geometric mean of token ratios)."""
 
@@ -266,6 +272,7 @@ TrainConfig = Annotated[
     Annotated[GRPOConfig, Tag("grpo")]
     | Annotated[CISPOConfig, Tag("cispo")]
     | Annotated[GSPOConfig, Tag("gspo")]
+    | Annotated[ImportanceSamplingConfig, Tag("importance_sampling")]
     | Annotated[SFTConfig, Tag("sft")]
     | Annotated[DPOConfig, Tag("dpo")],
     Discriminator(_objective_of),
@@ -273,7 +280,7 @@ TrainConfig = Annotated[
 """A training job's options: one config class per objective, chosen by its `objective` field (default "grpo")."""
 
 TRAIN_CONFIG: TypeAdapter[TrainConfig] = TypeAdapter(TrainConfig)
-OBJECTIVES = ("grpo", "cispo", "gspo", "sft", "dpo")
+OBJECTIVES = ("grpo", "cispo", "gspo", "importance_sampling", "sft", "dpo")
 """The `objective` names a `TrainConfig` may carry."""
 
 

@@ -68,3 +68,22 @@ def engine_connection(server: Any) -> EngineConnection:
     health = httpx.get(f"{server.base_url}/health", headers=server.headers, timeout=30).json()
     key = psutil.Process(health["engine"]["pid"]).environ()["VLLM_API_KEY"]
     return EngineConnection(f"http://127.0.0.1:{port}", {"Authorization": f"Bearer {key}"})
+
+
+async def engine_tokens(http: httpx.AsyncClient, model: str, messages: list[dict[str, Any]], *,
+                        generation_prompt: bool) -> list[int]:
+    """The engine's own tokenization of a conversation with the served chat template (`http`: the engine)."""
+    reply = await http.post("/tokenize", json={"model": model, "messages": messages,
+                                                "add_generation_prompt": generation_prompt})
+    reply.raise_for_status()
+    return list(reply.json()["tokens"])
+
+
+async def served_logprobs(http: httpx.AsyncClient, model: str, token_ids: list[int]) -> list[float | None]:
+    """The served `model`'s logprob of each token given the ones before it (None for the first): the
+    engine's prompt logprobs (`http`: the engine)."""
+    reply = await http.post("/v1/completions", json={"model": model, "prompt": token_ids, "max_tokens": 1,
+                                                     "temperature": 0, "prompt_logprobs": 0})
+    reply.raise_for_status()
+    scored = reply.json()["choices"][0]["prompt_logprobs"]
+    return [None if entry is None else entry[str(token)]["logprob"] for token, entry in zip(token_ids, scored, strict=True)]

@@ -18,7 +18,7 @@ import pytest
 
 import artlike as art
 
-from .engine_helpers import engine_connection
+from .engine_helpers import engine_connection, engine_tokens, served_logprobs
 
 pytestmark = pytest.mark.integration
 
@@ -35,20 +35,12 @@ def pair(task: str) -> dict[str, Any]:
 
 async def answer_logprob(http: httpx.AsyncClient, model: str, prompt: list[dict[str, Any]], answer: str) -> float:
     """log π(answer | prompt) under the served `model`: the engine's prompt logprobs of the answer's tokens."""
-    async def tokens(messages: list[dict[str, Any]], generation_prompt: bool) -> list[int]:
-        reply = await http.post("/tokenize", json={"model": model, "messages": messages,
-                                                    "add_generation_prompt": generation_prompt})
-        reply.raise_for_status()
-        return list(reply.json()["tokens"])
-
-    context = await tokens(prompt, True)
-    full = await tokens([*prompt, {"role": "assistant", "content": answer}], False)
+    context = await engine_tokens(http, model, prompt, generation_prompt=True)
+    full = await engine_tokens(http, model, [*prompt, {"role": "assistant", "content": answer}],
+                               generation_prompt=False)
     assert full[: len(context)] == context
-    reply = await http.post("/v1/completions", json={"model": model, "prompt": full, "max_tokens": 1,
-                                                     "temperature": 0, "prompt_logprobs": 0})
-    reply.raise_for_status()
-    scored = reply.json()["choices"][0]["prompt_logprobs"]
-    return sum(scored[i][str(full[i])]["logprob"] for i in range(len(context), len(full)))
+    scored = await served_logprobs(http, model, full)
+    return sum(value for value in scored[len(context):] if value is not None)
 
 
 async def held_out_margin(http: httpx.AsyncClient, model: str) -> float:

@@ -17,6 +17,8 @@ EXPECTED_EXPORTS = {
     # the workflow
     "TrainableModel", "Trajectory", "TrajectoryGroup", "gather_trajectory_groups", "choice_to_message",
     "RetryPolicy", "__version__", "best_of_groups", "preference_pairs",
+    # low-level primitives
+    "TrainingSession", "AdamParams", "PassResult", "OptimStepResult", "SavedState", "SessionInfo", "SessionSequence",
     # wire types users read or build
     "LoraConfig", "TrainConfig", "GRPOConfig", "CISPOConfig", "GSPOConfig", "SFTConfig", "DPOConfig",
     "ModelInfo", "StepInfo", "TrajectoryRecord", "StepRetention", "KeepBest",

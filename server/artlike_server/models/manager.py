@@ -270,17 +270,22 @@ class ModelManager:
                 raise
 
     async def commit_step(
-        self, name: str, staging: Path, history_entry: Callable[[int, float], dict[str, Any]]
+        self, name: str, staging: Path, history_entry: Callable[[int, float], dict[str, Any]], *,
+        load: bool = True,
     ) -> CommittedStep:
         """Make a trained adapter directory the model's next step and serve it; `history_entry(step,
-        swap_seconds)` is the line whose append commits it. On failure the previous step stays served."""
+        swap_seconds)` is the line whose append commits it. On failure the previous step stays served.
+        `load=False` moves the alias without loading the adapter now: its first request loads it."""
         async with self._model_lock(name):
             previous = self._latest.get(name)
             step = self.store.next_step_number(name)
             await asyncio.to_thread(fsync_tree, staging)
             adapter_path = self.store.commit_step(name, staging, step)
             try:
-                swap_seconds = await self._publish(name, step)
+                if load:
+                    swap_seconds = await self._publish(name, step)
+                else:
+                    self._latest[name], swap_seconds = step, 0.0
                 self.store.append_history(name, history_entry(step, swap_seconds))
             except BaseException:
                 await self._roll_back(name, step, previous)

@@ -32,6 +32,7 @@ from artlike_server.trainer.precision import MasterWeights
 
 REFERENCE_KEY = "reference"  # the PEFT adapter name of a reference step while it is in use
 WEIGHTS_FILE = "adapter_model.safetensors"
+OPTIMIZER_FILE = "optimizer.pt"  # AdamW's state dict (tensors and numbers only: torch.load(weights_only=True))
 CONFIG_FILE = "adapter_config.json"
 
 
@@ -147,8 +148,9 @@ class AdapterSlots:
             slot.drop_optimizer()
         return slot
 
-    def save(self, model_name: str, out_dir: Path) -> Path:
-        """Write the adapter as a PEFT directory at `out_dir` (absent or an empty directory), atomically."""
+    def save(self, model_name: str, out_dir: Path, *, with_optimizer: bool = False) -> Path:
+        """Write the adapter as a PEFT directory at `out_dir` (absent or an empty directory), atomically;
+        `with_optimizer`: its AdamW state beside it (`OPTIMIZER_FILE`), to resume training from it exactly."""
         slot = self._slots[model_name]
         out_dir = Path(out_dir)
         check_writable(out_dir)
@@ -157,6 +159,8 @@ class AdapterSlots:
         try:
             state = get_peft_model_state_dict(self.model, adapter_name=slot.key)
             save_file({k: v.detach().contiguous() for k, v in state.items()}, str(tmp / WEIGHTS_FILE))
+            if with_optimizer and slot.optimizer is not None:
+                torch.save(slot.optimizer.state_dict(), tmp / OPTIMIZER_FILE)
             config = copy.deepcopy(slot.config)
             config.inference_mode = True
             config.base_model_name_or_path = self._base_path

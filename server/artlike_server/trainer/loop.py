@@ -10,6 +10,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
@@ -17,7 +18,7 @@ from torch import nn
 
 from artlike.types import StepEvent, TrainConfig
 from artlike_server.trainer.logprobs import DEFAULT_CHUNK_TOKENS, supports_prefix_sharing, token_logprobs
-from artlike_server.trainer.objectives import PolicyBatch, build_objective
+from artlike_server.trainer.objectives import LossOutput, Objective, PolicyBatch, build_objective
 from artlike_server.trainer.packing import (
     MicroBatchPlan,
     pack_units,
@@ -229,7 +230,9 @@ def plan_job(sequences: Sequence[TrainSequence], config: TrainConfig) -> list[li
 
 
 @dataclass
-class _StepTotals:
+class PassTotals:
+    """What one gradient pass over some sequences added up (`forward_backward`); a step is one pass."""
+
     loss: float = 0.0
     policy_loss: float = 0.0
     kl: float = 0.0
@@ -241,14 +244,98 @@ class _StepTotals:
     decoder_positions: int = 0
     metric_sums: dict[str, float] = field(default_factory=dict)
     metric_counts: dict[str, float] = field(default_factory=dict)
+    sequence_logprobs: dict[int, torch.Tensor] = field(default_factory=dict)  # when asked: index -> [n − 1]
 
-    def add_metrics(self, metrics: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
-        for name, (total, count) in metrics.items():
+    def add(self, out: LossOutput, entropy_sum: float) -> None:
+        self.loss += float(out.loss.detach())
+        self.policy_loss += float(out.policy_loss)
+        self.kl += float(out.kl)
+        self.entropy_sum += entropy_sum
+        self.clipped += float(out.clipped)
+        self.tokens += int(out.tokens)
+        self.mismatch_sum += float(out.mismatch_sum)
+        self.mismatch_tokens += int(out.mismatch_tokens)
+        for name, (total, count) in out.metrics.items():
             self.metric_sums[name] = self.metric_sums.get(name, 0.0) + float(total)
             self.metric_counts[name] = self.metric_counts.get(name, 0.0) + float(count)
 
     def metrics(self) -> dict[str, float]:
         return {name: total / max(1.0, self.metric_counts[name]) for name, total in self.metric_sums.items()}
+
+
+def forward_backward(
+    model: nn.Module,
+    sequences: Sequence[TrainSequence],
+    objective: Objective,
+    *,
+    pad_token_id: int,
+    token_budget: int,
+    share_prefixes: bool,
+    device: torch.device | None = None,
+    references: Sequence[torch.Tensor] | None = None,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    master: MasterWeights | None = None,
+    backward: bool = True,
+    keep_logprobs: bool = False,
+    on_micro_batch: Callable[[int, int], None] | None = None,
+) -> PassTotals:
+    """One pass over `sequences` as one optimizer step's worth of data: micro-batches (`plan_step`), each
+    loss divided by the objective's normaliser of all of them, gradients accumulated into `.grad` (into
+    `master`'s fp32 copies when given) unless `backward` is off. `references`: every sequence's reference
+    logprobs (`reference_logprobs`) when the objective needs them. `keep_logprobs` keeps each sequence's
+    target-aligned logprobs ([num_tokens − 1], 0 where not trainable) in the totals."""
+    if objective.needs_reference and references is None:
+        raise ValueError(f"the {objective.name} objective (as configured) needs reference logprobs")
+    micro_batches = plan_step(sequences, token_budget, share_prefixes=share_prefixes)
+    normalizer = objective.normalizer([sum(s.trainable[1:]) for s in sequences])
+    totals = PassTotals()
+    for index, micro_batch in enumerate(micro_batches):
+        if on_micro_batch is not None:
+            on_micro_batch(index, len(micro_batches))
+        members = micro_batch.members
+        batch = collate([sequences[i] for i in members], pad_token_id, device,
+                        prefix_length=micro_batch.prefix_length,
+                        reference=None if references is None else [references[i] for i in members])  # fmt: skip
+        totals.decoder_positions += batch.decoder_positions
+        with torch.set_grad_enabled(backward):
+            logprobs, entropy = token_logprobs(  # [B, T-1] each, 0 where not trainable
+                model, batch.input_ids, mask=batch.mask, chunk_tokens=chunk_tokens, prefix_ids=batch.prefix_ids
+            )
+            out = objective.loss(
+                PolicyBatch(logprobs, batch.mask, batch.behaviour_logprobs, batch.advantages, batch.ref_logprobs,
+                            batch.pairs),
+                normalizer,
+            )
+        if backward:
+            out.loss.backward()  # type: ignore[no-untyped-call]
+            if master is not None:
+                master.accumulate_grads()
+        totals.add(out, float((entropy.detach() * batch.mask).sum()))
+        if keep_logprobs:
+            for row, member in enumerate(members):
+                full = torch.zeros(max(0, sequences[member].num_tokens - 1))
+                n = sequences[member].num_tokens - micro_batch.prefix_length
+                full[micro_batch.prefix_length :] = logprobs[row, : n - 1].detach().float().cpu()
+                totals.sequence_logprobs[member] = full
+    return totals
+
+
+def optimizer_step(optimizer: torch.optim.Optimizer, max_grad_norm: float | None,
+                   master: MasterWeights | None = None) -> float:
+    """Clip the accumulated gradients, update, clear them; returns the gradient norm before clipping. A
+    non-finite norm clears the gradients without an update and raises `NonFiniteGradient`."""
+    optimized = [p for group in optimizer.param_groups for p in group["params"]]
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(optimized, max_grad_norm if max_grad_norm is not None else math.inf))
+    if not math.isfinite(grad_norm):
+        optimizer.zero_grad(set_to_none=True)
+        if master is not None:
+            master.zero_grads()
+        raise NonFiniteGradient(f"gradient norm is {grad_norm}; weights not updated")
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    if master is not None:
+        master.copy_to_model()
+    return grad_norm
 
 
 def run_optimizer_steps(
@@ -269,9 +356,10 @@ def run_optimizer_steps(
 
     `config` names the objective (`objectives.build_objective`). `reference()` returns a context manager under
     which `model` is the reference policy (the adapter disabled, or a reference adapter active); when the
-    objective needs it, every sequence's reference logprobs are computed once, before the first step. `on_micro_batch(step, index, count)` reports
-    progress inside a step. Each step's `logprob_mismatch` is measured on its tokens before its update: in
-    the first step that is pure engine/trainer drift, later it includes the updates made so far.
+    objective needs it, every sequence's reference logprobs are computed once, before the first step.
+    `on_micro_batch(step, index, count)` reports progress inside a step. Each step's `logprob_mismatch` is
+    measured on its tokens before its update: in the first step that is pure engine/trainer drift, later it
+    includes the updates made so far.
 
     Sequences that share a prompt are trained as prefix families (`prefixes.py`: the prompt goes through
     the decoder once per micro-batch) unless `config.share_prefixes` is off or the model cannot keep a KV cache
@@ -281,7 +369,6 @@ def run_optimizer_steps(
     copies of the model's low-precision parameters: gradients are moved into them after every micro-batch
     and the model's parameters are refreshed after every step.
     """
-    optimized = [p for group in optimizer.param_groups for p in group["params"]]
     for group in optimizer.param_groups:
         group["weight_decay"] = config.weight_decay
     plan = plan_job(sequences, config)
@@ -304,49 +391,17 @@ def run_optimizer_steps(
                                          warmup_steps=config.warmup_steps)
         for group in optimizer.param_groups:
             group["lr"] = learning_rate
-        step_sequences = [sequences[i] for i in indices]
-        micro_batches = plan_step(step_sequences, config.micro_batch_tokens, share_prefixes=share_prefixes)
-        normalizer = objective.normalizer([sum(s.trainable[1:]) for s in step_sequences])
-        totals = _StepTotals()
-        for mb_index, micro_batch in enumerate(micro_batches):
-            if on_micro_batch is not None:
-                on_micro_batch(step_index, mb_index, len(micro_batches))
-            members = [indices[i] for i in micro_batch.members]  # indices into `sequences`
-            batch = collate([sequences[i] for i in members], pad_token_id, device,
-                            prefix_length=micro_batch.prefix_length,
-                            reference=None if references is None else [references[i] for i in members])  # fmt: skip
-            totals.decoder_positions += batch.decoder_positions
-            logprobs, entropy = token_logprobs(  # [B, T-1] each, 0 where not trainable
-                model, batch.input_ids, mask=batch.mask, chunk_tokens=chunk_tokens, prefix_ids=batch.prefix_ids
-            )
-            out = objective.loss(
-                PolicyBatch(logprobs, batch.mask, batch.behaviour_logprobs, batch.advantages, batch.ref_logprobs,
-                            batch.pairs),
-                normalizer,
-            )
-            out.loss.backward()  # type: ignore[no-untyped-call]
-            if master is not None:
-                master.accumulate_grads()
-            totals.loss += float(out.loss.detach())
-            totals.policy_loss += float(out.policy_loss)
-            totals.kl += float(out.kl)
-            totals.entropy_sum += float((entropy * batch.mask).sum())
-            totals.clipped += float(out.clipped)
-            totals.tokens += int(out.tokens)
-            totals.mismatch_sum += float(out.mismatch_sum)
-            totals.mismatch_tokens += int(out.mismatch_tokens)
-            totals.add_metrics(out.metrics)
-        max_norm = config.max_grad_norm if config.max_grad_norm is not None else math.inf
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(optimized, max_norm))
-        if not math.isfinite(grad_norm):
-            optimizer.zero_grad(set_to_none=True)
-            if master is not None:
-                master.zero_grads()
-            raise NonFiniteGradient(f"gradient norm is {grad_norm} at step {step_index}; weights not updated")
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        if master is not None:
-            master.copy_to_model()
+        totals = forward_backward(
+            model, [sequences[i] for i in indices], objective, pad_token_id=pad_token_id,
+            token_budget=config.micro_batch_tokens, share_prefixes=share_prefixes, device=device,
+            references=None if references is None else [references[i] for i in indices],
+            chunk_tokens=chunk_tokens, master=master,
+            on_micro_batch=None if on_micro_batch is None else partial(on_micro_batch, step_index),
+        )  # fmt: skip
+        try:
+            grad_norm = optimizer_step(optimizer, config.max_grad_norm, master)
+        except NonFiniteGradient as error:
+            raise NonFiniteGradient(f"{error} at step {step_index}") from None
         event = StepEvent(
             gradient_step=step_index,
             num_gradient_steps=len(plan),

@@ -19,6 +19,14 @@ command it stopped waiting for. Commands run one at a time, in order.
     {"cmd": "shutdown", "id": 4}
         -> {"event": "bye", "id": 4}, then the process exits 0
 
+    Training sessions (low-level primitives, `trainer/sessions.py`), each answered by one event:
+    {"cmd": "session_open", "model_name", "adapter_dir", "optimizer": {AdamParams}}  -> session_ready
+    {"cmd": "pass", "model_name", "batch_path", "config": {TrainConfig}, "backward": true,
+     "reference_adapter_dir": null}                                                   -> pass_done (loss, logprobs)
+    {"cmd": "optim_step", "model_name", "optimizer": {AdamParams}}                    -> optimized (grad_norm)
+    {"cmd": "save_state", "model_name", "out_dir"}                                    -> saved
+    {"cmd": "session_close", "model_name"}                                            -> closed
+
     On start, before any command:  {"event": "ready", "id": 0, "device": "cpu", "dtype": "bfloat16",
                                     "threads": 2, "backend": "peft" | "unsloth", "load_seconds": 3.1}
     Any command that fails:         {"event": "error", "id": N, "kind": "BatchError", "message": "..."}
@@ -35,6 +43,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
+from artlike.session_types import AdamParams
 from artlike.types import LoraConfig, StepEvent, TrainConfig
 
 
@@ -69,7 +78,51 @@ class Train(_Command):
     reference_adapter_dir: str | None = None  # the step named by the config's `reference` (DPO)
 
 
-Command = Annotated[Ping | Shutdown | InitAdapter | Train, Field(discriminator="cmd")]
+class SessionOpen(_Command):
+    """Start a training session on `model_name` at `adapter_dir` (its `optimizer.pt` too, when there is one)."""
+
+    cmd: Literal["session_open"] = "session_open"
+    model_name: str
+    adapter_dir: str
+    optimizer: AdamParams
+
+
+class Pass(_Command):
+    """A forward (and, with `backward`, backward) pass over the batch file; gradients accumulate."""
+
+    cmd: Literal["pass"] = "pass"
+    model_name: str
+    batch_path: str
+    config: TrainConfig
+    backward: bool = True
+    reference_adapter_dir: str | None = None
+
+
+class OptimStep(_Command):
+    cmd: Literal["optim_step"] = "optim_step"
+    model_name: str
+    optimizer: AdamParams
+
+
+class SaveState(_Command):
+    """Write the session's adapter and optimizer state to `out_dir` (absent or empty)."""
+
+    cmd: Literal["save_state"] = "save_state"
+    model_name: str
+    out_dir: str
+
+
+class SessionClose(_Command):
+    """End the session: drop its pending gradients."""
+
+    cmd: Literal["session_close"] = "session_close"
+    model_name: str
+
+
+Command = Annotated[
+    Ping | Shutdown | InitAdapter | Train | SessionOpen | Pass | OptimStep | SaveState | SessionClose,
+    Field(discriminator="cmd"),
+]
 
 # ------------------------------------------------------------------------------------------- events
 
@@ -130,6 +183,31 @@ class Saved(_Event):
     seconds: float
 
 
+class SessionReady(_Event):
+    event: Literal["session_ready"] = "session_ready"
+    optimizer_state: Literal["reused", "loaded", "fresh"]  # kept in memory, read from optimizer.pt, or new
+
+
+class PassDone(_Event):
+    event: Literal["pass_done"] = "pass_done"
+    loss: float
+    tokens: int
+    objective: str
+    metrics: dict[str, float]
+    logprobs: list[list[float | None]]  # per sequence of the batch file, aligned to its token ids
+    seconds: float
+
+
+class Optimized(_Event):
+    event: Literal["optimized"] = "optimized"
+    grad_norm: float
+    seconds: float
+
+
+class Closed(_Event):
+    event: Literal["closed"] = "closed"
+
+
 class Failed(_Event):
     """A command failed; the worker waits for the next one."""
 
@@ -154,7 +232,8 @@ class Heartbeat(_Event):
 
 
 WorkerEvent = Annotated[
-    Ready | Pong | AdapterReady | TrainStarted | Progress | Step | Saved | Failed | Bye,
+    Ready | Pong | AdapterReady | TrainStarted | Progress | Step | Saved | Failed | Bye | SessionReady | PassDone
+    | Optimized | Closed,
     Field(discriminator="event"),
 ]
 WORKER_EVENT: TypeAdapter[WorkerEvent] = TypeAdapter(WorkerEvent)
@@ -162,5 +241,5 @@ WORKER_EVENT: TypeAdapter[WorkerEvent] = TypeAdapter(WorkerEvent)
 TrainEvent = TrainStarted | Progress | Step | Saved | Heartbeat
 """What `TrainerProcess.train` yields."""
 
-TERMINAL_EVENTS = (Pong, AdapterReady, Saved, Failed, Bye)
+TERMINAL_EVENTS = (Pong, AdapterReady, Saved, Failed, Bye, SessionReady, PassDone, Optimized, Closed)
 """The last event of a command: after it the worker reads the next command."""

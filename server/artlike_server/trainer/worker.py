@@ -37,6 +37,7 @@ from artlike_server.trainer import protocol
 from artlike_server.trainer.adapters import AdapterSlots, check_writable, peft_lora_config
 from artlike_server.trainer.batch_file import read_batch
 from artlike_server.trainer.loop import plan_job, run_optimizer_steps, validate_batch
+from artlike_server.trainer.sessions import SessionError, Sessions
 
 logger = logging.getLogger("artlike.trainer")
 
@@ -110,11 +111,21 @@ class Worker:
         self._vocab_size = vocab_size(model)
         self._pad_token_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
         self._device = next(model.parameters()).device
+        self._sessions = Sessions(self._adapters, pad_token_id=self._pad_token_id, vocab_size=self._vocab_size,
+                                  device=self._device)
 
-    def handle(
-        self, command: protocol.Ping | protocol.Shutdown | protocol.InitAdapter | protocol.Train
-    ) -> None:
-        if isinstance(command, protocol.Ping):
+    def handle(self, command: protocol.Command) -> None:
+        if isinstance(command, protocol.SessionOpen):
+            self._events.emit(self._sessions.open(command))
+        elif isinstance(command, protocol.Pass):
+            self._events.emit(self._sessions.run_pass(command))
+        elif isinstance(command, protocol.OptimStep):
+            self._events.emit(self._sessions.optim_step(command))
+        elif isinstance(command, protocol.SaveState):
+            self._events.emit(self._sessions.save(command))
+        elif isinstance(command, protocol.SessionClose):
+            self._events.emit(self._sessions.close(command))
+        elif isinstance(command, protocol.Ping):
             self._events.emit(protocol.Pong(id=command.id))
         elif isinstance(command, protocol.InitAdapter):
             self._init_adapter(command)
@@ -133,6 +144,8 @@ class Worker:
         self._events.emit(protocol.AdapterReady(id=command.id, path=str(out_dir), seconds=time.perf_counter() - started))
 
     def _train(self, command: protocol.Train) -> None:
+        if self._sessions.is_open(command.model_name):  # the server never sends this; the worker checks anyway
+            raise SessionError(f"{command.model_name!r} has an open training session; end it before a job")
         out_dir = Path(command.out_dir)
         check_writable(out_dir)  # fail before training, not after
         sequences = read_batch(Path(command.batch_path))

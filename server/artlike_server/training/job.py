@@ -138,6 +138,7 @@ class TrainingService:
         self._tokenizer = tokenizer  # loaded lazily: only offline trajectories need it
         self._chat_template = chat_template  # the template the engine serves with, for offline prompts
         self._active: dict[str, RunningJob] = {}
+        self._sessions: dict[str, str] = {}  # model -> the training session open on it (sessions.py)
         self._shutting_down = False
         self.limits = limits
         self._tokenizer_lock = threading.Lock()  # one thread at a time uses the (lazily loaded) tokenizer
@@ -151,6 +152,26 @@ class TrainingService:
     def is_training(self, model: str) -> bool:
         return model in self._active
 
+    def reserve_for_session(self, model: str, session_id: str) -> None:
+        """Keep jobs off `model` while a training session is open on it; Conflict if a job runs or another
+        session holds it."""
+        if self.is_training(model):
+            raise Conflict(f"model {model!r} is training (a /_train_model job); open the session after it ends",
+                           param="model", code="training_in_progress")
+        if model in self._sessions:
+            raise Conflict(f"model {model!r} already has an open training session ({self._sessions[model]}); "
+                           "end it first", param="model", code="session_open")
+        self._sessions[model] = session_id
+
+    def release_session(self, model: str) -> None:
+        self._sessions.pop(model, None)
+
+    def _refuse_if_session(self, model: str) -> None:
+        if model in self._sessions:
+            raise Conflict(f"model {model!r} has an open training session ({self._sessions[model]}); end it "
+                           "(DELETE /v1/training_sessions/{id}) before a /_train_model job", param="model",
+                           code="session_open")
+
     def active(self) -> list[str]:
         return sorted(self._active)
 
@@ -161,6 +182,7 @@ class TrainingService:
         if self.is_training(request.model):
             raise Conflict(f"model {request.model!r} is already training; wait for its job to finish",
                            param="model", code="training_in_progress")
+        self._refuse_if_session(request.model)
         from_step = self.models.latest_step(request.model)
         if from_step is None:
             raise NotFound(f"model {request.model!r} has no servable step", param="model", code="model_not_found")
@@ -168,7 +190,7 @@ class TrainingService:
         config = request.config
         data_param = "examples" if isinstance(config, SFTConfig) else "pairs" if isinstance(config, DPOConfig) \
             else "groups"
-        reference_adapter_dir = self._reference_step(request.model, config)
+        reference_adapter_dir = self.reference_step(request.model, config)
         ids = _recorded_ids(request)
         if len(set(ids)) != len(ids) and not isinstance(config, DPOConfig):  # a pair's answer may recur in others
             # Counted in one pass: a body may hold hundreds of thousands of ids.
@@ -217,7 +239,7 @@ class TrainingService:
             num_gradient_steps=num_gradient_steps, reference_adapter_dir=reference_adapter_dir,
         )
 
-    def _reference_step(self, model: str, config: TrainConfig) -> Path | None:
+    def reference_step(self, model: str, config: TrainConfig) -> Path | None:
         """The adapter directory of the step a DPO config names as its reference; 4xx when it cannot be used."""
         if not isinstance(config, DPOConfig) or config.reference is None:
             return None
@@ -351,6 +373,7 @@ class TrainingService:
         if self.is_training(prepared.model):  # re-checked: another request may have started meanwhile
             raise Conflict(f"model {prepared.model!r} is already training", param="model",
                            code="training_in_progress")
+        self._refuse_if_session(prepared.model)
         job = RunningJob(prepared)
         self._active[prepared.model] = job
         job.task = asyncio.create_task(self._run(job), name=f"train:{prepared.model}")

@@ -65,6 +65,11 @@ class TrainerTimeout(TrainerFailure):
     pass
 
 
+SessionCommand = (
+    protocol.SessionOpen | protocol.Pass | protocol.OptimStep | protocol.SaveState | protocol.SessionClose
+)
+
+
 class TrainerProcess:
     def __init__(
         self,
@@ -146,6 +151,19 @@ class TrainerProcess:
             ready = await self._complete(command)
             assert isinstance(ready, protocol.AdapterReady), ready
             return ready
+
+    async def session_command(self, command: SessionCommand) -> protocol.WorkerEvent:
+        """Run one training-session command (`trainer/sessions.py`) and return its answer; `command.id` is
+        assigned here. Returns with the worker's pid unchanged, or raises: a new worker has no session."""
+        async with self._lock:
+            await self._ensure_started()
+            command.id = self._take_id()
+            try:
+                await self._send(command)
+                return await self._wait_for(command.id, self._idle_timeout)
+            except (asyncio.CancelledError, GeneratorExit):
+                self._abandon()
+                raise
 
     async def train(
         self, model_name: str, adapter_dir: Path, out_dir: Path, batch_path: Path, config: TrainConfig,

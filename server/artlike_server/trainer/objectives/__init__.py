@@ -10,6 +10,7 @@ job's config (`artlike.types.TrainConfig`, a union on `objective`) to its adapte
     grpo        grpo.py    GRPOConfig             PPO clip on token ratios (Dr. GRPO: constant normaliser)
     cispo       cispo.py   CISPOConfig            clipped, detached importance weight × REINFORCE
     gspo        gspo.py    GSPOConfig             PPO clip on the sequence-level ratio
+    importance_sampling    ImportanceSamplingConfig  −ρ·A per token, unclipped (importance_sampling.py)
     sft         sft.py     SFTConfig              cross-entropy on the examples' assistant tokens
     dpo         dpo.py     DPOConfig              preference loss on pairs' log-ratios to the reference
 
@@ -25,7 +26,15 @@ from typing import Any, Protocol
 
 import torch
 
-from artlike.types import CISPOConfig, DPOConfig, GRPOConfig, GSPOConfig, SFTConfig, TrainConfig
+from artlike.types import (
+    CISPOConfig,
+    DPOConfig,
+    GRPOConfig,
+    GSPOConfig,
+    ImportanceSamplingConfig,
+    SFTConfig,
+    TrainConfig,
+)
 
 
 @dataclass(frozen=True)
@@ -90,9 +99,11 @@ def _builders() -> dict[type, Callable[[Any], Objective]]:
     from artlike_server.trainer.objectives.dpo import DPO
     from artlike_server.trainer.objectives.grpo import GRPO
     from artlike_server.trainer.objectives.gspo import GSPO
+    from artlike_server.trainer.objectives.importance_sampling import ImportanceSampling
     from artlike_server.trainer.objectives.sft import SFT
 
-    return {GRPOConfig: GRPO, CISPOConfig: CISPO, GSPOConfig: GSPO, SFTConfig: SFT, DPOConfig: DPO}
+    return {GRPOConfig: GRPO, CISPOConfig: CISPO, GSPOConfig: GSPO, ImportanceSamplingConfig: ImportanceSampling,
+            SFTConfig: SFT, DPOConfig: DPO}
 
 
 def build_objective(config: TrainConfig) -> Objective:

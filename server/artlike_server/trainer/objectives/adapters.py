@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import ClassVar
 
-from artlike.types import CISPOConfig, GRPOConfig
+from artlike.types import CISPOConfig, GRPOConfig, ImportanceSamplingConfig
 from artlike_server.trainer.objectives import LossOutput, PolicyBatch
 from artlike_server.trainer.objectives.tokens import step_normalizer
 
@@ -18,7 +18,7 @@ class TokenLevel:
     name: str
     loss_function: ClassVar[Callable[..., LossOutput]]
 
-    def __init__(self, config: GRPOConfig | CISPOConfig) -> None:
+    def __init__(self, config: GRPOConfig | CISPOConfig | ImportanceSamplingConfig) -> None:
         self.config = config
 
     @property
@@ -30,6 +30,7 @@ class TokenLevel:
 
     def loss(self, batch: PolicyBatch, normalizer: float) -> LossOutput:
         c = self.config
+        assert not isinstance(c, ImportanceSamplingConfig), "it has no clip range: ImportanceSampling.loss"
         return type(self).loss_function(
             batch.logprobs, batch.behaviour_logprobs, batch.advantages, batch.mask,
             epsilon_low=c.epsilon_low, epsilon_high=c.epsilon_high, aggregation=c.loss_aggregation,

@@ -1,0 +1,152 @@
+"""Training sessions in the worker: forward/backward passes, optimizer steps and checkpoints on demand.
+
+A session is a model's adapter slot (`adapters.py`) whose gradients outlive a command: `pass` adds to them
+(micro-batched exactly as a `/_train_model` step: `loop.forward_backward`), `optim_step` applies and clears
+them (`loop.optimizer_step`), `save_state` writes the adapter with the AdamW state beside it
+(`optimizer.pt`), which `session_open` reads back. Between a session's commands the worker may run other
+models' jobs: each command makes its model's adapter the active one again, and other adapters' steps never
+touch this one's gradients.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from artlike.session_types import AdamParams
+from artlike_server.trainer import protocol
+from artlike_server.trainer.adapters import OPTIMIZER_FILE, AdapterError, AdapterSlots
+from artlike_server.trainer.batch_file import read_batch
+from artlike_server.trainer.logprobs import supports_prefix_sharing
+from artlike_server.trainer.loop import forward_backward, optimizer_step, reference_logprobs, validate_batch
+from artlike_server.trainer.objectives import build_objective
+
+logger = logging.getLogger("artlike.trainer")
+
+
+class SessionError(RuntimeError):
+    """A session command for a model that has no open session."""
+
+
+class Sessions:
+    def __init__(self, adapters: AdapterSlots, *, pad_token_id: int, vocab_size: int, device: torch.device) -> None:
+        self._adapters = adapters
+        self._pad_token_id = pad_token_id
+        self._vocab_size = vocab_size
+        self._device = device
+        self._open: set[str] = set()
+
+    def is_open(self, model_name: str) -> bool:
+        return model_name in self._open
+
+    def open(self, command: protocol.SessionOpen) -> protocol.SessionReady:
+        adapter_dir = Path(command.adapter_dir)
+        slot = self._adapters.load(command.model_name, adapter_dir)
+        state = "reused"
+        if slot.optimizer is None:
+            optimizer = slot.start_optimizer(self._adapters.parameters(command.model_name),
+                                             learning_rate=command.optimizer.learning_rate,
+                                             weight_decay=command.optimizer.weight_decay)  # fmt: skip
+            state = "fresh"
+            saved = adapter_dir / OPTIMIZER_FILE
+            if saved.is_file():
+                try:
+                    optimizer.load_state_dict(torch.load(saved, map_location=self._device, weights_only=True))
+                except (ValueError, KeyError, RuntimeError) as error:
+                    raise AdapterError(f"{saved} does not fit this adapter: {error}") from None
+                state = "loaded"
+        self._zero_grads(command.model_name)
+        self._open.add(command.model_name)
+        return protocol.SessionReady(id=command.id, optimizer_state=state)
+
+    def run_pass(self, command: protocol.Pass) -> protocol.PassDone:
+        started = time.perf_counter()
+        self._require(command.model_name)
+        sequences = read_batch(Path(command.batch_path))
+        validate_batch(sequences, self._vocab_size)
+        self._adapters.activate(command.model_name)
+        model = self._adapters.model
+        slot = self._adapters.slot(command.model_name)
+        objective = build_objective(command.config)
+        share_prefixes = command.config.share_prefixes and supports_prefix_sharing(model)
+        references = None
+        if objective.needs_reference:
+            reference: Callable[[], AbstractContextManager[Any]] = model.disable_adapter
+            if command.reference_adapter_dir is not None:
+                reference = partial(self._adapters.reference, Path(command.reference_adapter_dir), command.model_name)
+            references = reference_logprobs(model, sequences, reference, pad_token_id=self._pad_token_id,
+                                            token_budget=command.config.micro_batch_tokens, device=self._device,
+                                            share_prefixes=share_prefixes)  # fmt: skip
+        model.train()
+        try:
+            totals = forward_backward(
+                model, sequences, objective, pad_token_id=self._pad_token_id,
+                token_budget=command.config.micro_batch_tokens, share_prefixes=share_prefixes, device=self._device,
+                references=references, master=slot.master if command.backward else None,
+                backward=command.backward, keep_logprobs=True,
+            )  # fmt: skip
+        finally:
+            model.eval()
+        logprobs: list[list[float | None]] = []
+        for index, sequence in enumerate(sequences):
+            values = totals.sequence_logprobs.get(index)  # absent: nothing trainable in it
+            scored: list[float | None] = [None]  # the first token has no context
+            scored.extend(float(values[t - 1]) if values is not None and sequence.trainable[t] else None
+                          for t in range(1, sequence.num_tokens))
+            logprobs.append(scored)
+        tokens = max(1, totals.tokens)
+        metrics = {"policy_loss": totals.policy_loss, "kl": totals.kl, "entropy": totals.entropy_sum / tokens,
+                   "clip_fraction": totals.clipped / tokens,
+                   "logprob_mismatch": totals.mismatch_sum / max(1, totals.mismatch_tokens), **totals.metrics()}
+        return protocol.PassDone(id=command.id, loss=totals.loss, tokens=totals.tokens, objective=objective.name,
+                                 metrics=metrics, logprobs=logprobs, seconds=time.perf_counter() - started)
+
+    def optim_step(self, command: protocol.OptimStep) -> protocol.Optimized:
+        started = time.perf_counter()
+        self._require(command.model_name)
+        slot = self._adapters.slot(command.model_name)
+        assert slot.optimizer is not None, "a session's slot has an optimizer from session_open"
+        _set_hyperparameters(slot.optimizer, command.optimizer)
+        grad_norm = optimizer_step(slot.optimizer, command.optimizer.max_grad_norm, slot.master)
+        return protocol.Optimized(id=command.id, grad_norm=grad_norm, seconds=time.perf_counter() - started)
+
+    def save(self, command: protocol.SaveState) -> protocol.Saved:
+        started = time.perf_counter()
+        self._require(command.model_name)
+        path = self._adapters.save(command.model_name, Path(command.out_dir), with_optimizer=True)
+        return protocol.Saved(id=command.id, path=str(path), seconds=time.perf_counter() - started)
+
+    def close(self, command: protocol.SessionClose) -> protocol.Closed:
+        if command.model_name in self._open:
+            self._zero_grads(command.model_name)
+            self._open.discard(command.model_name)
+        return protocol.Closed(id=command.id)
+
+    def _require(self, model_name: str) -> None:
+        if model_name not in self._open:
+            raise SessionError(f"no training session is open on {model_name!r} in this trainer")
+
+    def _zero_grads(self, model_name: str) -> None:
+        slot = self._adapters.slot(model_name)
+        for parameter in self._adapters.parameters(model_name):
+            parameter.grad = None
+        if slot.master is not None:
+            slot.master.zero_grads()
+        if slot.optimizer is not None:
+            slot.optimizer.zero_grad(set_to_none=True)
+
+
+def _set_hyperparameters(optimizer: torch.optim.Optimizer, params: AdamParams) -> None:
+    """AdamW reads these from its param groups at every step."""
+    for group in optimizer.param_groups:
+        group["lr"] = params.learning_rate
+        group["betas"] = params.betas
+        group["eps"] = params.eps
+        group["weight_decay"] = params.weight_decay
