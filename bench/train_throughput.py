@@ -12,17 +12,22 @@
    - "random": unrelated sequences, the first 32 tokens a prompt and the rest trained;
    - "grpo": 2 groups × 4 samples, each group's 192-token prompt shared, 64 sampled tokens trained, run
      with `share_prefixes` on (the default: the prompt goes through the decoder once per micro-batch) and off.
+   Then one row per objective on the same "grpo" batch and options (`OBJECTIVE_ROWS`: grpo, cispo, gspo,
+   sft, and "grpo+kl", GRPO with kl_beta = 0.05, whose loop also runs the reference policy).
    Model FLOPs of a step count the work the trainer does, from the same micro-batch plan it uses
    (`training.loop.plan_step`): 4·N_decoder per decoder position (forward 2·N plus the backward's
    activation gradients 2·N; the frozen base needs no weight gradients; a prompt position counts, since its
    keys and values feed the trained tokens), attention at 16·layers·d per attended (query, key) pair
-   (forward and backward), and 4·N_head per trained token (the LM head runs on those only). The fraction of
-   peak is achieved FLOP/s ÷ measured peak of the same dtype. "Sharing speed-up" is trained tokens/s with
-   shared prefixes over without, same batch.
+   (forward and backward), and 4·N_head per trained token (the LM head runs on those only). An objective
+   that needs the reference policy adds its forward pass over the same plan: 2·N_decoder per position,
+   4·layers·d per attended pair, 2·N_head per trained token. The fraction of peak is achieved FLOP/s ÷
+   measured peak of the same dtype. "Sharing speed-up" is trained tokens/s with shared prefixes over
+   without, same batch.
 3. Swap: a real server trains one step; we time from the last `step` line to the first token served by
    the new step (`done` includes writing the adapter, loading it into vLLM and moving the alias).
 Targets on CPU: ≥ 35% of the measured bf16 matmul peak during the step (fp32 peak where bf16 is emulated),
-≤ 0.5 s from last step to serving.
+≤ 0.5 s from last step to serving. `--quick` (a smoke run): 2 optimizer steps per row, and only the dtype
+the trainer's "auto" picks.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ import statistics
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,15 +55,27 @@ from artlike_server.launcher import ServerProcess
 from artlike_server.trainer import protocol
 from artlike_server.trainer.batch_file import write_batch
 from artlike_server.trainer.loop import plan_step
+from artlike_server.trainer.objectives import build_objective
 from artlike_server.training.sequences import TrainSequence
 from artlike_server.training.trainer_client import TrainerProcess
 from transformers import AutoConfig
 
-from artlike.types import GRPOConfig, LoraConfig, TrainConfig
+from artlike.types import CISPOConfig, GRPOConfig, GSPOConfig, LoraConfig, SFTConfig, TrainConfig
 
 SEQUENCES, LENGTH = 8, 256
 RANDOM_PROMPT = 32
 GRPO_GROUPS, GRPO_PROMPT = 2, 192
+
+# The per-objective rows, all on the "grpo" batch with the same shared options (learning rate, epochs,
+# micro-batch budget): a row is one line. DPO goes here as `"dpo": lambda o: DPOConfig(**o),` once
+# artlike.types has its config (and, if it trains on preference pairs, with its own batch kind below).
+OBJECTIVE_ROWS: dict[str, Callable[[dict[str, Any]], TrainConfig]] = {
+    "grpo": lambda o: GRPOConfig(**o),
+    "cispo": lambda o: CISPOConfig(**o),
+    "gspo": lambda o: GSPOConfig(**o),
+    "sft": lambda o: SFTConfig(**o),
+    "grpo+kl": lambda o: GRPOConfig(**o, kl_beta=0.05),  # the loop adds the reference policy's forward
+}
 
 
 def matmul_peak_gflops(dtype: torch.dtype, size: int = 2048, repeats: int = 8) -> float:
@@ -88,8 +106,17 @@ class ModelDims:
         return cls(decoder, config.vocab_size * d, layers, d)  # lm_head tied to the embeddings
 
 
-def step_flops(dims: ModelDims, batch: list[TrainSequence], config: TrainConfig) -> float:
-    """Model FLOPs of one optimizer step over `batch` (see the module docstring); padding is not counted."""
+@dataclass(frozen=True)
+class PlanWork:
+    """What one optimizer step's micro-batch plan runs through the model."""
+
+    positions: int  # decoder positions
+    pairs: int  # attended (query, key) pairs
+    trained: int  # trained tokens: the LM head's positions
+
+
+def plan_work(batch: list[TrainSequence], config: TrainConfig) -> PlanWork:
+    """Positions, attention pairs and trained tokens of one step over `batch`; padding is not counted."""
     positions = pairs = trained = 0
     for plan in plan_step(batch, config.micro_batch_tokens, share_prefixes=config.share_prefixes):
         prefix = plan.prefix_length
@@ -100,7 +127,17 @@ def step_flops(dims: ModelDims, batch: list[TrainSequence], config: TrainConfig)
             positions += own
             pairs += own * prefix + own * (own + 1) // 2
             trained += batch[index].num_trainable_tokens
-    return 4 * dims.decoder_params * positions + 16 * dims.layers * dims.hidden * pairs + 4 * dims.head_params * trained
+    return PlanWork(positions, pairs, trained)
+
+
+def step_flops(dims: ModelDims, batch: list[TrainSequence], config: TrainConfig) -> float:
+    """Model FLOPs of one optimizer step over `batch` (see the module docstring)."""
+    work = plan_work(batch, config)
+    attention = dims.layers * dims.hidden * work.pairs
+    flops = 4 * dims.decoder_params * work.positions + 16 * attention + 4 * dims.head_params * work.trained
+    if build_objective(config).needs_reference:  # the same plan again, forward only, without gradient
+        flops += 2 * dims.decoder_params * work.positions + 4 * attention + 2 * dims.head_params * work.trained
+    return flops
 
 
 def random_batch(vocab: int, seed: int = 0) -> list[TrainSequence]:
@@ -131,15 +168,41 @@ def _sequence(ids: list[int], prompt: int, index: int, group: int = 0) -> TrainS
         advantage=1.0 if index % 2 == 0 else -1.0, group_index=group)  # fmt: skip
 
 
-async def trainer_throughput(model_dir: Path, dtype: str, workloads: dict[str, tuple[list[TrainSequence], TrainConfig]],
+@dataclass(frozen=True)
+class Workload:
+    """One row of the table: a batch trained with one config."""
+
+    batch_kind: str  # "random" or "grpo"
+    objective: str  # the row's objective label ("grpo+kl": GRPO with the KL term)
+    batch: list[TrainSequence]
+    config: TrainConfig
+
+
+def workloads(vocab: int, steps: int) -> dict[str, Workload]:
+    """The rows: the two batches and prefix sharing under GRPO, then every objective on the grpo batch."""
+    options: dict[str, Any] = {"learning_rate": 1e-5, "epochs": steps, "micro_batch_tokens": SEQUENCES * LENGTH}
+    grpo = GRPOConfig(**options)
+    rows = {
+        "random": Workload("random", "grpo", random_batch(vocab), grpo),
+        "grpo": Workload("grpo", "grpo", grpo_batch(vocab), grpo),
+        "grpo-unshared": Workload("grpo", "grpo", grpo_batch(vocab), grpo.model_copy(update={"share_prefixes": False})),
+    }
+    for objective, make in OBJECTIVE_ROWS.items():
+        if objective != "grpo":  # the "grpo" row above is that objective on that batch
+            rows[objective] = Workload("grpo", objective, grpo_batch(vocab), make(options))
+    return rows
+
+
+async def trainer_throughput(model_dir: Path, dtype: str, rows: dict[str, Workload],
                              work: Path) -> dict[str, dict[str, Any]]:
-    """Train each workload on one trainer worker (one base model load); step events per workload."""
-    trainer = TrainerProcess(model_dir, dtype=dtype,  # type: ignore[arg-type]
+    """Train each row on one trainer worker (one base model load); step events per row."""
+    trainer = TrainerProcess(model_dir, dtype=dtype,
                              log_path=work / f"trainer-{dtype}.log")
     await trainer.start()
     results = {}
     try:
-        for name, (batch, config) in workloads.items():
+        for name, row in rows.items():
+            batch, config = row.batch, row.config
             adapter = work / f"adapter-{dtype}-{name}"
             await trainer.init_adapter(f"bench-{name}", LoraConfig(rank=8), adapter)
             batch_path = work / f"batch-{dtype}-{name}.bin"
@@ -204,8 +267,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--skip-swap", action="store_true")
-    parser.add_argument("--output", type=Path, default=Path("bench/results/train_throughput.json"))
+    parser.add_argument("--output", type=Path, help="default bench/results/train_throughput[_quick].json")
     args = parser.parse_args()
+    # A smoke run must not overwrite the full run's results.
+    args.output = args.output or Path(f"bench/results/train_throughput{'_quick' if args.quick else ''}.json")
     steps = 2 if args.quick else 4
     torch.set_num_threads(os.cpu_count() or 1)
     model_dir = ensure_default_model()
@@ -214,6 +279,8 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="artlike-train-bench-"))
 
     dtypes = ["bfloat16", "float32"] if cpu_has_native_bf16() else ["float32"]
+    if args.quick:
+        dtypes = dtypes[:1]  # the dtype the trainer's "auto" picks
     # The peak is measured before and after each trainer run and the highest value kept: on a shared VM a
     # single measurement taken in a slow moment inflates the fraction (one run showed "65%" that way).
     peak = {dtype: matmul_peak_gflops(getattr(torch, dtype)) for dtype in dtypes}
@@ -226,26 +293,23 @@ def main() -> None:
     print(f"measured matmul peak (2048³, {torch.get_num_threads()} threads): "
           + ", ".join(f"{dtype} {gflops:.0f} GFLOP/s" for dtype, gflops in peak.items()))
 
-    base = GRPOConfig(learning_rate=1e-5, epochs=steps, micro_batch_tokens=SEQUENCES * LENGTH)
-    workloads = {
-        "random": (random_batch(vocab), base),
-        "grpo": (grpo_batch(vocab), base),
-        "grpo-unshared": (grpo_batch(vocab), base.model_copy(update={"share_prefixes": False})),
-    }
-    print(f"\n{'dtype':<9} {'batch':<14} {'trained tok/s':>13} {'s/step':>7} {'positions':>9} {'GFLOP/s':>8} "
-          f"{'of peak':>8}")
+    rows = workloads(vocab, steps)
+    print(f"\n{'dtype':<9} {'row':<14} {'batch':<7} {'objective':<9} {'trained tok/s':>13} {'s/step':>7} "
+          f"{'positions':>9} {'GFLOP/s':>8} {'of peak':>8}")
     for dtype in dtypes:
-        results = asyncio.run(trainer_throughput(model_dir, dtype, workloads, work))
+        results = asyncio.run(trainer_throughput(model_dir, dtype, rows, work))
         peak[dtype] = max(peak[dtype], matmul_peak_gflops(getattr(torch, dtype)))
         for name, run in results.items():
-            batch, config = workloads[name]
-            run.update(dtype=dtype, batch_kind=name, share_prefixes=config.share_prefixes,
-                       flops_per_step=step_flops(dims, batch, config), peak_gflops=peak[dtype])
+            row = rows[name]
+            run.update(dtype=dtype, row=name, batch_kind=row.batch_kind, objective=row.objective,
+                       share_prefixes=row.config.share_prefixes, kl_beta=getattr(row.config, "kl_beta", 0.0),
+                       flops_per_step=step_flops(dims, row.batch, row.config), peak_gflops=peak[dtype])
             run["gflops"] = run["flops_per_step"] / run["seconds_per_step"] / 1e9
             run["fraction_of_peak"] = run["gflops"] / peak[dtype]
             report["runs"].append(run)
-            print(f"{dtype:<9} {name:<14} {run['tokens_per_s']:>13.0f} {run['seconds_per_step']:>7.2f} "
-                  f"{run['decoder_positions']:>9} {run['gflops']:>8.0f} {run['fraction_of_peak']:>8.1%}")
+            print(f"{dtype:<9} {name:<14} {row.batch_kind:<7} {row.objective:<9} {run['tokens_per_s']:>13.0f} "
+                  f"{run['seconds_per_step']:>7.2f} {run['decoder_positions']:>9} {run['gflops']:>8.0f} "
+                  f"{run['fraction_of_peak']:>8.1%}")
         speedup = results["grpo"]["tokens_per_s"] / results["grpo-unshared"]["tokens_per_s"]
         report.setdefault("sharing_speedup", {})[dtype] = speedup
         print(f"{dtype:<9} sharing speed-up on the grpo batch (trained tok/s, shared / unshared): {speedup:.2f}x")
