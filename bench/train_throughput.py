@@ -12,15 +12,18 @@
    - "random": unrelated sequences, the first 32 tokens a prompt and the rest trained;
    - "grpo": 2 groups × 4 samples, each group's 192-token prompt shared, 64 sampled tokens trained, run
      with `share_prefixes` on (the default: the prompt goes through the decoder once per micro-batch) and off.
-   Then one row per objective on the same "grpo" batch and options (`OBJECTIVE_ROWS`: grpo, cispo, gspo,
-   sft, and "grpo+kl", GRPO with kl_beta = 0.05, whose loop also runs the reference policy).
+   Then one row per objective with the same options (`OBJECTIVE_ROWS`): grpo, cispo, gspo, is
+   (importance_sampling), sft and "grpo+kl" (GRPO with kl_beta = 0.05, which also runs the reference policy)
+   on the "grpo" batch, and dpo on the "pairs" batch (the same sequences as 4 chosen/rejected pairs, each
+   pair's prompt shared; its work is chosen + rejected + the reference forward).
    Model FLOPs of a step count the work the trainer does, from the same micro-batch plan it uses
    (`training.loop.plan_step`): 4·N_decoder per decoder position (forward 2·N plus the backward's
    activation gradients 2·N; the frozen base needs no weight gradients; a prompt position counts, since its
    keys and values feed the trained tokens), attention at 16·layers·d per attended (query, key) pair
    (forward and backward), and 4·N_head per trained token (the LM head runs on those only). An objective
-   that needs the reference policy adds its forward pass over the same plan: 2·N_decoder per position,
-   4·layers·d per attended pair, 2·N_head per trained token. The fraction of peak is achieved FLOP/s ÷
+   that needs the reference policy adds its forward pass over the same plan once per job (2·N_decoder per
+   position, 4·layers·d per attended pair, 2·N_head per trained token); its time is in the job's first step,
+   so such rows average over every step, the others leave the first (warm-up) step out. The fraction of peak is achieved FLOP/s ÷
    measured peak of the same dtype. "Sharing speed-up" is trained tokens/s with shared prefixes over
    without, same batch.
 3. Swap: a real server trains one step; we time from the last `step` line to the first token served by
@@ -60,21 +63,31 @@ from artlike_server.training.sequences import TrainSequence
 from artlike_server.training.trainer_client import TrainerProcess
 from transformers import AutoConfig
 
-from artlike.types import CISPOConfig, GRPOConfig, GSPOConfig, LoraConfig, SFTConfig, TrainConfig
+from artlike.types import (
+    CISPOConfig,
+    DPOConfig,
+    GRPOConfig,
+    GSPOConfig,
+    ImportanceSamplingConfig,
+    LoraConfig,
+    SFTConfig,
+    TrainConfig,
+)
 
 SEQUENCES, LENGTH = 8, 256
 RANDOM_PROMPT = 32
 GRPO_GROUPS, GRPO_PROMPT = 2, 192
 
-# The per-objective rows, all on the "grpo" batch with the same shared options (learning rate, epochs,
-# micro-batch budget): a row is one line. DPO goes here as `"dpo": lambda o: DPOConfig(**o),` once
-# artlike.types has its config (and, if it trains on preference pairs, with its own batch kind below).
-OBJECTIVE_ROWS: dict[str, Callable[[dict[str, Any]], TrainConfig]] = {
-    "grpo": lambda o: GRPOConfig(**o),
-    "cispo": lambda o: CISPOConfig(**o),
-    "gspo": lambda o: GSPOConfig(**o),
-    "sft": lambda o: SFTConfig(**o),
-    "grpo+kl": lambda o: GRPOConfig(**o, kl_beta=0.05),  # the loop adds the reference policy's forward
+# The per-objective rows with the same shared options (learning rate, epochs, micro-batch budget): a row is
+# one line, (batch kind, config). DPO trains on the "pairs" batch: the grpo batch's shape as 4 preference pairs.
+OBJECTIVE_ROWS: dict[str, tuple[str, Callable[[dict[str, Any]], TrainConfig]]] = {
+    "grpo": ("grpo", lambda o: GRPOConfig(**o)),
+    "cispo": ("grpo", lambda o: CISPOConfig(**o)),
+    "gspo": ("grpo", lambda o: GSPOConfig(**o)),
+    "is": ("grpo", lambda o: ImportanceSamplingConfig(**o)),
+    "sft": ("grpo", lambda o: SFTConfig(**o)),
+    "grpo+kl": ("grpo", lambda o: GRPOConfig(**o, kl_beta=0.05)),  # the loop adds the reference policy's forward
+    "dpo": ("pairs", lambda o: DPOConfig(**o)),  # chosen + rejected, and the reference forward
 }
 
 
@@ -131,13 +144,20 @@ def plan_work(batch: list[TrainSequence], config: TrainConfig) -> PlanWork:
 
 
 def step_flops(dims: ModelDims, batch: list[TrainSequence], config: TrainConfig) -> float:
-    """Model FLOPs of one optimizer step over `batch` (see the module docstring)."""
+    """Model FLOPs of one optimizer step over `batch`, forward and backward (see the module docstring)."""
     work = plan_work(batch, config)
     attention = dims.layers * dims.hidden * work.pairs
-    flops = 4 * dims.decoder_params * work.positions + 16 * attention + 4 * dims.head_params * work.trained
-    if build_objective(config).needs_reference:  # the same plan again, forward only, without gradient
-        flops += 2 * dims.decoder_params * work.positions + 4 * attention + 2 * dims.head_params * work.trained
-    return flops
+    return 4 * dims.decoder_params * work.positions + 16 * attention + 4 * dims.head_params * work.trained
+
+
+def reference_flops(dims: ModelDims, batch: list[TrainSequence], config: TrainConfig) -> float:
+    """Model FLOPs of the job's reference pass (once per job, when the objective needs it): the same plan,
+    forward only, without gradient."""
+    if not build_objective(config).needs_reference:
+        return 0.0
+    work = plan_work(batch, config)
+    attention = dims.layers * dims.hidden * work.pairs
+    return 2 * dims.decoder_params * work.positions + 4 * attention + 2 * dims.head_params * work.trained
 
 
 def random_batch(vocab: int, seed: int = 0) -> list[TrainSequence]:
@@ -160,6 +180,14 @@ def grpo_batch(vocab: int, seed: int = 0) -> list[TrainSequence]:
     return batch
 
 
+def pairs_batch(vocab: int, seed: int = 0) -> list[TrainSequence]:
+    """The grpo batch's shape as DPO pairs: each pair's two answers share their prompt."""
+    batch = grpo_batch(vocab, seed)
+    for index, sequence in enumerate(batch):
+        sequence.group_index, sequence.preference = index // 2, 1 if index % 2 == 0 else -1
+    return batch
+
+
 def _sequence(ids: list[int], prompt: int, index: int, group: int = 0) -> TrainSequence:
     trainable = [j >= prompt for j in range(len(ids))]
     return TrainSequence(
@@ -172,7 +200,7 @@ def _sequence(ids: list[int], prompt: int, index: int, group: int = 0) -> TrainS
 class Workload:
     """One row of the table: a batch trained with one config."""
 
-    batch_kind: str  # "random" or "grpo"
+    batch_kind: str  # "random", "grpo" or "pairs"
     objective: str  # the row's objective label ("grpo+kl": GRPO with the KL term)
     batch: list[TrainSequence]
     config: TrainConfig
@@ -187,9 +215,10 @@ def workloads(vocab: int, steps: int) -> dict[str, Workload]:
         "grpo": Workload("grpo", "grpo", grpo_batch(vocab), grpo),
         "grpo-unshared": Workload("grpo", "grpo", grpo_batch(vocab), grpo.model_copy(update={"share_prefixes": False})),
     }
-    for objective, make in OBJECTIVE_ROWS.items():
+    batches = {"grpo": grpo_batch, "pairs": pairs_batch}
+    for objective, (kind, make) in OBJECTIVE_ROWS.items():
         if objective != "grpo":  # the "grpo" row above is that objective on that batch
-            rows[objective] = Workload("grpo", objective, grpo_batch(vocab), make(options))
+            rows[objective] = Workload(kind, objective, batches[kind](vocab), make(options))
     return rows
 
 
@@ -212,11 +241,14 @@ async def trainer_throughput(model_dir: Path, dtype: str, rows: dict[str, Worklo
                                              config):
                 if isinstance(event, protocol.Step):
                     step_events.append(event.step_event().model_dump())
-            measured = step_events[1:] or step_events  # the first step pays one-time costs (allocations, kernels)
+            # The first step pays one-time costs (allocations, kernels) and is left out, except where it holds
+            # the job's reference pass (its time is in the first step): then every step counts.
+            measured = step_events if build_objective(config).needs_reference else step_events[1:] or step_events
             results[name] = {
                 "steps": step_events,
-                "tokens_per_s": statistics.median(e["tokens"] / e["seconds"] for e in measured),
-                "seconds_per_step": statistics.median(e["seconds"] for e in measured),  # each step: the whole batch
+                "measured_steps": len(measured),
+                "tokens_per_s": sum(e["tokens"] for e in measured) / sum(e["seconds"] for e in measured),
+                "seconds_per_step": statistics.fmean(e["seconds"] for e in measured),  # each step: the whole batch
                 "decoder_positions": measured[0].get("decoder_positions"),
             }
     finally:
@@ -303,7 +335,9 @@ def main() -> None:
             row = rows[name]
             run.update(dtype=dtype, row=name, batch_kind=row.batch_kind, objective=row.objective,
                        share_prefixes=row.config.share_prefixes, kl_beta=getattr(row.config, "kl_beta", 0.0),
-                       flops_per_step=step_flops(dims, row.batch, row.config), peak_gflops=peak[dtype])
+                       flops_per_step=step_flops(dims, row.batch, row.config)
+                       + reference_flops(dims, row.batch, row.config) / run["measured_steps"],
+                       peak_gflops=peak[dtype])
             run["gflops"] = run["flops_per_step"] / run["seconds_per_step"] / 1e9
             run["fraction_of_peak"] = run["gflops"] / peak[dtype]
             report["runs"].append(run)

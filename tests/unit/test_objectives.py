@@ -23,6 +23,7 @@ from artlike.types import (
     DPOConfig,
     GRPOConfig,
     GSPOConfig,
+    ImportanceSamplingConfig,
     SFTConfig,
     StepEvent,
     TrainRequest,
@@ -205,5 +206,5 @@ def test_a_bad_config_field_is_named_as_the_caller_sent_it() -> None:
         with pytest.raises(InvalidRequest) as bad:
             parse_train_request(orjson.dumps({"model": "m", "groups": [group], "config": config}))
         assert bad.value.param == param
-    configs = (GRPOConfig, CISPOConfig, GSPOConfig, SFTConfig, DPOConfig)
+    configs = (GRPOConfig, CISPOConfig, GSPOConfig, ImportanceSamplingConfig, SFTConfig, DPOConfig)
     assert set(OBJECTIVES) == {config.model_fields["objective"].default for config in configs}

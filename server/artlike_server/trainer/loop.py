@@ -356,7 +356,8 @@ def run_optimizer_steps(
 
     `config` names the objective (`objectives.build_objective`). `reference()` returns a context manager under
     which `model` is the reference policy (the adapter disabled, or a reference adapter active); when the
-    objective needs it, every sequence's reference logprobs are computed once, before the first step.
+    objective needs it, every sequence's reference logprobs are computed once, before the first step (whose
+    `seconds` include that pass).
     `on_micro_batch(step, index, count)` reports progress inside a step. Each step's `logprob_mismatch` is
     measured on its tokens before its update: in the first step that is pure engine/trainer drift, later it
     includes the updates made so far.
@@ -374,6 +375,7 @@ def run_optimizer_steps(
     plan = plan_job(sequences, config)
     share_prefixes = config.share_prefixes and supports_prefix_sharing(model)
     objective = build_objective(config)
+    job_started = time.perf_counter()  # the first step's time includes the job's reference pass
     references: list[torch.Tensor] | None = None
     if objective.needs_reference:
         if reference is None:
@@ -386,7 +388,7 @@ def run_optimizer_steps(
     if master is not None:
         master.zero_grads()  # the model's own gradients too: a job that failed mid-step may have left some
     for step_index, indices in enumerate(plan, start=1):
-        started = time.perf_counter()
+        started = job_started if step_index == 1 else time.perf_counter()
         learning_rate = learning_rate_at(step_index, len(plan), config.learning_rate, schedule=config.lr_schedule,
                                          warmup_steps=config.warmup_steps)
         for group in optimizer.param_groups:
