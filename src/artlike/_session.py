@@ -13,6 +13,7 @@ they were made, so a loop can queue its next forward_backward while the current 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from types import TracebackType
 from typing import Any, TypeVar
@@ -20,6 +21,7 @@ from typing import Any, TypeVar
 import httpx
 from pydantic import BaseModel
 
+from ._errors import NotFoundError
 from ._http import Connection
 from ._trajectory import Trajectory
 from .session_types import (
@@ -177,7 +179,8 @@ class TrainingSession:
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
         if self.info.status == "open":
-            await self.close()
+            with contextlib.suppress(NotFoundError):  # it ended on the server already (timed out, lost, restarted)
+                await self.close()
 
     def __enter__(self) -> TrainingSession:
         return self
@@ -185,7 +188,8 @@ class TrainingSession:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         if self.info.status == "open":
-            self.close_sync()
+            with contextlib.suppress(NotFoundError):  # it ended on the server already
+                self.close_sync()
 
     def __repr__(self) -> str:
         return f"TrainingSession({self.id!r}, model={self.info.model!r}, step={self.info.step})"
