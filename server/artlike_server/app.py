@@ -230,6 +230,7 @@ async def health(request: Request) -> Response:
                         "dtype": state.settings.trainer_dtype},
             "models": len(state.models.served_models),  # in memory: /health is polled often
             "training": state.training.active(),
+            "training_sessions": state.sessions.open_models(),
         }
     headers = {} if engine_state == EngineState.READY else {"Retry-After": str(round(state.engine.retry_after()))}
     return Response(orjson.dumps(body), status_code=200 if engine_state == EngineState.READY else 503,

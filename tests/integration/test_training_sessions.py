@@ -78,6 +78,9 @@ async def test_primitives_train_save_and_serve_what_forward_computed(server: Any
             pairs = [{"prompt": PROMPT, "chosen": "yes", "rejected": "no"}]
             with pytest.raises(art.ConflictError, match="session"):
                 await model.train_dpo(pairs, progress=False)
+            async with httpx.AsyncClient(headers=server.headers, timeout=30) as plain:
+                health = (await plain.get(f"{server.base_url}/health")).json()
+            assert health["training_sessions"][model.name] == session.id
             with pytest.raises(art.BadRequestError, match="vocabulary"):
                 await session.forward_backward([{"token_ids": [1, 10**8]}])
             with pytest.raises(art.ConflictError, match="forward_backward first"):

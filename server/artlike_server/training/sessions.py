@@ -113,6 +113,10 @@ class TrainingSessions:
         log.info("training session %s opened on %s@%d", session.id, session.model, step)
         return session.info()
 
+    def open_models(self) -> dict[str, str]:
+        """model -> the id of the session open on it."""
+        return {session.model: session.id for session in self._sessions.values()}
+
     def get(self, session_id: str) -> SessionInfo:
         return self._require(session_id).info()
 
