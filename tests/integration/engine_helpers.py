@@ -72,7 +72,8 @@ def engine_connection(server: Any) -> EngineConnection:
 
 async def engine_tokens(http: httpx.AsyncClient, model: str, messages: list[dict[str, Any]], *,
                         generation_prompt: bool) -> list[int]:
-    """The engine's own tokenization of a conversation with the served chat template (`http`: the engine)."""
+    """The engine's own tokenization of a conversation with the served chat template (`http`: the engine;
+    `model`: the base model, always loaded: adapters share its tokenizer)."""
     reply = await http.post("/tokenize", json={"model": model, "messages": messages,
                                                 "add_generation_prompt": generation_prompt})
     reply.raise_for_status()
@@ -81,7 +82,7 @@ async def engine_tokens(http: httpx.AsyncClient, model: str, messages: list[dict
 
 async def served_logprobs(http: httpx.AsyncClient, model: str, token_ids: list[int]) -> list[float | None]:
     """The served `model`'s logprob of each token given the ones before it (None for the first): the
-    engine's prompt logprobs (`http`: the engine)."""
+    engine's prompt logprobs through the artlike server (`http`), which loads the step if it was evicted."""
     reply = await http.post("/v1/completions", json={"model": model, "prompt": token_ids, "max_tokens": 1,
                                                      "temperature": 0, "prompt_logprobs": 0})
     reply.raise_for_status()

@@ -10,6 +10,7 @@ zero rewards again. Pairs the trainer cannot use are refused before any work. Us
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 from uuid import uuid4
 
@@ -33,23 +34,31 @@ def pair(task: str) -> dict[str, Any]:
             "rejected": f"No. I will not help you with {task}."}
 
 
-async def answer_logprob(http: httpx.AsyncClient, model: str, prompt: list[dict[str, Any]], answer: str) -> float:
-    """log π(answer | prompt) under the served `model`: the engine's prompt logprobs of the answer's tokens."""
-    context = await engine_tokens(http, model, prompt, generation_prompt=True)
-    full = await engine_tokens(http, model, [*prompt, {"role": "assistant", "content": answer}],
-                               generation_prompt=False)
-    assert full[: len(context)] == context
-    scored = await served_logprobs(http, model, full)
-    return sum(value for value in scored[len(context):] if value is not None)
+@dataclass
+class Scorer:
+    """Scores answers under a served step: the engine tokenizes (with the base model's template), the artlike
+    server (which loads an evicted step on demand) returns the prompt logprobs."""
 
+    engine: httpx.AsyncClient
+    server: httpx.AsyncClient
+    base_model: str
 
-async def held_out_margin(http: httpx.AsyncClient, model: str) -> float:
-    margins = []
-    for task in HELD_OUT:
-        p = pair(task)
-        margins.append(await answer_logprob(http, model, p["prompt"], p["chosen"])
-                       - await answer_logprob(http, model, p["prompt"], p["rejected"]))
-    return sum(margins) / len(margins)
+    async def answer_logprob(self, model: str, prompt: list[dict[str, Any]], answer: str) -> float:
+        """log π(answer | prompt) under the served `model`."""
+        context = await engine_tokens(self.engine, self.base_model, prompt, generation_prompt=True)
+        full = await engine_tokens(self.engine, self.base_model, [*prompt, {"role": "assistant", "content": answer}],
+                                   generation_prompt=False)
+        assert full[: len(context)] == context
+        scored = await served_logprobs(self.server, model, full)
+        return sum(value for value in scored[len(context):] if value is not None)
+
+    async def held_out_margin(self, model: str) -> float:
+        margins = []
+        for task in HELD_OUT:
+            p = pair(task)
+            margins.append(await self.answer_logprob(model, p["prompt"], p["chosen"])
+                           - await self.answer_logprob(model, p["prompt"], p["rejected"]))
+        return sum(margins) / len(margins)
 
 
 async def test_dpo_prefers_the_chosen_kind_on_held_out_pairs(server: Any) -> None:
@@ -57,8 +66,10 @@ async def test_dpo_prefers_the_chosen_kind_on_held_out_pairs(server: Any) -> Non
                                lora=art.LoraConfig(rank=8))
     await model.register()
     engine = engine_connection(server)
-    async with httpx.AsyncClient(base_url=engine.base_url, headers=engine.headers, timeout=120) as http:
-        before = await held_out_margin(http, f"{model.name}@0")
+    async with (httpx.AsyncClient(base_url=engine.base_url, headers=engine.headers, timeout=120) as tokens,
+                httpx.AsyncClient(base_url=server.base_url, headers=server.headers, timeout=120) as http):
+        scorer = Scorer(tokens, http, server.model_id)
+        before = await scorer.held_out_margin(f"{model.name}@0")
         result = await model.train_dpo([pair(task) for task in TASKS], beta=0.1, learning_rate=3e-4, epochs=3,
                                        gradient_steps_per_epoch=2, progress=False)
         assert result.trained and result.step == 1
@@ -67,7 +78,7 @@ async def test_dpo_prefers_the_chosen_kind_on_held_out_pairs(server: Any) -> Non
         first, last = steps[0].metrics, steps[-1].metrics
         assert first["reward_accuracy"] == 0.0 and abs(first["reward_margin"]) < 1e-3  # policy == reference
         assert last["reward_accuracy"] >= 0.8 and last["reward_margin"] > 0.05, last
-        after = await held_out_margin(http, f"{model.name}@1")
+        after = await scorer.held_out_margin(f"{model.name}@1")
     assert after > before + 1.0, (before, after)
 
     # Recorded pairs (their exact sampled tokens), with the trained step as the reference.

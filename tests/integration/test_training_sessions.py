@@ -34,7 +34,7 @@ def new_model(server: Any, prefix: str) -> art.TrainableModel:
 
 
 async def sequence(http: httpx.AsyncClient, model: str, answer: str) -> dict[str, Any]:
-    """The chat `PROMPT` + `answer` as token ids, the answer's tokens scored."""
+    """The chat `PROMPT` + `answer` as token ids (the engine's tokenization), the answer's tokens scored."""
     context = await engine_tokens(http, model, PROMPT, generation_prompt=True)
     full = await engine_tokens(http, model, [*PROMPT, {"role": "assistant", "content": answer}],
                                generation_prompt=False)
@@ -51,9 +51,10 @@ async def test_primitives_train_save_and_serve_what_forward_computed(server: Any
     model = new_model(server, "prim")
     await model.register()
     engine = engine_connection(server)
-    async with httpx.AsyncClient(base_url=engine.base_url, headers=engine.headers, timeout=120) as http:
-        batch = [await sequence(http, f"{model.name}@0", "The secret word is pumpernickel."),
-                 await sequence(http, f"{model.name}@0", "It is pumpernickel, of course.")]
+    async with (httpx.AsyncClient(base_url=engine.base_url, headers=engine.headers, timeout=120) as tokens,
+                httpx.AsyncClient(base_url=server.base_url, headers=server.headers, timeout=120) as http):
+        batch = [await sequence(tokens, server.model_id, "The secret word is pumpernickel."),
+                 await sequence(tokens, server.model_id, "It is pumpernickel, of course.")]
         async with await model.training_session(learning_rate=2e-3) as session:
             assert session.info.step == 0 and session.info.pending_passes == 0
             first = await session.forward_backward(batch[:1], loss="cross_entropy")
@@ -78,8 +79,7 @@ async def test_primitives_train_save_and_serve_what_forward_computed(server: Any
             pairs = [{"prompt": PROMPT, "chosen": "yes", "rejected": "no"}]
             with pytest.raises(art.ConflictError, match="session"):
                 await model.train_dpo(pairs, progress=False)
-            async with httpx.AsyncClient(headers=server.headers, timeout=30) as plain:
-                health = (await plain.get(f"{server.base_url}/health")).json()
+            health = (await http.get("/health")).json()
             assert health["training_sessions"][model.name] == session.id
             with pytest.raises(art.BadRequestError, match="vocabulary"):
                 await session.forward_backward([{"token_ids": [1, 10**8]}])

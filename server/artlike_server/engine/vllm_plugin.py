@@ -130,8 +130,21 @@ def no_adapter_row_leaks(lora_ops: ModuleType) -> bool:
     return bool(output.item() != 0.0)
 
 
+def _ensure_visible() -> None:
+    """Make this plugin's messages reach the engine log even when vLLM has not configured logging in this
+    process (its `python -m vllm.entrypoints.openai.api_server` path leaves the root at WARNING): a patch of
+    vLLM's kernels must say so where operators look."""
+    if not logger.isEnabledFor(logging.INFO) and not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s [%(name)s] %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+
+
 def register() -> None:
     """Entry point called by vLLM in each of its processes; idempotent and cheap."""
+    _ensure_visible()
     if os.environ.get(DISABLE_ENV) == "1":
         logger.warning(
             "artlike LoRA fix disabled by %s=1: mixed base/adapter batches may be wrong", DISABLE_ENV
