@@ -125,13 +125,16 @@ class TrainingSessions:
         if session is None:
             raise NotFound(f"training session {session_id!r} does not exist (ended or timed out)", param="id",
                            code="session_not_found")
-        self.training.release_session(session.model)
-        async with session.lock:
-            if self.trainer.pid == session.trainer_pid and self.trainer.is_running:
-                try:
-                    await self._shielded(self.trainer.session_command(protocol.SessionClose(model_name=session.model)))
-                except (TrainerError, TrainerCrashed, TrainerTimeout) as error:
-                    log.warning("closing training session %s in the trainer failed: %s", session.id, error)
+        try:
+            async with session.lock:
+                if self.trainer.pid == session.trainer_pid and self.trainer.is_running:
+                    try:
+                        await self._shielded(
+                            self.trainer.session_command(protocol.SessionClose(model_name=session.model)))
+                    except (TrainerError, TrainerCrashed, TrainerTimeout) as error:
+                        log.warning("closing training session %s in the trainer failed: %s", session.id, error)
+        finally:  # only now may a job use the model: the worker has dropped the session first
+            self.training.release_session(session.model)
         log.info("training session %s on %s closed: %s", session.id, session.model, reason)
         return session.info(status="ended")
 
