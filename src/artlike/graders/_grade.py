@@ -137,14 +137,15 @@ class _Grading:
                 return result.model_copy(update={
                     "score": float(ok), "passed": ok, "metadata": {"label": label, "judge_answer": answer}})
             score = parse_score(answer, g.range)
-            return result.model_copy(update={
-                "score": score, "passed": _passed(score, g.pass_threshold), "metadata": {"judge_answer": answer}})
+            return result.model_copy(update={"score": score, "passed": _passed(score, g.pass_threshold),
+                                             "metadata": {"judge_answer": answer}})
         if isinstance(g, MultiGrader):
             return await self._multi(g, sample, item)
         return await self._reward_components(g, sample, item)
 
     async def _sub_results(
-        self, graders: dict[str, SubGrader] | dict[str, Grader], sample: dict[str, Any], item: Mapping[str, Any]
+        self, graders: dict[str, SubGrader] | dict[str, Grader], sample: dict[str, Any],
+        item: Mapping[str, Any],
     ) -> tuple[dict[str, GradeResult], GradeError | None]:
         results = {key: await self.run(g, sample, item) for key, g in graders.items()}
         failed = next(((k, r.error) for k, r in results.items() if r.error is not None), None)
@@ -178,9 +179,11 @@ class _Grading:
         results, error = await self._sub_results(keys, sample, item)
         format_weight, weights = g.resolved_weights()
         sub_scores = {"format": format_score} | {k: r.score for k, r in results.items()}
-        metadata = {"answer": answer, "weights": {"format": format_weight} | dict(zip(keys, weights, strict=True))}
+        metadata = {"answer": answer,
+                    "weights": {"format": format_weight} | dict(zip(keys, weights, strict=True))}
         if error is not None:
-            return GradeResult(name="", type="", score=0.0, sub_scores=sub_scores, metadata=metadata, error=error)
+            return GradeResult(name="", type="", score=0.0, sub_scores=sub_scores, metadata=metadata,
+                               error=error)
         score = format_weight * format_score + math.fsum(
             w * r.score for w, r in zip(weights, results.values(), strict=True))
         return GradeResult(name="", type="", score=score, sub_scores=sub_scores, metadata=metadata)

@@ -60,7 +60,8 @@ def _parse(text: str) -> list[Any]:
 
 
 def _timeout() -> int | None:
-    # math-verify's timeouts use SIGALRM, which only the main thread may set.
+    # math-verify's timeouts use SIGALRM, which only the main thread may set; in other threads parsing is
+    # unbounded, so a caller that needs a time limit there runs graders in a worker process.
     return 5 if threading.current_thread() is threading.main_thread() else None
 
 
