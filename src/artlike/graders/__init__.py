@@ -1,0 +1,79 @@
+"""Graders: score a model's output against a dataset row, for rewards and evals. No torch.
+
+Configs are OpenAI's reinforcement fine-tuning grader JSON, verbatim (string_check, text_similarity,
+multi, python, score_model, label_model), plus SeekrFlow's math_accuracy and format graders and its
+weighted `RewardComponents`:
+
+    >>> from artlike.graders import grade
+    >>> grade({"type": "string_check", "name": "exact", "input": "{{sample.output_text}}",
+    ...        "reference": "{{item.label}}", "operation": "eq"}, "Paris", {"label": "Paris"}).score
+    1.0
+
+The metric packages (sacrebleu, rouge-score, rapidfuzz, math-verify) are the `artlike[graders]` extra,
+imported only by the graders that use them.
+"""
+
+from ._errors import (
+    FormulaError,
+    GraderError,
+    GraderNotRunnableHere,
+    GradingFailed,
+    MissingDependencyError,
+    ScoreParseError,
+    TemplateError,
+    UnsupportedMetricError,
+)
+from ._formula import Formula, compile_formula
+from ._grade import AnyGrader, grade, grade_async, normalize_sample, parse_grader
+from ._model_graders import Judge
+from ._reward import RewardComponents
+from ._template import render
+from ._types import (
+    FormatGrader,
+    GradeError,
+    Grader,
+    GradeResult,
+    JudgeMessage,
+    LabelModelGrader,
+    MathAccuracyGrader,
+    MultiGrader,
+    PythonGrader,
+    ScoreModelGrader,
+    StringCheckGrader,
+    SubGrader,
+    TextSimilarityGrader,
+)
+
+__all__ = [
+    "AnyGrader",
+    "FormatGrader",
+    "Formula",
+    "FormulaError",
+    "GradeError",
+    "GradeResult",
+    "Grader",
+    "GraderError",
+    "GraderNotRunnableHere",
+    "GradingFailed",
+    "Judge",
+    "JudgeMessage",
+    "LabelModelGrader",
+    "MathAccuracyGrader",
+    "MissingDependencyError",
+    "MultiGrader",
+    "PythonGrader",
+    "RewardComponents",
+    "ScoreModelGrader",
+    "ScoreParseError",
+    "StringCheckGrader",
+    "SubGrader",
+    "TemplateError",
+    "TextSimilarityGrader",
+    "UnsupportedMetricError",
+    "compile_formula",
+    "grade",
+    "grade_async",
+    "normalize_sample",
+    "parse_grader",
+    "render",
+]

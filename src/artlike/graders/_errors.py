@@ -1,0 +1,66 @@
+"""Errors raised by `artlike.graders`.
+
+    GraderError                  base
+    ├── GradingFailed            an expected failure for one sample: `grade()` reports it in
+    │   │                        `GradeResult.error` (kind) with score 0 instead of raising
+    │   ├── TemplateError        a `{{namespace.path}}` the item or sample does not have
+    │   ├── FormulaError         a `calculate_output` that does not parse or evaluate
+    │   └── ScoreParseError      a judge model's answer without a usable score or label
+    ├── GraderNotRunnableHere    python graders: they need the server's sandbox (never exec'd here)
+    ├── UnsupportedMetricError   a text_similarity metric this library cannot compute
+    └── MissingDependencyError   the `graders` extra is not installed (also an ImportError)
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+ErrorKind = Literal[
+    # OpenAI's RunGraderResponse error flags, where one fits
+    "formula_parse_error",
+    "sample_parse_error",
+    "invalid_variable_error",
+    "model_grader_parse_error",
+    "other_error",
+]
+
+GRADERS_EXTRA = "artlike[graders]"
+
+
+class GraderError(Exception):
+    """Base class of every error `artlike.graders` raises on purpose."""
+
+
+class GradingFailed(GraderError):
+    kind: ErrorKind = "other_error"
+
+
+class TemplateError(GradingFailed):
+    """A template names a key the item or sample lacks. `path` is the full dotted name, e.g. `item.a.b`."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        # A missing `sample.output_json...` is the model's fault (bad JSON); anything else is the config's.
+        self.kind = "sample_parse_error" if path.startswith("sample.output_json") else "invalid_variable_error"
+        super().__init__(f"template variable {{{{{path}}}}}: {reason}")
+
+
+class FormulaError(GradingFailed):
+    kind: ErrorKind = "formula_parse_error"
+
+
+class ScoreParseError(GradingFailed):
+    kind: ErrorKind = "model_grader_parse_error"
+
+
+class GraderNotRunnableHere(GraderError):
+    """This grader runs untrusted code; only the server's sandbox may run it, never this process."""
+
+
+class UnsupportedMetricError(GraderError, ValueError):
+    pass
+
+
+class MissingDependencyError(GraderError, ImportError):
+    def __init__(self, package: str, what: str) -> None:
+        super().__init__(f"{what} needs the {package!r} package: pip install '{GRADERS_EXTRA}'")

@@ -1,0 +1,82 @@
+"""score_model and label_model: render the judge's messages, and read a score or label from its answer.
+
+The LLM call itself is the caller's `judge(messages, model) -> str` (sync or async); this module never
+talks to a network.
+
+    >>> parse_score('{"result": 0.7}', (0.0, 1.0)), parse_score("Score: 8/10", (0.0, 10.0))
+    (0.7, 8.0)
+    >>> parse_score("1.5", (0.0, 1.0))  # clamped to the range
+    1.0
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from ._errors import ScoreParseError
+from ._template import render
+from ._types import JudgeMessage
+
+Judge = Callable[[list[dict[str, Any]], str], "str | Awaitable[str]"]
+"""`judge(messages, model)`: the judge model's text answer to OpenAI-shape chat messages."""
+
+_NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
+
+
+def _render_part(part: dict[str, Any], sample: Mapping[str, Any], item: Mapping[str, Any]) -> dict[str, Any]:
+    if isinstance(part.get("text"), str):  # input_text / output_text parts
+        return {**part, "text": render(part["text"], sample, item)}
+    return part
+
+
+def render_messages(
+    messages: list[JudgeMessage], sample: Mapping[str, Any], item: Mapping[str, Any]
+) -> list[dict[str, Any]]:
+    """The grader's `input` with every template in its text rendered, as plain dicts."""
+    out: list[dict[str, Any]] = []
+    for message in messages:
+        content = message.content
+        rendered: str | dict[str, Any] | list[dict[str, Any]]
+        if isinstance(content, str):
+            rendered = render(content, sample, item)
+        elif isinstance(content, dict):
+            rendered = _render_part(content, sample, item)
+        else:
+            rendered = [_render_part(p, sample, item) for p in content]
+        out.append({**message.model_dump(exclude_none=True), "content": rendered})
+    return out
+
+
+def _json_field(answer: str, keys: tuple[str, ...]) -> Any:
+    try:
+        data = json.loads(answer)
+    except ValueError:
+        return None
+    if isinstance(data, dict):
+        return next((data[k] for k in keys if k in data), None)
+    return data
+
+
+def parse_score(answer: str, range: tuple[float, float]) -> float:
+    """`{"result": x}` (or `{"score": x}`, or a bare JSON number), else the first number in the text;
+    clamped to `range`."""
+    value = _json_field(answer.strip(), ("result", "score"))
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        match = _NUMBER.search(answer)
+        if match is None:
+            raise ScoreParseError(f"no score in the judge's answer {answer[:200]!r}")
+        value = float(match.group())
+    return min(max(float(value), range[0]), range[1])
+
+
+def parse_label(answer: str, labels: list[str]) -> str:
+    """`{"result": label}` (or `{"label": ...}`), else the answer itself, stripped of quotes and dots."""
+    value = _json_field(answer.strip(), ("result", "label"))
+    label = value if isinstance(value, str) else answer.strip().strip("\"'.` ")
+    for known in labels:
+        if label.casefold() == known.casefold():
+            return known
+    raise ScoreParseError(f"the judge's answer {answer[:200]!r} is none of the labels {labels}")
