@@ -73,6 +73,7 @@ def health_client(api_key: str | None) -> httpx.AsyncClient:
         settings=SimpleNamespace(engine_dtype="float32", trainer_dtype="float32"),
         models=SimpleNamespace(served_models={"secret-model@3": None}),
         training=SimpleNamespace(active=lambda: ["secret-model"]),
+        sessions=SimpleNamespace(open_models=lambda: {"other-model": "ts_1"}),
     )
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://artlike")
 
@@ -89,6 +90,7 @@ async def test_health_with_the_key_has_the_details() -> None:
         body = (await http.get("/health", headers={"Authorization": f"Bearer {KEY}"})).json()
     assert body["engine"]["pid"] == 1234 and body["trainer"]["pid"] == 5678
     assert body["training"] == ["secret-model"] and body["models"] == 1
+    assert body["training_sessions"] == {"other-model": "ts_1"}
 
 
 async def test_health_of_a_server_without_a_key_has_the_details() -> None:
