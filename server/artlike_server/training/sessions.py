@@ -19,7 +19,7 @@ import asyncio
 import logging
 import secrets
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -225,9 +225,8 @@ class TrainingSessions:
                            code="session_not_found")
         return session
 
-    @staticmethod
-    def _using(session: Session) -> _SessionUse:
-        return _SessionUse(session)
+    def _using(self, session: Session) -> _SessionUse:
+        return _SessionUse(session, lambda: self._sessions.get(session.id) is session)
 
     async def _run(self, session: Session, command: Any) -> protocol.WorkerEvent:
         """One worker command for `session`, mapped to HTTP errors; a restarted worker lost the session."""
@@ -304,13 +303,19 @@ class TrainingSessions:
 
 
 class _SessionUse:
-    """`async with`: the session's commands in order, `last_used_at` refreshed before and after."""
+    """`async with`: the session's commands in order, `last_used_at` refreshed before and after; a call that
+    waited while the session was ended finds it gone (404), not half there."""
 
-    def __init__(self, session: Session) -> None:
+    def __init__(self, session: Session, still_open: Callable[[], bool]) -> None:
         self._session = session
+        self._still_open = still_open
 
     async def __aenter__(self) -> None:
         await self._session.lock.acquire()
+        if not self._still_open():
+            self._session.lock.release()
+            raise NotFound(f"training session {self._session.id!r} ended while this call waited", param="id",
+                           code="session_not_found")
         self._session.last_used_at = time.time()
 
     async def __aexit__(self, *_: object) -> None:
