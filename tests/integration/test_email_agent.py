@@ -85,7 +85,8 @@ async def test_email_agent_records_multi_turn_trajectories_and_trains(server: An
                 assert [c["function"]["name"] for c in reply["tool_calls"]] == ["search_inbox"]
                 assert answer["role"] == "tool" and answer["content"].startswith(SEARCH_REPLIES)
             else:
-                assert t.metrics["tool_calls"] == 0 and t.metrics["unparsed_tool_calls"] == 1
+                # The forced first call did not parse (the free second turn may write more calls of any kind).
+                assert t.metrics["unparsed_tool_calls"] >= 1
                 assert answer["role"] == "user" and answer["content"].startswith("Error: your tool call could not")
         assert searched >= 1, "no trajectory of the group made the forced search_inbox call"
 
