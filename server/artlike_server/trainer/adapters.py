@@ -15,9 +15,10 @@ import copy
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -173,6 +174,13 @@ class AdapterSlots:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         return out_dir
+
+    def reference_policy(self, model_name: str, adapter_dir: Path | None) -> Callable[[], AbstractContextManager[Any]]:
+        """What makes the model the reference policy of `model_name`'s training: the base model (its adapter
+        disabled), or the step at `adapter_dir` (`reference`)."""
+        if adapter_dir is None:
+            return self.model.disable_adapter
+        return partial(self.reference, adapter_dir, model_name)
 
     @contextmanager
     def reference(self, adapter_dir: Path, active_model: str) -> Iterator[None]:

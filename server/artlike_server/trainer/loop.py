@@ -166,6 +166,14 @@ def _plan_pairs(sequences: Sequence[TrainSequence], token_budget: int, *, share_
     return plans
 
 
+def _sequence_logprobs(row: torch.Tensor, sequence: TrainSequence, prefix_length: int) -> torch.Tensor:
+    """One micro-batch row's logprobs as the whole sequence's, target-aligned ([num_tokens − 1], float32 on
+    the CPU): the shared prefix's targets (never trainable) are 0."""
+    full = torch.zeros(max(0, sequence.num_tokens - 1))
+    full[prefix_length:] = row[: sequence.num_tokens - prefix_length - 1].float().cpu()
+    return full
+
+
 def reference_logprobs(
     model: nn.Module,
     sequences: Sequence[TrainSequence],
@@ -180,7 +188,7 @@ def reference_logprobs(
     """Every sequence's reference logprobs, computed once per job without gradient under `reference()`, in
     eval mode (no adapter dropout). Each is [num_tokens − 1] float32 on the CPU, target-aligned (entry j is
     token j + 1's), 0 where the target is not trainable."""
-    result = [torch.zeros(max(0, s.num_tokens - 1)) for s in sequences]
+    result = [torch.zeros(max(0, s.num_tokens - 1)) for s in sequences]  # a sequence with nothing trainable stays 0
     was_training = model.training
     model.eval()
     try:
@@ -191,8 +199,7 @@ def reference_logprobs(
                 logprobs, _ = token_logprobs(model, batch.input_ids, mask=batch.mask, chunk_tokens=chunk_tokens,
                                              prefix_ids=batch.prefix_ids)  # fmt: skip
                 for row, index in enumerate(plan.members):
-                    n = sequences[index].num_tokens - plan.prefix_length
-                    result[index][plan.prefix_length :] = logprobs[row, : n - 1].float().cpu()
+                    result[index] = _sequence_logprobs(logprobs[row], sequences[index], plan.prefix_length)
     finally:
         model.train(was_training)
     return result
@@ -313,10 +320,8 @@ def forward_backward(
         totals.add(out, float((entropy.detach() * batch.mask).sum()))
         if keep_logprobs:
             for row, member in enumerate(members):
-                full = torch.zeros(max(0, sequences[member].num_tokens - 1))
-                n = sequences[member].num_tokens - micro_batch.prefix_length
-                full[micro_batch.prefix_length :] = logprobs[row, : n - 1].detach().float().cpu()
-                totals.sequence_logprobs[member] = full
+                totals.sequence_logprobs[member] = _sequence_logprobs(logprobs[row].detach(), sequences[member],
+                                                                      micro_batch.prefix_length)
     return totals
 
 

@@ -12,11 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
-from contextlib import AbstractContextManager
-from functools import partial
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -78,9 +74,9 @@ class Sessions:
         share_prefixes = command.config.share_prefixes and supports_prefix_sharing(model)
         references = None
         if objective.needs_reference:
-            reference: Callable[[], AbstractContextManager[Any]] = model.disable_adapter
-            if command.reference_adapter_dir is not None:
-                reference = partial(self._adapters.reference, Path(command.reference_adapter_dir), command.model_name)
+            reference = self._adapters.reference_policy(
+                command.model_name,
+                None if command.reference_adapter_dir is None else Path(command.reference_adapter_dir))
             references = reference_logprobs(model, sequences, reference, pad_token_id=self._pad_token_id,
                                             token_budget=command.config.micro_batch_tokens, device=self._device,
                                             share_prefixes=share_prefixes)  # fmt: skip

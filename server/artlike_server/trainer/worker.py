@@ -21,9 +21,6 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Callable
-from contextlib import AbstractContextManager
-from functools import partial
 from pathlib import Path
 from typing import Any, BinaryIO, cast
 
@@ -160,9 +157,8 @@ class Worker:
         config = command.config
         trainable = [sum(s.trainable[1:]) for s in sequences]
         plan = plan_job(sequences, config)
-        reference: Callable[[], AbstractContextManager[Any]] = model.disable_adapter
-        if command.reference_adapter_dir is not None:
-            reference = partial(self._adapters.reference, Path(command.reference_adapter_dir), command.model_name)
+        reference = self._adapters.reference_policy(
+            command.model_name, None if command.reference_adapter_dir is None else Path(command.reference_adapter_dir))
         self._events.emit(protocol.TrainStarted(
             id=command.id,
             num_gradient_steps=len(plan),

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
+from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
 from artlike.session_types import (
@@ -43,7 +44,7 @@ from artlike.session_types import (
 from artlike.types import DPOConfig
 
 from ..completion_log import CompletionLog, ReadLimitExceeded
-from ..errors import Conflict, InvalidRequest, NotFound, ServiceUnavailable
+from ..errors import Conflict, InvalidRequest, NotFound, ServiceUnavailable, validation_error
 from ..models.manager import ModelManager, served_name
 from ..models.store import ModelStore
 from ..trainer import protocol
@@ -326,11 +327,9 @@ class _SessionUse:
 def _config_of(request: ForwardRequest) -> Any:
     try:
         return request.config()
-    except ValidationError as error:
-        first = error.errors()[0]
-        where = ".".join(str(part) for part in first.get("loc", ()))
-        raise InvalidRequest(f"loss_config{'.' + where if where else ''}: {first.get('msg')}",
-                             param=f"loss_config.{where}" if where else "loss_config", code="invalid_value") from None
+    except ValidationError as error:  # named as the caller sent it: loss_config.<field>
+        errors = [{**e, "loc": ("loss_config", *e.get("loc", ()))} for e in error.errors()]
+        raise validation_error(RequestValidationError(errors)) from None
 
 
 def _token_sequence(sequence: SessionSequence, *, dpo: bool, index: int) -> TrainSequence:
