@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import tempfile
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -23,6 +25,17 @@ from .engine.client import EngineClient
 from .engine.launch import EngineConfig, free_port
 from .engine.supervisor import EngineStartError, EngineState, EngineSupervisor
 from .errors import install_error_handlers
+from .jobs.files import FileStore
+from .jobs.files_router import router as files_router
+from .jobs.graders_router import router as graders_router
+from .jobs.graders_service import GraderService
+from .jobs.intake import check_grade_source
+from .jobs.jobs_router import router as jobs_router
+from .jobs.rewards import ServerJudge, python_grader_runner
+from .jobs.runner import ServerAccess
+from .jobs.sandbox import Sandbox, SandboxLimits
+from .jobs.service import JobService
+from .jobs.store import JobStore
 from .metrics import Metrics
 from .metrics import router as metrics_router
 from .middleware import ApiKeyMiddleware, BodySizeLimitMiddleware, RequestMetricsMiddleware, is_authorized
@@ -75,7 +88,8 @@ def retention_policy(settings: ServerSettings) -> RetentionPolicy:
 def create_app(settings: ServerSettings, *, on_fatal: Callable[[BaseException], None] | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        state = _build_state(settings, metrics)
+        judge = ServerJudge(self_url(settings), settings.api_key)
+        state = _build_state(settings, metrics, judge)
         app.state.artlike = state
         state.engine.add_on_ready(state.models.restore)
         metrics.track_engine(state.engine)
@@ -91,6 +105,7 @@ def create_app(settings: ServerSettings, *, on_fatal: Callable[[BaseException], 
         finally:
             starter.cancel()
             reaper.cancel()
+            await state.jobs.shutdown()
             await state.sessions.shutdown()
             await state.training.shutdown()  # usually done already (begin_shutdown); a running job holds the trainer
             pruner.cancel()
@@ -99,6 +114,9 @@ def create_app(settings: ServerSettings, *, on_fatal: Callable[[BaseException], 
             await state.engine_client.aclose()
             state.log.close()
             state.response_store.close()
+            state.jobs.store.close()
+            await state.sandbox.close()
+            await judge.aclose()
 
     metrics = Metrics()
     app = FastAPI(title="artlike", version="0.1.0", lifespan=lifespan)
@@ -112,6 +130,9 @@ def create_app(settings: ServerSettings, *, on_fatal: Callable[[BaseException], 
     app.include_router(models_router)
     app.include_router(training_router)
     app.include_router(sessions_router)
+    app.include_router(files_router)
+    app.include_router(graders_router)
+    app.include_router(jobs_router)
     app.include_router(metrics_router)
     app.add_api_route("/health", health, methods=["GET"])
     return app
@@ -125,7 +146,13 @@ async def begin_shutdown(app: FastAPI) -> None:
         await state.training.shutdown()
 
 
-def _build_state(settings: ServerSettings, metrics: Metrics) -> AppState:
+def self_url(settings: ServerSettings) -> str:
+    """This server's own URL, for the parts that are its clients (managed jobs, the model judge)."""
+    host = "127.0.0.1" if settings.host in {"", "0.0.0.0"} else "::1" if settings.host == "::" else settings.host
+    return f"http://[{host}]:{settings.port}" if ":" in host else f"http://{host}:{settings.port}"
+
+
+def _build_state(settings: ServerSettings, metrics: Metrics, judge: ServerJudge) -> AppState:
     settings.log_dir.mkdir(parents=True, exist_ok=True)
     completion_log = CompletionLog(settings.data_dir / "completions.sqlite")
     completion_log.open()
@@ -147,9 +174,18 @@ def _build_state(settings: ServerSettings, metrics: Metrics) -> AppState:
                                chat_template=chat_template, limits=limits)
     response_store = ResponseStore(settings.data_dir / "responses.sqlite")
     sessions = TrainingSessions(store, models, completion_log, trainer, training)
+    # User code sees neither the data dir nor the server's memory: its workers live outside both.
+    sandbox_limits = SandboxLimits(call_timeout_s=settings.reward_timeout_s, workers=settings.reward_workers,
+                                   memory_bytes=settings.reward_memory_bytes)
+    sandbox = Sandbox(Path(tempfile.mkdtemp(prefix="artlike-sandbox-")), hidden_paths=[settings.data_dir],
+                      limits=sandbox_limits)
+    jobs = JobService(JobStore(settings.data_dir / "jobs"), sandbox, ServerAccess(self_url(settings), settings.api_key),
+                      judge)
+    graders = GraderService(python_grader_runner(sandbox), judge, check_source=check_grade_source)
     return AppState(settings=settings, engine=engine, engine_client=engine_client, store=store, models=models,
                     log=completion_log, metrics=metrics, trainer=trainer, training=training, sessions=sessions,
-                    response_store=response_store,
+                    response_store=response_store, sandbox=sandbox, files=FileStore(settings.data_dir / "files"),
+                    graders=graders, jobs=jobs,
                     dialects={"responses": ResponsesDialect(response_store), "messages": MessagesDialect()})
 
 
@@ -215,6 +251,7 @@ async def _start_engine_then_trainer(state: AppState, on_fatal: Callable[[BaseEx
         await asyncio.to_thread(state.training.load_tokenizer)
     except Exception:
         log.exception("the tokenizer did not load; requests with offline trajectories will retry")
+    state.jobs.start()  # managed jobs are clients of the engine and trainer: start (or resume) them now
 
 
 async def health(request: Request) -> Response:
@@ -231,6 +268,8 @@ async def health(request: Request) -> Response:
             "models": len(state.models.served_models),  # in memory: /health is polled often
             "training": state.training.active(),
             "training_sessions": state.sessions.open_models(),
+            "jobs": state.jobs.running_jobs(),
+            "sandbox": state.sandbox.enforcement(),
         }
     headers = {} if engine_state == EngineState.READY else {"Retry-After": str(round(state.engine.retry_after()))}
     return Response(orjson.dumps(body), status_code=200 if engine_state == EngineState.READY else 503,

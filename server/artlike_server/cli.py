@@ -87,6 +87,11 @@ def serve(
     log_file_max_mb: Annotated[float, typer.Option(
         min=0.001, help="engine.log and trainer.log rotate at this size in MiB.")] = 64,
     log_file_backups: Annotated[int, typer.Option(min=1, help="Rotated engine/trainer logs kept.")] = 3,
+    reward_timeout: Annotated[float, typer.Option(
+        min=0.1, help="Seconds one call of user reward code (reward_fn, grade, tools) may take in the sandbox.")] = 10.0,
+    reward_workers: Annotated[int, typer.Option(min=1, help="Sandbox worker processes for user reward code.")] = 2,
+    reward_memory_mb: Annotated[int, typer.Option(
+        min=64, help="Address-space limit of one sandbox worker in MiB.")] = 1024,
     log_level: str = "info",
 ) -> None:
     """Serve the OpenAI API with recording and training."""
@@ -153,6 +158,9 @@ def serve(
         log_max_bytes=int(log_max_mb * _MIB) or None,
         log_file_max_bytes=int(log_file_max_mb * _MIB),
         log_file_backups=log_file_backups,
+        reward_timeout_s=reward_timeout,
+        reward_workers=reward_workers,
+        reward_memory_bytes=reward_memory_mb * _MIB,
     )
     raise typer.Exit(run(settings, log_level=log_level))
 

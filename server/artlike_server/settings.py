@@ -44,6 +44,10 @@ class ServerSettings:
     tool_call_parser: str | None = None
     engine_args: tuple[str, ...] = field(default_factory=tuple)
     engine_startup_timeout_s: float = 600.0
+    # managed jobs: user reward code runs in a pool of sandboxed workers (jobs/sandbox.py)
+    reward_timeout_s: float = 10.0
+    reward_workers: int = 2
+    reward_memory_bytes: int = 1 << 30
     # trainer
     trainer_dtype: Dtype = "float32"
     gradient_checkpointing: bool = False

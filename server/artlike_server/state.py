@@ -11,6 +11,10 @@ if TYPE_CHECKING:
     from .completion_log import CompletionLog
     from .engine.client import EngineClient
     from .engine.supervisor import EngineSupervisor
+    from .jobs.files import FileStore
+    from .jobs.graders_service import GraderService
+    from .jobs.sandbox import Sandbox
+    from .jobs.service import JobService
     from .metrics import Metrics
     from .models.manager import ModelManager
     from .models.store import ModelStore
@@ -35,6 +39,10 @@ class AppState:
     training: TrainingService
     sessions: TrainingSessions
     response_store: ResponseStore
+    sandbox: Sandbox
+    files: FileStore
+    graders: GraderService
+    jobs: JobService
     dialects: dict[str, Dialect] = field(default_factory=dict)  # APIs served by translation, by route name
 
 

@@ -30,6 +30,18 @@ ROOTS = [
     "ErrorResponse",
     "Response",  # the Responses API's response object
     "ResponseStreamEvent",  # and every event of its stream
+    # managed jobs (issue #14): files, graders, fine-tuning jobs
+    "OpenAIFile",
+    "ListFilesResponse",
+    "DeleteFileResponse",
+    "RunGraderResponse",
+    "ValidateGraderResponse",
+    "FineTuningJob",
+    "FineTuningJobEvent",
+    "FineTuningJobCheckpoint",
+    "ListPaginatedFineTuningJobsResponse",
+    "ListFineTuningJobEventsResponse",
+    "ListFineTuningJobCheckpointsResponse",
 ]
 OUTPUT = Path(__file__).resolve().parents[1] / "data" / "openai_schemas.json"
 REF_PREFIX = "#/components/schemas/"

@@ -19,13 +19,14 @@ from ._errors import (
     GraderNotRunnableHere,
     GradingFailed,
     MissingDependencyError,
+    PythonGraderFailed,
     ScoreParseError,
     TemplateError,
     UnsupportedMetricError,
 )
 from ._formula import Formula, compile_formula
 from ._grade import AnyGrader, grade, grade_async, normalize_sample, parse_grader
-from ._model_graders import Judge
+from ._model_graders import Judge, PythonRunner
 from ._reward import RewardComponents
 from ._template import render
 from ._types import (
@@ -62,6 +63,8 @@ __all__ = [
     "MissingDependencyError",
     "MultiGrader",
     "PythonGrader",
+    "PythonGraderFailed",
+    "PythonRunner",
     "RewardComponents",
     "ScoreModelGrader",
     "ScoreParseError",

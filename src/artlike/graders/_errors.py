@@ -5,7 +5,8 @@
     │   │                        `GradeResult.error` (kind) with score 0 instead of raising
     │   ├── TemplateError        a `{{namespace.path}}` the item or sample does not have
     │   ├── FormulaError         a `calculate_output` that does not parse or evaluate
-    │   └── ScoreParseError      a judge model's answer without a usable score or label
+    │   ├── ScoreParseError      a judge model's answer without a usable score or label
+    │   └── PythonGraderFailed   a python grader's code failed where it ran (the sandbox)
     ├── GraderNotRunnableHere    python graders: they need the server's sandbox (never exec'd here)
     ├── UnsupportedMetricError   a text_similarity metric this library cannot compute
     └── MissingDependencyError   the `graders` extra is not installed (also an ImportError)
@@ -21,6 +22,7 @@ ErrorKind = Literal[
     "sample_parse_error",
     "invalid_variable_error",
     "model_grader_parse_error",
+    "python_grader_runtime_error",
     "other_error",
 ]
 
@@ -51,6 +53,12 @@ class FormulaError(GradingFailed):
 
 class ScoreParseError(GradingFailed):
     kind: ErrorKind = "model_grader_parse_error"
+
+
+class PythonGraderFailed(GradingFailed):
+    """A python grader's code raised, timed out, or returned no finite number (reported by the runner)."""
+
+    kind: ErrorKind = "python_grader_runtime_error"
 
 
 class GraderNotRunnableHere(GraderError):

@@ -15,11 +15,11 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from ._errors import FormulaError, GraderNotRunnableHere, GradingFailed
+from ._errors import FormulaError, GraderNotRunnableHere, GradingFailed, PythonGraderFailed
 from ._format import format_reward
 from ._formula import compile_formula
 from ._math_accuracy import final_answer, math_equal
-from ._model_graders import Judge, parse_label, parse_score, render_messages
+from ._model_graders import Judge, PythonRunner, parse_label, parse_score, render_messages
 from ._reward import RewardComponents
 from ._string_check import string_check
 from ._template import lookup, render, sample_from_text
@@ -97,8 +97,8 @@ def _variable_names(graders: dict[str, SubGrader] | list[SubGrader] | SubGrader)
 
 
 class _Grading:
-    def __init__(self, judge: Judge | None, sync: bool) -> None:
-        self.judge, self.sync = judge, sync
+    def __init__(self, judge: Judge | None, sync: bool, python: PythonRunner | None = None) -> None:
+        self.judge, self.sync, self.python = judge, sync, python
 
     async def run(self, grader: AnyGrader, sample: dict[str, Any], item: Mapping[str, Any]) -> GradeResult:
         name, kind = ("reward_components", "reward_components") if isinstance(grader, RewardComponents) \
@@ -127,8 +127,8 @@ class _Grading:
             score, answer = format_reward(r(g.input))
             return result.model_copy(update={"score": score, "metadata": {"answer": answer}})
         if isinstance(g, PythonGrader):
-            raise GraderNotRunnableHere(
-                f"python grader {g.name!r} runs untrusted code: only the server's sandbox runs it")
+            score = await self._run_python(g, sample, item)
+            return result.model_copy(update={"score": score, "passed": _passed(score, g.pass_threshold)})
         if isinstance(g, ScoreModelGrader | LabelModelGrader):
             answer = await _call_judge(self.judge, render_messages(g.input, sample, item), g.model, self.sync)
             if isinstance(g, LabelModelGrader):
@@ -142,6 +142,21 @@ class _Grading:
         if isinstance(g, MultiGrader):
             return await self._multi(g, sample, item)
         return await self._reward_components(g, sample, item)
+
+    async def _run_python(self, g: PythonGrader, sample: dict[str, Any], item: Mapping[str, Any]) -> float:
+        if self.python is None:
+            raise GraderNotRunnableHere(
+                f"python grader {g.name!r} runs untrusted code: only the server's sandbox runs it")
+        score = self.python(g, sample, item)
+        if inspect.isawaitable(score):
+            if self.sync:
+                if inspect.iscoroutine(score):
+                    score.close()
+                raise TypeError("the python runner is async: call grade_async()")
+            score = await score
+        if isinstance(score, bool) or not isinstance(score, int | float) or not math.isfinite(score):
+            raise PythonGraderFailed(f"python grader {g.name!r} returned {score!r}, not a finite number")
+        return float(score)
 
     async def _sub_results(
         self, graders: dict[str, SubGrader] | dict[str, Grader], sample: dict[str, Any],
@@ -213,11 +228,13 @@ def grade(
     item: Mapping[str, Any] | None = None,
     *,
     judge: Judge | None = None,
+    python: PythonRunner | None = None,
 ) -> GradeResult:
     """Grade one sample. Per-sample failures (a missing template key, a bad formula, a judge answer with no
-    score) come back as `result.error` with score 0; python graders raise GraderNotRunnableHere."""
+    score) come back as `result.error` with score 0; python graders need `python=` (the server's sandbox
+    runs them) and raise GraderNotRunnableHere without it."""
     g = parse_grader(grader) if isinstance(grader, Mapping) else grader
-    return _drive(_Grading(judge, sync=True).run(g, normalize_sample(sample), item or {}))
+    return _drive(_Grading(judge, sync=True, python=python).run(g, normalize_sample(sample), item or {}))
 
 
 async def grade_async(
@@ -226,7 +243,8 @@ async def grade_async(
     item: Mapping[str, Any] | None = None,
     *,
     judge: Judge | None = None,
+    python: PythonRunner | None = None,
 ) -> GradeResult:
-    """`grade()` for an async judge (a sync one works too)."""
+    """`grade()` for an async judge or python runner (sync ones work too)."""
     g = parse_grader(grader) if isinstance(grader, Mapping) else grader
-    return await _Grading(judge, sync=False).run(g, normalize_sample(sample), item or {})
+    return await _Grading(judge, sync=False, python=python).run(g, normalize_sample(sample), item or {})

@@ -18,10 +18,14 @@ from typing import Any
 
 from ._errors import ScoreParseError
 from ._template import render
-from ._types import JudgeMessage
+from ._types import JudgeMessage, PythonGrader
 
 Judge = Callable[[list[dict[str, Any]], str], "str | Awaitable[str]"]
 """`judge(messages, model)`: the judge model's text answer to OpenAI-shape chat messages."""
+
+PythonRunner = Callable[["PythonGrader", dict[str, Any], Mapping[str, Any]], "float | Awaitable[float]"]
+"""`python(grader, sample, item)`: run a python grader's `grade(sample, item)` somewhere safe (the server's
+sandbox) and return its score; raise `GradingFailed` for a failure of the user's code."""
 
 _NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
 

@@ -1,0 +1,325 @@
+"""Run one managed job: a client of this server that happens to live inside it.
+
+Reinforcement, per iteration: take `batch_size` rows (a seeded shuffle per epoch, so a resumed job sees the
+rows it would have seen), roll out `group_size` episodes per row through the server's own trajectory URLs
+(so every rollout is recorded and browsable like any agent's), score them (sandbox or graders), train one
+GRPO step through `/_train_model` (which hot-swaps it) and record a checkpoint. Validation rows are scored
+before the first iteration, every `eval.interval` iterations and after the last.
+
+Supervised and DPO jobs are one `/_train_model` call over the whole dataset (`iterations` = epochs).
+
+Stopping: `StopFlag.request("cancel" | "pause")`. Rollouts in flight are abandoned (nothing of them is
+trained); a training step in flight finishes and is kept, so the last good step stays served.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import random
+import statistics
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, Literal, TypeVar
+
+import openai
+
+import artlike as art
+
+from .datasets import PromptRow, parse_chat_examples, parse_preference_rows, parse_prompt_rows
+from .episodes import run_episode
+from .rewards import JobReward
+from .spec import JobSpec
+from .store import JobRecord, JobStore
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+MAX_REWARD_ERROR_EVENTS = 3  # the first tracebacks of a job appear in its events; later ones are counted
+ROLLOUT_FAILURE_BUDGET = 0.25  # rollouts (not rewards) that may fail per iteration before the job fails
+TRAIN_CONFLICT_RETRY_S = 5.0
+TRAIN_CONFLICT_RETRIES = 120  # someone else trains this model: wait up to 10 minutes for them
+
+
+Outcome = Literal["succeeded", "failed", "cancelled", "paused"]
+
+
+class JobFailed(Exception):
+    def __init__(self, message: str, *, code: str = "job_failed") -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class Stopped(Exception):
+    pass
+
+
+class StopFlag:
+    """Set by cancel/pause requests; the runner checks it between phases and races rollouts against it."""
+
+    def __init__(self) -> None:
+        self.requested: Literal["cancel", "pause"] | None = None
+        self._event = asyncio.Event()
+
+    def request(self, what: Literal["cancel", "pause"]) -> None:
+        if self.requested != "cancel":  # cancel wins over pause
+            self.requested = what
+        self._event.set()
+
+    async def interruptible(self, awaitable: Awaitable[T]) -> T:
+        """Await it unless a stop is requested first; then cancel it and raise Stopped."""
+        work = asyncio.ensure_future(awaitable)
+        stopper = asyncio.ensure_future(self._event.wait())
+        try:
+            await asyncio.wait({work, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopper.cancel()
+        if work.done():
+            return work.result()
+        work.cancel()
+        await asyncio.gather(work, return_exceptions=True)
+        raise Stopped
+
+    def check(self) -> None:
+        if self.requested is not None:
+            raise Stopped
+
+
+@dataclass(frozen=True)
+class ServerAccess:
+    """How the job reaches this server: its own URL and key (the same routes any client uses)."""
+
+    base_url: str
+    api_key: str | None
+
+
+def batch_rows(rows: list[PromptRow], *, iteration: int, batch_size: int, seed: int) -> list[PromptRow]:
+    """The rows of one iteration: consecutive slices of a fresh seeded permutation per epoch.
+
+    >>> rows = [PromptRow(line=i, messages=[], tools=None, item={}) for i in range(1, 5)]
+    >>> [r.line for r in batch_rows(rows, iteration=0, batch_size=3, seed=1)] == \\
+    ...     [r.line for r in batch_rows(rows, iteration=0, batch_size=3, seed=1)]
+    True
+    """
+    n = len(rows)
+    chosen: list[PromptRow] = []
+    for position in range(iteration * batch_size, iteration * batch_size + min(batch_size, n)):
+        epoch, index = divmod(position, n)
+        order = list(range(n))
+        random.Random(f"{seed}:{epoch}").shuffle(order)
+        chosen.append(rows[order[index]])
+    return chosen
+
+
+class JobRunner:
+    def __init__(self, store: JobStore, job_id: str, server: ServerAccess, reward: JobReward | None,
+                 stop: StopFlag) -> None:
+        self.store = store
+        self.job_id = job_id
+        self.server = server
+        self.reward = reward
+        self.stop = stop
+        self._reward_errors_reported = 0
+
+    @property
+    def job(self) -> JobRecord:
+        return self.store.get(self.job_id)
+
+    @property
+    def spec(self) -> JobSpec:
+        return self.job.spec
+
+    def event(self, message: str, *, level: Literal["info", "warn", "error"] = "info",
+              metrics: dict[str, Any] | None = None) -> None:
+        self.store.add_event(self.job_id, message, level=level, type="metrics" if metrics else "message",
+                             data=metrics)
+
+    async def run(self) -> Outcome:
+        """Run (or resume) the job to its end; raises JobFailed with the reason when it cannot go on."""
+        spec = self.spec
+        async with art.TrainableModel(spec.target_model, spec.base_model, self.server.base_url,
+                                      api_key=self.server.api_key) as model:
+            if spec.create_target:
+                await model.register()
+            if self.job.start_step is None:
+                self.store.update(self.job_id, start_step=await model.get_step())
+            try:
+                if spec.method == "reinforcement":
+                    await self._reinforce(model)
+                else:
+                    await self._train_offline(model)
+            except Stopped:
+                assert self.stop.requested is not None
+                return "cancelled" if self.stop.requested == "cancel" else "paused"
+        return "succeeded"
+
+    # ------------------------------------------------------------------------------ reinforcement
+
+    async def _reinforce(self, model: art.TrainableModel) -> None:
+        spec = self.spec
+        assert self.reward is not None
+        rows = parse_prompt_rows(self.store.rows(self.job_id, "train"))
+        validation = parse_prompt_rows(self.store.rows(self.job_id, "validation")) if spec.validation_rows else []
+        first = self.job.iteration
+        if first == 0 and validation:
+            await self._evaluate(model, validation, iteration=0, model_name=f"{spec.target_model}@{self.job.start_step}")
+        for iteration in range(first, spec.iterations):
+            self.stop.check()
+            started = time.monotonic()
+            batch = batch_rows(rows, iteration=iteration, batch_size=spec.batch_size, seed=spec.seed)
+            groups = await self.stop.interruptible(self._rollouts(model, batch))
+            rollout_seconds = time.monotonic() - started
+            rewards = [t.reward or 0.0 for g in groups for t in g.trajectories]
+            errors = [t.metadata["reward_error"] for g in groups for t in g.trajectories
+                      if t.metadata.get("reward_error")]
+            self._report_reward_errors(errors, iteration)
+            if rewards and len(errors) == len(rewards):
+                raise JobFailed(f"every reward of iteration {iteration + 1} failed; the first: {errors[0]}",
+                                code="reward_failed")
+            metrics: dict[str, Any] = {
+                "step": iteration + 1, "iteration": iteration + 1, "total_iterations": spec.iterations,
+                "reward_mean": statistics.fmean(rewards) if rewards else 0.0,
+                "reward_std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
+                "reward_errors": len(errors), "rollouts": len(rewards), "rollout_seconds": round(rollout_seconds, 3)}
+            informative = [g for g in groups if len({t.reward for t in g.trajectories}) > 1]
+            checkpoint: str | None = None
+            if informative:
+                result = await self._train(partial(model.train, informative, learning_rate=spec.learning_rate,
+                                                   progress=False))
+                checkpoint = result.model
+                metrics |= {"loss": result.metrics[-1].loss if result.metrics else 0.0, "model_step": result.step,
+                            "trained_tokens": result.start.trainable_tokens if result.start else 0,
+                            "groups_trained": len(informative)}
+            else:
+                metrics |= {"loss": 0.0, "groups_trained": 0}
+                self.event(f"iteration {iteration + 1}: every group's rewards were equal, so there is nothing to "
+                           "learn from it; no step was trained", level="warn")
+            metrics["seconds"] = round(time.monotonic() - started, 3)
+            last = iteration + 1 == spec.iterations
+            due = spec.eval.interval is not None and (iteration + 1) % spec.eval.interval == 0
+            if validation and (last or due):
+                metrics |= await self._evaluate(model, validation, iteration=iteration + 1,
+                                                model_name=checkpoint or spec.target_model)
+            self._commit_iteration(iteration, metrics, checkpoint)
+
+    async def _rollouts(self, model: art.TrainableModel, batch: list[PromptRow]) -> list[art.TrajectoryGroup]:
+        spec = self.spec
+        reward = self.reward
+        assert reward is not None
+
+        async def rollout(row: PromptRow) -> art.Trajectory:
+            async with model.trajectory() as t:
+                client = t.async_openai_client()
+                episode = await run_episode(client, t.model, row, reward, spec.rollout)
+                assert episode.score is not None
+                t.reward = episode.score.value
+                t.metadata["reward_error"] = episode.score.error
+            return t
+
+        groups = (art.TrajectoryGroup(rollout(row) for _ in range(spec.rollout.group_size)) for row in batch)
+        try:
+            return await art.gather_trajectory_groups(groups, max_exceptions=ROLLOUT_FAILURE_BUDGET, progress=False)
+        except art.ArtlikeError as error:
+            raise JobFailed(f"rollouts failed: {error}", code="rollout_failed") from error
+        except openai.OpenAIError as error:
+            raise JobFailed(f"rollouts failed: {type(error).__name__}: {error}", code="rollout_failed") from error
+
+    async def _train(self, start: Callable[[], art.TrainStream]) -> art.TrainResult:
+        """One /_train_model call; a model busy with someone else's training is waited for."""
+        for _ in range(TRAIN_CONFLICT_RETRIES):
+            try:
+                return await start()
+            except art.ConflictError:
+                self.stop.check()
+                await asyncio.sleep(TRAIN_CONFLICT_RETRY_S)
+            except (art.APIError, art.TrainingError, art.APIConnectionError) as error:
+                raise JobFailed(f"training failed: {error}", code="training_failed") from error
+        raise JobFailed("the model stayed busy with other training for too long", code="training_busy")
+
+    def _report_reward_errors(self, errors: list[str], iteration: int) -> None:
+        for error in errors:
+            if self._reward_errors_reported >= MAX_REWARD_ERROR_EVENTS:
+                break
+            self._reward_errors_reported += 1
+            self.event(f"reward error in iteration {iteration + 1} (the sample scored 0): {error}", level="warn")
+
+    def _commit_iteration(self, iteration: int, metrics: dict[str, Any], checkpoint: str | None) -> None:
+        spec = self.spec
+        numeric = {k: float(v) for k, v in metrics.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+        if checkpoint is not None:
+            self.store.add_checkpoint(self.job_id, iteration + 1, checkpoint,
+                                      numeric | {"train_loss": numeric.get("loss", 0.0)})
+        job = self.job
+        self.store.update(self.job_id, iteration=iteration + 1,
+                          trained_tokens=job.trained_tokens + int(metrics.get("trained_tokens", 0)),
+                          last_metrics=numeric)
+        self.event(f"iteration {iteration + 1}/{spec.iterations}: reward {metrics['reward_mean']:.3f}"
+                   + (f", loss {metrics['loss']:.4f}" if checkpoint else ", no step"), metrics=metrics)
+
+    # ---------------------------------------------------------------------------------- evaluation
+
+    async def _evaluate(self, model: art.TrainableModel, rows: list[PromptRow], *, iteration: int,
+                        model_name: str) -> dict[str, float]:
+        """Mean reward and pass rate of `model_name` on the validation rows (plain API: not recorded)."""
+        spec = self.spec
+        reward = self.reward
+        assert reward is not None
+        async with openai.AsyncOpenAI(base_url=model.inference_base_url, api_key=self.server.api_key or "none",
+                                      max_retries=3) as client:
+            episodes = await self.stop.interruptible(asyncio.gather(*(
+                run_episode(client, model_name, row, reward, spec.rollout, temperature=spec.eval.temperature)
+                for row in rows for _ in range(spec.eval.samples))))
+        scores = [e.score.value if e.score else 0.0 for e in episodes]
+        threshold = reward.reward.pass_threshold if reward.reward.pass_threshold is not None \
+            else spec.eval.pass_threshold
+        result = {"valid_reward_mean": statistics.fmean(scores),
+                  "valid_pass_rate": sum(s >= threshold for s in scores) / len(scores)}
+        self.event(f"validation at iteration {iteration}: reward {result['valid_reward_mean']:.3f}, "
+                   f"pass rate {result['valid_pass_rate']:.2f} ({len(scores)} samples)",
+                   metrics={"iteration": iteration, "total_iterations": spec.iterations, "eval": True,
+                            "valid_samples": len(scores)} | result)
+        return result
+
+    # ------------------------------------------------------------------------------ supervised, dpo
+
+    async def _train_offline(self, model: art.TrainableModel) -> None:
+        spec = self.spec
+        if self.job.iteration >= 1:
+            return  # its one step was committed before a restart
+        data = self.store.rows(self.job_id, "train")
+        stream: art.TrainStream
+        if spec.method == "supervised":
+            examples = parse_chat_examples(data)
+            stream = model.train_sft([e["messages"] for e in examples], epochs=spec.iterations,
+                                     learning_rate=spec.learning_rate, progress=False)
+        else:
+            pairs = parse_preference_rows(data)
+            stream = model.train_dpo(pairs, epochs=spec.iterations, learning_rate=spec.learning_rate,
+                                     progress=False, **_dpo_options(spec.hyperparameters))
+        total = 0
+        done: art.DoneEvent | None = None
+        try:
+            async for event in stream:
+                if isinstance(event, art.StartEvent):
+                    total = event.num_gradient_steps
+                elif isinstance(event, art.StepEvent):
+                    self.event(f"step {event.gradient_step}/{event.num_gradient_steps}: loss {event.loss:.4f}",
+                               metrics={"step": event.gradient_step, "iteration": event.gradient_step,
+                                        "total_iterations": total, "loss": event.loss,
+                                        "train_loss": event.loss, **event.metrics})
+                elif isinstance(event, art.DoneEvent):
+                    done = event
+        except (art.APIError, art.TrainingError, art.APIConnectionError) as error:
+            raise JobFailed(f"training failed: {error}", code="training_failed") from error
+        if done is None:
+            raise JobFailed("the training stream ended without a result", code="training_failed")
+        self.store.add_checkpoint(self.job_id, 1, done.model, dict(self.job.last_metrics))
+        self.store.update(self.job_id, iteration=1)
+
+
+def _dpo_options(hyperparameters: dict[str, Any]) -> dict[str, Any]:
+    beta = hyperparameters.get("beta")
+    return {"beta": float(beta)} if isinstance(beta, int | float) and math.isfinite(beta) else {}

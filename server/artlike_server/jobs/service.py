@@ -1,0 +1,249 @@
+"""The job engine: creates jobs, queues them per target model, runs them, and resumes them after a restart.
+
+One job runs per target model at a time (the others queue, oldest first); jobs on different models run
+side by side and share the trainer like any other clients. State lives in `JobStore`; this service only
+holds what a running process needs (the runner tasks and their stop flags). On start it requeues every
+job a previous process left unfinished: a running job continues from its last committed iteration.
+On shutdown runner tasks are cancelled without touching their status, so the next start resumes them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from ..errors import Conflict, InvalidRequest, NotFound
+from .rewards import JobReward, Judge
+from .runner import JobFailed, JobRunner, ServerAccess, StopFlag
+from .sandbox import Sandbox
+from .spec import FINISHED, JobSpec
+from .store import EventRecord, JobRecord, JobStore, event_seq
+
+log = logging.getLogger(__name__)
+
+FOLLOW_POLL_S = 15.0  # a follower re-reads the store at least this often, even without a notification
+
+
+@dataclass(frozen=True)
+class NewJob:
+    """A validated request, ready to be stored: the spec plus the rows it trains and validates on."""
+
+    spec: JobSpec
+    train_rows: list[Any]
+    validation_rows: list[Any]
+    training_file: str | None = None
+    validation_file: str | None = None
+    suffix: str | None = None
+    metadata: dict[str, str] | None = None
+    warnings: tuple[str, ...] = ()
+
+
+def new_job_id() -> str:
+    return f"ftjob-{secrets.token_hex(12)}"
+
+
+class JobService:
+    def __init__(self, store: JobStore, sandbox: Sandbox, server: ServerAccess, judge: Judge | None) -> None:
+        self.store = store
+        self.sandbox = sandbox
+        self.server = server
+        self.judge = judge
+        self._running: dict[str, tuple[str, asyncio.Task[None], StopFlag]] = {}  # target model -> job
+        self._changed: dict[str, asyncio.Event] = {}
+        self._closed = False
+        store.on_event = self.notify
+
+    # --------------------------------------------------------------------------------- lifecycle
+
+    def start(self) -> None:
+        """Requeue what a previous process left unfinished, then start the queues."""
+        for job in self.store.unfinished():
+            if job.status == "running":
+                self._event(job.id, f"the server restarted; the job resumes from iteration {job.iteration}",
+                            level="warn")
+                self.store.update(job.id, status="queued")
+            elif job.status == "validating_files":
+                self.store.update(job.id, status="queued")
+        for model in {j.spec.target_model for j in self.store.unfinished()}:
+            self._schedule(model)
+
+    async def shutdown(self) -> None:
+        self._closed = True
+        tasks = [task for _, task, _ in self._running.values()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._running.clear()
+
+    def running_jobs(self) -> list[str]:
+        return [job_id for job_id, _, _ in self._running.values()]
+
+    # ------------------------------------------------------------------------------------- create
+
+    def create(self, new: NewJob) -> JobRecord:
+        job_id = new_job_id()
+        job = self.store.create(job_id, new.spec, training_file=new.training_file,
+                                validation_file=new.validation_file, suffix=new.suffix, metadata=new.metadata,
+                                train_rows=new.train_rows, validation_rows=new.validation_rows)
+        spec = new.spec
+        self._event(job_id, f"created: {spec.method} on {spec.base_model} -> {spec.target_model}, "
+                            f"{spec.train_rows} training rows, {spec.iterations} iteration(s)")
+        for warning in (*new.warnings, *filter(None, [spec.learning_rate_warning()])):
+            self._event(job_id, warning, level="warn")
+        self._schedule(spec.target_model)
+        return self.store.get(job.id)
+
+    # ---------------------------------------------------------------------------------- queries
+
+    def get(self, job_id: str) -> JobRecord:
+        job = self.store.find(job_id)
+        if job is None:
+            raise NotFound(f"no fine-tuning job {job_id!r}", param="fine_tuning_job_id", code="job_not_found")
+        return job
+
+    def page(self, *, limit: int, after: str | None, metadata: dict[str, str] | None = None
+             ) -> tuple[list[JobRecord], bool]:
+        if after is not None:
+            self.get(after)
+        return self.store.page(limit=limit, after=after, metadata=metadata)
+
+    # ---------------------------------------------------------------------------------- control
+
+    async def cancel(self, job_id: str) -> JobRecord:
+        """A queued or paused job is cancelled at once; a running one after its current step (waited for
+        a moment, so the answer usually says `cancelled`)."""
+        job = self.get(job_id)
+        if job.finished:
+            raise Conflict(f"job {job_id} already {job.status}", param="fine_tuning_job_id", code="job_finished")
+        running = self._running.get(job.spec.target_model)
+        if running is not None and running[0] == job_id:
+            running[2].request("cancel")
+            self.store.update(job_id, stop_request="cancel")
+            self._event(job_id, "cancel requested: the job stops after its current step")
+            await asyncio.wait({running[1]}, timeout=2.0)
+        else:
+            self._finish(job_id, "cancelled", "cancelled before it ran" if job.iteration == 0 else "cancelled")
+        return self.get(job_id)
+
+    async def pause(self, job_id: str) -> JobRecord:
+        job = self.get(job_id)
+        if job.status not in {"queued", "running", "validating_files"}:
+            raise Conflict(f"job {job_id} is {job.status}; only a queued or running job can be paused",
+                           param="fine_tuning_job_id", code="job_not_running")
+        running = self._running.get(job.spec.target_model)
+        if running is not None and running[0] == job_id:
+            running[2].request("pause")
+            self.store.update(job_id, stop_request="pause")
+            self._event(job_id, "pause requested: the job pauses after its current step")
+            await asyncio.wait({running[1]}, timeout=2.0)
+        else:
+            self.store.update(job_id, status="paused")
+            self._event(job_id, "paused")
+        return self.get(job_id)
+
+    def resume(self, job_id: str) -> JobRecord:
+        job = self.get(job_id)
+        if job.status != "paused":
+            raise Conflict(f"job {job_id} is {job.status}; only a paused job can be resumed",
+                           param="fine_tuning_job_id", code="job_not_paused")
+        self.store.update(job_id, status="queued", stop_request=None)
+        self._event(job_id, f"resumed: queued to continue from iteration {job.iteration}")
+        self._schedule(job.spec.target_model)
+        return self.get(job_id)
+
+    # ----------------------------------------------------------------------------------- events
+
+    def events(self, job_id: str, *, after: str | None, limit: int) -> tuple[list[EventRecord], bool]:
+        """Newest first, as OpenAI lists them; `after` is the last event id of the previous page."""
+        self.get(job_id)
+        seq = _event_seq(after) if after is not None else None
+        events = self.store.events(job_id, after_seq=seq, limit=limit + 1, newest_first=True)
+        return events[:limit], len(events) > limit
+
+    async def follow(self, job_id: str, *, after: str | None = None) -> AsyncIterator[EventRecord | JobRecord]:
+        """Every event oldest first, waiting for new ones, then the finished job itself."""
+        self.get(job_id)
+        seq = _event_seq(after) if after is not None else 0
+        while True:
+            changed = self._changed.setdefault(job_id, asyncio.Event())
+            events = self.store.events(job_id, after_seq=seq, limit=500)
+            for event in events:
+                seq = event.seq
+                yield event
+            if events:
+                continue
+            job = self.get(job_id)
+            if job.finished or (job.status == "paused" and job_id not in self.running_jobs()):
+                yield job
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), FOLLOW_POLL_S)
+
+    # ---------------------------------------------------------------------------------- running
+
+    def _schedule(self, model: str) -> None:
+        if self._closed or model in self._running:
+            return
+        queued = [j for j in self.store.unfinished() if j.spec.target_model == model and j.status == "queued"]
+        if not queued:
+            return
+        job = queued[0]
+        stop = StopFlag()
+        task = asyncio.create_task(self._run(job.id, stop), name=f"job-{job.id}")
+        self._running[model] = (job.id, task, stop)
+
+    async def _run(self, job_id: str, stop: StopFlag) -> None:
+        job = self.store.update(job_id, status="running", stop_request=None)
+        model = job.spec.target_model
+        self._event(job_id, "started" if job.iteration == 0 else f"running from iteration {job.iteration}")
+        reward = JobReward(job.spec.reward, self.sandbox, self.judge) if job.spec.reward is not None else None
+        try:
+            outcome = await JobRunner(self.store, job_id, self.server, reward, stop).run()
+        except asyncio.CancelledError:
+            raise  # shutdown: the status stays `running` and the next start resumes the job
+        except JobFailed as failed:
+            self._finish(job_id, "failed", str(failed), code=failed.code)
+        except Exception as error:  # a bug: fail this job with its name, keep the server and the queue going
+            log.exception("job %s crashed", job_id)
+            self._finish(job_id, "failed", f"internal error: {type(error).__name__}: {error}", code="internal_error")
+        else:
+            if outcome == "paused":
+                self.store.update(job_id, status="paused", stop_request=None)
+                self._event(job_id, f"paused after iteration {self.store.get(job_id).iteration}")
+            else:
+                self._finish(job_id, outcome, "the job succeeded" if outcome == "succeeded" else "cancelled")
+        finally:
+            if self._running.get(model, ("",))[0] == job_id:
+                del self._running[model]
+            self._schedule(model)
+
+    def _finish(self, job_id: str, status: Literal["succeeded", "failed", "cancelled"], message: str,
+                *, code: str | None = None) -> None:
+        fields: dict[str, Any] = {"status": status, "stop_request": None}
+        if status == "failed":
+            fields["error"] = {"code": code or "job_failed", "message": message, "param": None}
+        self.store.update(job_id, **fields)
+        self._event(job_id, message, level="error" if status == "failed" else "info")
+        assert self.store.get(job_id).status in FINISHED
+
+    def _event(self, job_id: str, message: str, *, level: Literal["info", "warn", "error"] = "info") -> None:
+        self.store.add_event(job_id, message, level=level)
+
+    def notify(self, job_id: str) -> None:
+        """Wake the followers of a job (called after every event the job writes)."""
+        event = self._changed.pop(job_id, None)
+        if event is not None:
+            event.set()
+
+
+def _event_seq(event_id: str) -> int:
+    seq = event_seq(event_id)
+    if seq is None:
+        raise InvalidRequest(f"{event_id!r} is not an event id (ftevent-N)", param="after", code="invalid_cursor")
+    return seq
+

@@ -1,0 +1,91 @@
+"""What a managed job is asked to do, in one validated object that the store keeps and the runner reads.
+
+Both front doors (OpenAI's fine-tuning jobs API and MotteRL's `/api/training/start`) translate their
+request into a `JobSpec`; the runner never sees either wire format. Defaults are ours, for a LoRA GRPO run
+on a small model: MotteRL's learning-rate default (0.01) would wreck a LoRA, so a request that sends such a
+value is accepted and warned about (`learning_rate_warning`).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+DEFAULT_LEARNING_RATE = 1e-5
+DEFAULT_GROUP_SIZE = 8
+DEFAULT_BATCH_SIZE = 8
+LEARNING_RATES_SEEN_WORKING = (1e-7, 1e-3)
+"""LoRA GRPO learning rates we have seen train without diverging; outside it the job warns, not refuses."""
+
+JobStatus = Literal["validating_files", "queued", "running", "paused", "succeeded", "failed", "cancelled"]
+FINISHED: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class PythonReward(_Frozen):
+    """User code, run only in the sandbox. `entry` is the function that scores: OpenAI's `grade(sample, item)`,
+    or MotteRL's `reward_fn(completion, **kwargs)` (any name, when the module defines one function)."""
+
+    kind: Literal["python"] = "python"
+    source: str
+    entry: str
+    functions: tuple[str, ...] = ()  # every top-level function: next_turn and tool functions live here too
+    pass_threshold: float | None = None
+
+
+class GraderReward(_Frozen):
+    """A grader config for `artlike.graders` (OpenAI's JSON or SeekrFlow's RewardComponents); python
+    graders nested in it run in the sandbox."""
+
+    kind: Literal["grader"] = "grader"
+    grader: dict[str, Any]
+    source: str | None = None  # a module with next_turn / tool functions, when the request gave one
+    functions: tuple[str, ...] = ()
+    pass_threshold: float | None = None
+
+
+Reward = Annotated[PythonReward | GraderReward, Field(discriminator="kind")]
+
+
+class RolloutSettings(_Frozen):
+    group_size: int = Field(DEFAULT_GROUP_SIZE, ge=2, le=64)
+    max_tokens: int = Field(256, ge=1, le=32_768)
+    temperature: float = Field(1.0, ge=0.0, le=2.0)
+    max_turns: int = Field(1, ge=1, le=64)
+    multi_step: bool = False  # the reward module's next_turn(messages, **kwargs) gives the next user message
+
+
+class EvalSettings(_Frozen):
+    interval: int | None = Field(None, ge=1)  # every N iterations (and before the first and after the last)
+    samples: int = Field(1, ge=1, le=16)
+    temperature: float = Field(0.0, ge=0.0, le=2.0)
+    pass_threshold: float = 0.5  # a sample passes when its reward >= this
+
+
+class JobSpec(_Frozen):
+    api: Literal["openai", "motterl"]
+    method: Literal["reinforcement", "supervised", "dpo"]
+    base_model: str  # the served base model
+    target_model: str  # the trainable model the job trains (its fine_tuned_model)
+    create_target: bool  # register target_model first (False: train an existing trainable model in place)
+    reward: Reward | None = None  # reinforcement only
+    iterations: int = Field(ge=1, le=100_000)  # reinforcement: GRPO steps; supervised/dpo: epochs
+    batch_size: int = Field(DEFAULT_BATCH_SIZE, ge=1, le=256)  # rows per iteration
+    learning_rate: float = Field(DEFAULT_LEARNING_RATE, gt=0.0)
+    seed: int = 0
+    rollout: RolloutSettings = RolloutSettings()
+    eval: EvalSettings = EvalSettings()
+    train_rows: int = Field(ge=1)
+    validation_rows: int = 0
+    hyperparameters: dict[str, Any] = Field(default_factory=dict)  # as the request gave them, for the job object
+
+    def learning_rate_warning(self) -> str | None:
+        low, high = LEARNING_RATES_SEEN_WORKING
+        if low <= self.learning_rate <= high:
+            return None
+        return (f"learning rate {self.learning_rate:g} is outside the range LoRA GRPO has been seen to work in "
+                f"({low:g} to {high:g}); the job uses it as given")

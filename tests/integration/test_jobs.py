@@ -1,0 +1,365 @@
+"""Managed jobs on the real server: MotteRL's API with its own payload and reward functions verbatim, the
+official `openai` SDK's files + fine_tuning.jobs flow with SeekrFlow-style graders, multi-step episodes,
+reward errors and timeouts (the server keeps serving), bad requests, and a restart in the middle of a job."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+import httpx
+import openai
+import orjson
+import pytest
+
+from tests.openapi_schema import assert_valid
+
+pytestmark = pytest.mark.integration
+
+# MotteRL's documentation, verbatim: its first reward function and its example payload.
+MOTTERL_REWARD = """def reward_fn(completion, **kwargs):
+    response = completion[0].get('content', '')
+    expected = kwargs.get('expected_result', '')
+    return 1.0 if expected in response else 0.0
+"""
+MOTTERL_MULTI_CRITERIA = """def multi_criteria_reward(completion, **kwargs):
+    response = completion[0].get('content', '')
+
+    # Accuracy score
+    expected = kwargs.get('expected_result', '')
+    accuracy = 1.0 if expected.lower() in response.lower() else 0.0
+
+    # Length score (prefer concise responses)
+    target_length = kwargs.get('target_length', 100)
+    length_score = max(0, 1 - abs(len(response) - target_length) / target_length)
+
+    # Sentiment score
+    positive_words = ['good', 'great', 'excellent', 'helpful']
+    sentiment_score = sum(1 for word in positive_words if word in response.lower()) / len(positive_words)
+
+    # Weighted combination
+    return 0.5 * accuracy + 0.3 * length_score + 0.2 * sentiment_score
+"""
+MOTTERL_ROWS = [{"prompt": "What is AI?", "expected_result": "Artificial Intelligence"},
+                {"prompt": "Define ML", "expected_result": "Machine Learning"}]
+MOTTERL_PAYLOAD = {
+    "model": "qwen-2.5-7b",
+    "learningRate": 0.01,
+    "iterations": "100",
+    "batchSize": 8,
+    "multiStep": False,
+    "rewardFunction": MOTTERL_REWARD,
+    "trainingData": MOTTERL_ROWS,
+}
+SEEKR_SYSTEM = ("A conversation between User and Assistant. The user asks a question, and the Assistant solves it. "
+                "The assistant first thinks about the reasoning process in the mind and then provides the user with "
+                "the answer. The reasoning process and answer are enclosed within <think> </think> and <answer> "
+                "</answer> tags, respectively, i.e., <think> reasoning process here </think><answer> answer here "
+                "</answer>")
+
+
+def seekr_row(question: str, answer: str) -> dict[str, Any]:
+    return {"messages": [{"role": "system", "content": SEEKR_SYSTEM}, {"role": "user", "content": question}],
+            "reference_answer": answer}
+
+
+@pytest.fixture
+async def http(server: Any) -> Any:
+    async with httpx.AsyncClient(base_url=server.base_url, headers=server.headers, timeout=120) as client:
+        yield client
+
+
+async def wait_for(http: httpx.AsyncClient, job_id: str, predicate: Any, limit_s: float = 420) -> dict[str, Any]:
+    deadline = time.monotonic() + limit_s
+    while True:
+        job = (await http.get(f"/v1/fine_tuning/jobs/{job_id}")).json()
+        if predicate(job):
+            return job
+        assert time.monotonic() < deadline, f"job {job_id} never got there: {job}"
+        await asyncio.sleep(0.5)
+
+
+async def events_of(http: httpx.AsyncClient, job_id: str) -> list[dict[str, Any]]:
+    body = (await http.get(f"/v1/fine_tuning/jobs/{job_id}/events", params={"limit": 1000})).json()
+    return list(reversed(body["data"]))  # oldest first
+
+
+def finished(job: dict[str, Any]) -> bool:
+    return job["status"] in {"succeeded", "failed", "cancelled"}
+
+
+async def test_motterl_example_payload_is_accepted_verbatim_and_cancels(http: httpx.AsyncClient, server: Any) -> None:
+    started = await http.post("/api/training/start", json=MOTTERL_PAYLOAD)
+    assert started.status_code == 200, started.text
+    body = started.json()
+    assert set(body) == {"job_id", "status"} and body["status"] in {"queued", "training"}
+    job_id = body["job_id"]
+    await wait_for(http, job_id, lambda j: j["status"] == "running")
+    status = (await http.get(f"/api/training/status/{job_id}")).json()
+    assert status["status"] == "training" and status["totalIterations"] == 100
+    assert status["currentIteration"] == 0 and status["progress"] == 0.0
+    assert set(status["metrics"]) == {"averageReward", "loss"}
+    warnings = [e["message"] for e in await events_of(http, job_id) if e["level"] == "warn"]
+    assert any("'qwen-2.5-7b' is not served here" in w for w in warnings), warnings
+    assert any("learning rate 0.01 is outside" in w for w in warnings), warnings
+
+    cancelled = await http.post(f"/api/training/cancel/{job_id}")
+    assert cancelled.status_code == 200
+    job = await wait_for(http, job_id, finished)
+    assert job["status"] == "cancelled" and job["fine_tuned_model"] is None
+    listed = (await http.get("/api/training/jobs")).json()["jobs"]
+    assert any(j["job_id"] == job_id and j["status"] == "cancelled" for j in listed)
+    again = await http.post(f"/api/training/cancel/{job_id}")
+    assert again.status_code == 409 and again.json()["error"]["code"] == "job_finished"
+    # The target model stays served at its last good step.
+    model = job["artlike"]["target_model"]
+    reply = await http.post("/v1/chat/completions", json={
+        "model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})
+    assert reply.status_code == 200, reply.text
+
+
+async def test_motterl_multi_criteria_job_runs_to_completion_with_followed_logs(http: httpx.AsyncClient) -> None:
+    rows = [{**row, "target_length": 40} for row in MOTTERL_ROWS]
+    started = await http.post("/api/training/start", json={
+        "model": "phi-3.5-mini", "learningRate": 1e-4, "iterations": 2, "batchSize": 2, "multiStep": False,
+        "rewardFunction": MOTTERL_MULTI_CRITERIA, "trainingData": rows, "groupSize": 4, "maxTokens": 24})
+    assert started.status_code == 200, started.text
+    job_id = started.json()["job_id"]
+
+    lines: list[dict[str, Any]] = []
+    async with http.stream("GET", f"/api/training/logs/{job_id}", params={"follow": "true"}) as stream:
+        assert stream.headers["content-type"].startswith("application/x-ndjson")
+        async for line in stream.aiter_lines():
+            if line:
+                lines.append(orjson.loads(line))
+    final = lines[-1]
+    assert final["object"] == "fine_tuning.job" and final["status"] == "succeeded", final
+    events = lines[:-1]
+    assert all(e["object"] == "fine_tuning.job.event" for e in events)
+    metrics = [e["data"] for e in events if e["type"] == "metrics"]
+    assert [m["iteration"] for m in metrics] == [1, 2]
+    assert all(m["rollouts"] == 8 and m["reward_errors"] == 0 for m in metrics)
+    assert all(0.0 <= m["reward_mean"] <= 1.0 for m in metrics)
+
+    status = (await http.get(f"/api/training/status/{job_id}")).json()
+    assert status["status"] == "completed" and status["progress"] == 1.0 and status["currentIteration"] == 2
+    assert status["metrics"]["averageReward"] == pytest.approx(metrics[-1]["reward_mean"])
+    # Every committed step is a checkpoint and a step of the trained model.
+    checkpoints = (await http.get(f"/v1/fine_tuning/jobs/{job_id}/checkpoints")).json()["data"]
+    info = (await http.get(f"/v1/trainable_models/{final['fine_tuned_model']}")).json()
+    assert len(checkpoints) == sum(1 for m in metrics if m["groups_trained"] > 0)
+    assert info["step"] == len(checkpoints)
+
+
+async def test_openai_sdk_files_and_reinforcement_job_with_seekrflow_graders(server: Any) -> None:
+    client = openai.AsyncOpenAI(base_url=f"{server.base_url}/v1", api_key=server.api_key)
+    train = [seekr_row(f"What is {a} + {b}?", str(a + b)) for a, b in [(2, 3), (4, 4), (1, 6), (5, 2)]]
+    validation = [seekr_row("What is 3 + 3?", "6"), seekr_row("What is 2 + 7?", "9")]
+    training_file = await client.files.create(
+        file=("math.jsonl", b"".join(orjson.dumps(r) + b"\n" for r in train)), purpose="fine-tune")
+    validation_file = await client.files.create(
+        file=("math-val.jsonl", b"".join(orjson.dumps(r) + b"\n" for r in validation)), purpose="fine-tune")
+    grader = {"format_reward_weight": 0.2,
+              "graders": [{"type": "math_accuracy", "weight": 0.5},
+                          {"type": "string_check", "operation": "contains", "weight": 0.3,
+                           "input": "{{sample.output_text}}", "reference": "{{item.reference_answer}}"}]}
+    # artlike's hyperparameters (group_size, max_tokens, learning_rate) ride along in the same dict.
+    hyperparameters = {"batch_size": 2, "n_epochs": 1, "eval_interval": 1, "group_size": 4, "max_tokens": 32,
+                       "learning_rate": 5e-5}
+    job = await client.fine_tuning.jobs.create(
+        model=server.model_id, training_file=training_file.id, validation_file=validation_file.id, suffix="math",
+        seed=7, metadata={"suite": "jobs"},
+        method={"type": "reinforcement", "reinforcement": {"grader": grader,  # type: ignore[typeddict-item]
+                                                           "hyperparameters": hyperparameters}})
+    assert job.status in {"queued", "running"} and job.fine_tuned_model is None
+    # SeekrFlow's RewardComponents is not one of the spec's graders: the rest of the job object is the spec's.
+    assert_valid("FineTuningJob", job.model_dump(mode="json", exclude={"method"}))
+    assert job.method is not None and job.method.type == "reinforcement"
+
+    deadline = time.monotonic() + 480
+    while (job := await client.fine_tuning.jobs.retrieve(job.id)).status not in {"succeeded", "failed", "cancelled"}:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(1)
+    assert job.status == "succeeded", job.error
+    assert job.fine_tuned_model and job.finished_at and job.trained_tokens is not None
+    assert_valid("FineTuningJob", job.model_dump(mode="json", exclude={"method"}))
+
+    events = [e async for e in client.fine_tuning.jobs.list_events(job.id, limit=100)]
+    for event in events:
+        assert_valid("FineTuningJobEvent", event.model_dump(mode="json", exclude_none=True))
+    evaluations = [e.data for e in events if e.type == "metrics" and e.data and e.data.get("eval")]  # type: ignore[union-attr]
+    assert sorted(e["iteration"] for e in evaluations) == [0, 1, 2]  # before, and after each of 2 iterations
+    assert all(0.0 <= e["valid_pass_rate"] <= 1.0 and e["valid_samples"] == 2 for e in evaluations)
+    checkpoints = (await client.fine_tuning.jobs.checkpoints.list(job.id)).data
+    for checkpoint in checkpoints:
+        assert_valid("FineTuningJobCheckpoint", checkpoint.model_dump(mode="json"))
+        assert checkpoint.fine_tuned_model_checkpoint.startswith(f"{job.fine_tuned_model}@")
+    listed = [j.id async for j in client.fine_tuning.jobs.list(metadata={"suite": "jobs"})]
+    assert job.id in listed
+
+    reply = await client.chat.completions.create(model=job.fine_tuned_model, max_tokens=8,
+                                                 messages=[{"role": "user", "content": "What is 1 + 1?"}])
+    assert reply.choices[0].message.content is not None
+    await client.close()
+
+
+async def test_multi_step_episodes_take_the_next_turn_from_the_reward_module(http: httpx.AsyncClient) -> None:
+    source = (
+        "def next_turn(messages, **kwargs):\n"
+        "    users = [m for m in messages if m['role'] == 'user']\n"
+        "    return 'Now say it in French.' if len(users) < 2 else None\n\n"
+        "def reward_fn(completion, **kwargs):\n"
+        "    assert all(m['role'] == 'assistant' for m in completion)\n"
+        "    return float(len(completion))\n")
+    started = await http.post("/api/training/start", json={
+        "model": "llama-3.1-8b", "learningRate": 1e-5, "iterations": 1, "batchSize": 1, "multiStep": True,
+        "rewardFunction": source, "trainingData": [{"prompt": "Say hello."}], "groupSize": 2, "maxTokens": 8})
+    assert started.status_code == 200, started.text
+    job = await wait_for(http, started.json()["job_id"], finished)
+    assert job["status"] == "succeeded", job["error"]
+    metrics = [e["data"] for e in await events_of(http, job["id"]) if e["type"] == "metrics"]
+    # Two assistant turns per episode: the user turn next_turn gave was answered, then next_turn said stop.
+    assert metrics[0]["reward_mean"] == 2.0 and metrics[0]["reward_errors"] == 0
+
+
+async def test_reward_errors_are_reported_and_a_job_whose_rewards_all_fail_stops(
+        http: httpx.AsyncClient, server: Any) -> None:
+    source = ("def reward_fn(completion, **kwargs):\n"
+              "    if kwargs['kind'] == 'bad':\n"
+              "        return 1 / 0\n"
+              "    if kwargs['kind'] == 'slow':\n"
+              "        while True:\n"
+              "            pass\n"
+              "    return float('nan')\n")
+    started = await http.post("/api/training/start", json={
+        "model": server.model_id, "iterations": 3, "batchSize": 2, "rewardFunction": source, "groupSize": 2,
+        "maxTokens": 4, "trainingData": [{"prompt": "Hi", "kind": "bad"}, {"prompt": "Yo", "kind": "slow"}]})
+    assert started.status_code == 200, started.text
+    job_id = started.json()["job_id"]
+    await wait_for(http, job_id, lambda j: j["status"] == "running")
+    # While the rewards loop forever in the sandbox, the server keeps serving.
+    began = time.monotonic()
+    reply = await http.post("/v1/chat/completions", json={
+        "model": server.model_id, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})
+    assert reply.status_code == 200 and time.monotonic() - began < 30
+    assert (await http.get("/health")).status_code == 200
+
+    job = await wait_for(http, job_id, finished)
+    assert job["status"] == "failed"
+    assert job["error"]["code"] == "reward_failed"
+    assert "every reward of iteration 1 failed" in job["error"]["message"]
+    warnings = [e["message"] for e in await events_of(http, job_id) if e["level"] == "warn"]
+    reported = [w for w in warnings if w.startswith("reward error")]
+    assert 1 <= len(reported) <= 3
+    text = "\n".join(reported)
+    assert ("ZeroDivisionError" in text and "line 3" in text) or "timeout" in text, text
+
+
+@pytest.mark.parametrize(("payload", "param", "fragment"), [
+    ({"rewardFunction": "def reward_fn(completion, **kwargs):\n    return (\n"}, "rewardFunction", "line 2"),
+    ({"rewardFunction": "def a(completion):\n    return 1.0\n\ndef b(x):\n    return x\n"}, "rewardFunction",
+     "define reward_fn"),
+    ({"trainingData": []}, "trainingData", ""),
+    ({"trainingData": [{"prompt": "ok"}, {"expected_result": "no prompt"}]}, "trainingData", "line 2"),
+    ({"multiStep": True}, "rewardFunction", "next_turn"),
+    ({"learningRate": -1}, "learningRate", ""),
+])
+async def test_motterl_bad_requests_are_400s_and_create_nothing(
+        http: httpx.AsyncClient, payload: dict[str, Any], param: str, fragment: str) -> None:
+    before = len((await http.get("/api/training/jobs")).json()["jobs"])
+    response = await http.post("/api/training/start", json=MOTTERL_PAYLOAD | payload)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["param"] == param
+    assert fragment in error["message"]
+    assert len((await http.get("/api/training/jobs")).json()["jobs"]) == before
+
+
+async def test_openai_bad_requests(http: httpx.AsyncClient, server: Any) -> None:
+    uploaded = (await http.post("/v1/files", data={"purpose": "fine-tune"},
+                                files={"file": ("rows.jsonl", b'{"prompt": "2+2?", "answer": "4"}\n')})).json()
+
+    async def create(**body: Any) -> httpx.Response:
+        return await http.post("/v1/fine_tuning/jobs", json={"model": server.model_id,
+                                                             "training_file": uploaded["id"]} | body)
+
+    missing = await create(training_file="file-000000000000000000000000",
+                           method={"type": "reinforcement", "reinforcement": {"grader": {"type": "math_accuracy"}}})
+    assert missing.status_code == 404
+    unknown_model = await create(model="gpt-4o", method={"type": "reinforcement",
+                                                          "reinforcement": {"grader": {"type": "math_accuracy"}}})
+    assert unknown_model.status_code == 400 and unknown_model.json()["error"]["param"] == "model"
+    weights = await create(method={"type": "reinforcement", "reinforcement": {"grader": {
+        "format_reward_weight": 0.5, "graders": [{"type": "math_accuracy", "weight": 0.6}]}}})
+    assert weights.status_code == 400 and "weight" in weights.json()["error"]["message"]
+    python = await create(method={"type": "reinforcement", "reinforcement": {"grader": {
+        "type": "python", "name": "p", "source": "def grade(sample, item):\n  return 1 +\n"}}})
+    assert python.status_code == 400 and "line 2" in python.json()["error"]["message"]
+    no_method_grader = await create(method={"type": "reinforcement"})
+    assert no_method_grader.status_code == 400
+    tool_row = (await http.post("/v1/files", data={"purpose": "fine-tune"}, files={"file": ("t.jsonl", json.dumps({
+        "messages": [{"role": "user", "content": "weather?"}],
+        "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}],
+    }).encode() + b"\n")})).json()
+    no_tool_function = await create(training_file=tool_row["id"], method={"type": "reinforcement", "reinforcement": {
+        "grader": {"type": "python", "name": "p", "source": "def grade(sample, item):\n    return 1.0\n"}}})
+    assert no_tool_function.status_code == 400 and "get_weather" in no_tool_function.json()["error"]["message"]
+
+
+@pytest.mark.disruptive
+async def test_a_restart_resumes_a_running_job_from_its_last_committed_iteration(server: Any) -> None:
+    async with httpx.AsyncClient(base_url=server.base_url, headers=server.headers, timeout=120) as http:
+        started = await http.post("/api/training/start", json={
+            "model": server.model_id, "learningRate": 1e-4, "iterations": 3, "batchSize": 2,
+            "rewardFunction": "def reward_fn(completion, **kwargs):\n    return len(completion[0]['content']) / 50\n",
+            "trainingData": MOTTERL_ROWS, "groupSize": 3, "maxTokens": 16})
+        job_id = started.json()["job_id"]
+        await wait_for(http, job_id, lambda j: j["artlike"]["iteration"] >= 1 or finished(j))
+    server.stop()
+    server.start()
+    async with httpx.AsyncClient(base_url=server.base_url, headers=server.headers, timeout=120) as http:
+        job = await wait_for(http, job_id, finished)
+        assert job["status"] == "succeeded", job["error"]
+        events = await events_of(http, job_id)
+        messages = [e["message"] for e in events]
+        assert any("the server restarted; the job resumes from iteration" in m for m in messages), messages
+        iterations = [e["data"]["iteration"] for e in events if e["type"] == "metrics"]
+        assert sorted(set(iterations)) == [1, 2, 3]
+
+
+async def test_pause_and_resume_through_the_sdk(server: Any) -> None:
+    client = openai.AsyncOpenAI(base_url=f"{server.base_url}/v1", api_key=server.api_key)
+    rows = b"".join(orjson.dumps({"prompt": f"Count to {n}."}) + b"\n" for n in range(2, 6))
+    training_file = await client.files.create(file=("count.jsonl", rows), purpose="fine-tune")
+    source = "def grade(sample, item):\n    return min(len(sample['output_text']) / 40, 1.0)\n"
+    job = await client.fine_tuning.jobs.create(
+        model=server.model_id, training_file=training_file.id,
+        method={"type": "reinforcement", "reinforcement": {  # type: ignore[typeddict-item]
+            "grader": {"type": "python", "name": "length", "source": source},
+            "hyperparameters": {"iterations": 3, "batch_size": 1, "group_size": 3, "max_tokens": 12}}})
+    deadline = time.monotonic() + 300
+    while (job := await client.fine_tuning.jobs.retrieve(job.id)).status != "running":
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.3)
+    paused = await client.fine_tuning.jobs.pause(job.id)
+    while paused.status != "paused":
+        assert time.monotonic() < deadline and paused.status == "running", paused.status
+        await asyncio.sleep(0.3)
+        paused = await client.fine_tuning.jobs.retrieve(job.id)
+    at = paused.model_extra["artlike"]["iteration"] if paused.model_extra else None
+    assert at is not None and at < 3
+    await asyncio.sleep(1.0)
+    assert (await client.fine_tuning.jobs.retrieve(job.id)).model_extra["artlike"]["iteration"] == at  # type: ignore[index]
+    resumed = await client.fine_tuning.jobs.resume(job.id)
+    assert resumed.status in {"queued", "running"}
+    while (job := await client.fine_tuning.jobs.retrieve(job.id)).status not in {"succeeded", "failed", "cancelled"}:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.5)
+    assert job.status == "succeeded", job.error
+    assert_valid("FineTuningJob", job.model_dump(mode="json"))
+    messages = [e.message async for e in client.fine_tuning.jobs.list_events(job.id, limit=100)]
+    assert any(m.startswith("paused after iteration") for m in messages)
+    assert any(m.startswith("resumed") for m in messages)
+    await client.close()

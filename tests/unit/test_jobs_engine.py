@@ -1,0 +1,305 @@
+"""The job engine's own rules, without a server: the store, batching, stop flags, request intake (MotteRL and
+OpenAI bodies to a JobSpec), the wire objects against the OpenAI schema, and episodes (tool calls and
+next_turn) against a scripted chat endpoint with the real sandbox running the user's functions."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from artlike_server.errors import InvalidRequest
+from artlike_server.jobs import motterl, openai_jobs
+from artlike_server.jobs.datasets import PromptRow
+from artlike_server.jobs.episodes import run_episode
+from artlike_server.jobs.intake import check_episode_functions, grader_reward, python_reward
+from artlike_server.jobs.rewards import JobReward, reward_value, sample_of
+from artlike_server.jobs.runner import StopFlag, Stopped, batch_rows
+from artlike_server.jobs.sandbox import Sandbox, SandboxLimits
+from artlike_server.jobs.spec import JobSpec, RolloutSettings
+from artlike_server.jobs.store import JobStore
+
+from tests.openapi_schema import assert_valid
+
+MOTTERL_PAYLOAD = {
+    "model": "qwen-2.5-7b", "learningRate": 0.01, "iterations": "100", "batchSize": 8, "multiStep": False,
+    "rewardFunction": "def reward_fn(completion, **kwargs):\n    return 1.0\n",
+    "trainingData": [{"prompt": "What is AI?", "expected_result": "Artificial Intelligence"},
+                     {"prompt": "Define ML", "expected_result": "Machine Learning"}],
+}
+
+
+def spec(**overrides: Any) -> JobSpec:
+    base: dict[str, Any] = {"api": "openai", "method": "reinforcement", "base_model": "base", "target_model": "ft-x",
+                            "create_target": True, "iterations": 3, "train_rows": 2,
+                            "reward": {"kind": "python", "source": "def reward_fn(c, **k):\n    return 1\n",
+                                       "entry": "reward_fn"}}
+    return JobSpec.model_validate(base | overrides)
+
+
+# ------------------------------------------------------------------------------------------ store
+
+
+def test_store_keeps_jobs_events_and_checkpoints_across_reopening(tmp_path: Path) -> None:
+    store = JobStore(tmp_path)
+    seen: list[str] = []
+    store.on_event = seen.append
+    job = store.create("ftjob-a", spec(), training_file="file-1", validation_file=None, suffix="s",
+                       metadata={"k": "v"}, train_rows=[{"prompt": "p"}], validation_rows=[])
+    assert job.status == "queued" and job.iteration == 0 and job.start_step is None
+    first = store.add_event("ftjob-a", "created")
+    second = store.add_event("ftjob-a", "iteration 1", type="metrics", data={"iteration": 1})
+    assert seen == ["ftjob-a", "ftjob-a"] and first.id == f"ftevent-{first.seq}"
+    store.add_checkpoint("ftjob-a", 1, "ft-x@1", {"train_loss": 0.5})
+    store.update("ftjob-a", status="running", iteration=1, last_metrics={"loss": 0.5})
+    store.close()
+
+    reopened = JobStore(tmp_path)
+    job = reopened.get("ftjob-a")
+    assert (job.status, job.iteration, job.last_metrics, job.metadata) == ("running", 1, {"loss": 0.5}, {"k": "v"})
+    assert reopened.rows("ftjob-a", "train") == [{"prompt": "p"}]
+    assert [e.message for e in reopened.events("ftjob-a")] == ["created", "iteration 1"]
+    assert [e.message for e in reopened.events("ftjob-a", after_seq=first.seq)] == ["iteration 1"]
+    assert [e.id for e in reopened.events("ftjob-a", newest_first=True)] == [second.id, first.id]
+    assert [e.id for e in reopened.events("ftjob-a", newest_first=True, after_seq=second.seq)] == [first.id]
+    assert [c.model_checkpoint for c in reopened.checkpoints("ftjob-a")] == ["ft-x@1"]
+    assert [j.id for j in reopened.unfinished()] == ["ftjob-a"]
+    done = reopened.update("ftjob-a", status="succeeded")
+    assert done.finished and done.finished_at is not None and reopened.unfinished() == []
+
+
+def test_store_lists_newest_first_with_a_cursor_and_metadata_filter(tmp_path: Path) -> None:
+    store = JobStore(tmp_path)
+    for i in range(3):
+        store.create(f"ftjob-{i}", spec(), training_file=None, validation_file=None, suffix=None,
+                     metadata={"n": str(i % 2)}, train_rows=[{"prompt": "p"}], validation_rows=[])
+    page, more = store.page(limit=2)
+    assert len(page) == 2 and more
+    rest, more = store.page(limit=2, after=page[-1].id)
+    assert not more and {j.id for j in page + rest} == {"ftjob-0", "ftjob-1", "ftjob-2"}
+    odd, _ = store.page(limit=10, metadata={"n": "1"})
+    assert [j.id for j in odd] == ["ftjob-1"]
+
+
+# ------------------------------------------------------------------------------- batching, stopping
+
+
+def rows(n: int) -> list[PromptRow]:
+    return [PromptRow(line=i + 1, messages=[{"role": "user", "content": str(i)}], tools=None, item={"i": i})
+            for i in range(n)]
+
+
+def test_batches_cover_every_row_once_per_epoch_and_are_reproducible() -> None:
+    data = rows(6)
+    epoch = [r.line for it in range(3) for r in batch_rows(data, iteration=it, batch_size=2, seed=5)]
+    assert sorted(epoch) == [1, 2, 3, 4, 5, 6]  # three iterations of 2 = one epoch, no repeats
+    again = [r.line for it in range(3) for r in batch_rows(data, iteration=it, batch_size=2, seed=5)]
+    assert again == epoch
+    other_seed = [r.line for it in range(3) for r in batch_rows(data, iteration=it, batch_size=2, seed=6)]
+    assert sorted(other_seed) == sorted(epoch)
+    assert len(batch_rows(rows(2), iteration=0, batch_size=8, seed=0)) == 2  # never more rows than there are
+
+
+async def test_a_stop_interrupts_waiting_work_and_cancel_beats_pause() -> None:
+    flag = StopFlag()
+    assert await flag.interruptible(asyncio.sleep(0, result=7)) == 7
+    flag.check()
+    cancelled = asyncio.Event()
+
+    async def forever() -> None:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    waiting = asyncio.ensure_future(flag.interruptible(forever()))
+    await asyncio.sleep(0.01)
+    flag.request("pause")
+    with pytest.raises(Stopped):
+        await waiting
+    assert cancelled.is_set()
+    flag.request("cancel")
+    flag.request("pause")
+    assert flag.requested == "cancel"
+    with pytest.raises(Stopped):
+        flag.check()
+
+
+def test_learning_rate_outside_the_seen_range_warns() -> None:
+    assert spec(learning_rate=1e-5).learning_rate_warning() is None
+    warning = spec(learning_rate=0.01).learning_rate_warning()
+    assert warning is not None and "0.01" in warning
+
+
+# --------------------------------------------------------------------------------------- intake
+
+
+def test_reward_entry_rules() -> None:
+    assert python_reward("def reward_fn(completion, **kw):\n    return 1\n", param="r").entry == "reward_fn"
+    assert python_reward("def grade(sample, item):\n    return 1\n", param="r").entry == "grade"
+    only = python_reward("def multi_criteria_reward(completion, **kw):\n    return 1\n\n"
+                         "def next_turn(messages, **kw):\n    return None\n", param="r")
+    assert only.entry == "multi_criteria_reward" and "next_turn" in only.functions
+    with pytest.raises(InvalidRequest, match="define reward_fn"):
+        python_reward("def a(c):\n    return 1\n\ndef b(c):\n    return 2\n", param="r")
+    with pytest.raises(InvalidRequest, match="line 2") as error:
+        python_reward("def reward_fn(c):\n    return (\n", param="rewardFunction")
+    assert error.value.param == "rewardFunction"
+
+
+def test_grader_configs_are_checked_before_a_job_exists() -> None:
+    assert grader_reward({"type": "math_accuracy"}, param="g").kind == "grader"
+    python = grader_reward({"type": "python", "name": "p", "source": "def grade(s, i):\n    return 1\n"}, param="g")
+    assert python.kind == "python" and python.entry == "grade"
+    with pytest.raises(InvalidRequest, match="weight"):
+        grader_reward({"format_reward_weight": 0.5, "graders": [{"type": "math_accuracy", "weight": 0.6}]},
+                      param="g")
+    with pytest.raises(InvalidRequest, match="line 1"):
+        grader_reward({"type": "multi", "calculate_output": "a", "graders": {
+            "a": {"type": "python", "name": "a", "source": "def grade(s, i) return 1\n"}}}, param="g")
+    with pytest.raises(InvalidRequest) as error:
+        grader_reward({"type": "string_check", "name": "s", "input": "x", "reference": "y", "operation": "nope"},
+                      param="g")
+    assert error.value.param is not None and error.value.param.startswith("g")
+
+
+def test_tools_and_multi_step_need_their_functions() -> None:
+    reward = python_reward("def reward_fn(c, **k):\n    return 1\n\ndef lookup(key):\n    return key\n", param="r")
+    tool = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}
+    row = PromptRow(line=4, messages=[{"role": "user", "content": "x"}], tools=[tool], item={})
+    check_episode_functions([row], reward, multi_step=False, param="r")
+    other = PromptRow(line=5, messages=[{"role": "user", "content": "x"}],
+                      tools=[{"type": "function", "function": {"name": "search"}}], item={})
+    with pytest.raises(InvalidRequest, match=r"line 5.*search"):
+        check_episode_functions([row, other], reward, multi_step=False, param="r")
+    with pytest.raises(InvalidRequest, match="next_turn"):
+        check_episode_functions([row], reward, multi_step=True, param="r")
+
+
+def test_motterl_example_payload_becomes_a_spec(tmp_path: Path) -> None:
+    from artlike_server.models.store import ModelStore
+
+    start = motterl.parse_start(MOTTERL_PAYLOAD)
+    assert start.iterations == 100 and start.batch_size == 8
+    new = motterl.new_job(start, models=ModelStore(tmp_path), served_base="base-model")
+    assert new.spec.base_model == "base-model" and new.spec.create_target
+    assert new.spec.target_model.startswith("ft-motterl-") and new.spec.batch_size == 2
+    assert new.spec.learning_rate == 0.01 and new.spec.learning_rate_warning() is not None
+    assert any("'qwen-2.5-7b' is not served here" in w for w in new.warnings)
+    assert new.train_rows == MOTTERL_PAYLOAD["trainingData"]
+    with pytest.raises(InvalidRequest) as error:
+        motterl.parse_start({**MOTTERL_PAYLOAD, "iterations": "many"})
+    assert error.value.param == "iterations"
+
+
+def test_job_objects_validate_against_the_openai_schema(tmp_path: Path) -> None:
+    store = JobStore(tmp_path)
+    job = store.create("ftjob-b", spec(), training_file="file-1", validation_file=None, suffix=None,
+                       metadata=None, train_rows=[{"prompt": "p"}], validation_rows=[])
+    for status in ("queued", "running", "succeeded", "failed", "cancelled"):
+        error = {"code": "x", "message": "m", "param": None} if status == "failed" else None
+        job = store.update("ftjob-b", status=status, error=error)
+        body = openai_jobs.job_object(job)
+        assert_valid("FineTuningJob", body)
+        assert (body["fine_tuned_model"] == "ft-x") == (status == "succeeded")
+    event = store.add_event("ftjob-b", "iteration 1", type="metrics", data={"loss": 0.1})
+    assert_valid("FineTuningJobEvent", openai_jobs.event_object(event))
+    checkpoint = store.add_checkpoint("ftjob-b", 1, "ft-x@1", {"train_loss": 0.2, "reward_mean": 0.5})
+    assert_valid("FineTuningJobCheckpoint", openai_jobs.checkpoint_object(checkpoint))
+    status = motterl.status_object(store.get("ftjob-b"))
+    assert status["status"] == "cancelled" and status["progress"] == 0.0
+
+
+# -------------------------------------------------------------------------------------- rewards
+
+
+def test_reward_values() -> None:
+    assert reward_value(True, "f").value == 1.0 and reward_value(3, "f").value == 3.0
+    for bad in (float("nan"), float("inf"), "1.0", None, [1]):
+        score = reward_value(bad, "reward_fn")
+        assert score.value == 0.0 and score.error is not None and "not a finite number" in score.error
+    sample = sample_of([{"role": "assistant", "content": "a"}, {"role": "tool", "content": "t"},
+                        {"role": "assistant", "content": [{"type": "text", "text": "b"}]}])
+    assert sample == {"output_text": "b", "output_tools": []}
+
+
+# ------------------------------------------------------------------------------------- episodes
+
+
+def scripted_chat(replies: list[dict[str, Any]], seen: list[dict[str, Any]]) -> openai.AsyncOpenAI:
+    """A chat endpoint that answers with the next scripted assistant message and keeps each request."""
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        import json
+
+        seen.append(json.loads(request.content))
+        message = replies.pop(0)
+        return httpx.Response(200, json={
+            "id": "c", "object": "chat.completion", "created": 0, "model": "m",
+            "choices": [{"index": 0, "finish_reason": "tool_calls" if message.get("tool_calls") else "stop",
+                         "message": {"role": "assistant", **message}}]})
+
+    return openai.AsyncOpenAI(base_url="http://chat.test/v1", api_key="k",
+                              http_client=httpx.AsyncClient(transport=httpx.MockTransport(handle)))
+
+
+@pytest.fixture(scope="module")
+async def sandbox(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Sandbox]:
+    box = Sandbox(tmp_path_factory.mktemp("sandbox"), hidden_paths=[], limits=SandboxLimits(call_timeout_s=5))
+    await box.start()
+    yield box
+    await box.close()
+
+
+async def test_an_episode_runs_tools_in_the_sandbox_and_scores_the_answer(sandbox: Sandbox) -> None:
+    source = ("def lookup(city):\n    return {'paris': 'sunny'}.get(city.lower(), 'unknown')\n\n"
+              "def reward_fn(completion, **kwargs):\n"
+              "    return 1.0 if kwargs['expected'] in completion[-1]['content'] else 0.0\n")
+    reward = JobReward(python_reward(source, param="r"), sandbox, judge=None)
+    call = {"id": "call_1", "type": "function", "function": {"name": "lookup", "arguments": '{"city": "Paris"}'}}
+    bad = {"id": "call_2", "type": "function", "function": {"name": "lookup", "arguments": "{nope"}}
+    seen: list[dict[str, Any]] = []
+    client = scripted_chat([{"content": None, "tool_calls": [call, bad]}, {"content": "It is sunny."}], seen)
+    tool = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}
+    row = PromptRow(line=1, messages=[{"role": "user", "content": "Weather in Paris?"}], tools=[tool],
+                    item={"expected": "sunny"})
+    episode = await run_episode(client, "m", row, reward, RolloutSettings(max_turns=3))
+    assert episode.score is not None and episode.score.value == 1.0 and episode.score.error is None
+    tool_messages = [m for m in episode.messages if m["role"] == "tool"]
+    assert tool_messages[0] == {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}
+    assert tool_messages[1]["content"].startswith("error: the arguments are not JSON")
+    assert seen[1]["messages"][-2:] == [{"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+                                        tool_messages[1]]
+    assert seen[0]["tools"] == [tool]
+
+
+async def test_multi_step_asks_next_turn_and_stops_on_none(sandbox: Sandbox) -> None:
+    source = ("def next_turn(messages, **kwargs):\n"
+              "    return 'again' if sum(m['role'] == 'user' for m in messages) < 3 else None\n\n"
+              "def reward_fn(completion, **kwargs):\n    return float(len(completion))\n")
+    reward = JobReward(python_reward(source, param="r"), sandbox, judge=None)
+    seen: list[dict[str, Any]] = []
+    client = scripted_chat([{"content": f"answer {i}"} for i in range(5)], seen)
+    row = PromptRow(line=1, messages=[{"role": "user", "content": "go"}], tools=None, item={})
+    episode = await run_episode(client, "m", row, reward, RolloutSettings(max_turns=5, multi_step=True))
+    assert len(seen) == 3 and episode.score is not None and episode.score.value == 3.0
+    assert [m["role"] for m in episode.completion] == ["assistant", "user", "assistant", "user", "assistant"]
+
+
+async def test_a_failing_reward_scores_zero_with_the_users_traceback(sandbox: Sandbox) -> None:
+    source = "def reward_fn(completion, **kwargs):\n    x = 1\n    return x / 0\n"
+    reward = JobReward(python_reward(source, param="r"), sandbox, judge=None)
+    score = await reward.score([{"role": "assistant", "content": "hi"}], {})
+    assert score.value == 0.0 and score.error is not None
+    assert "ZeroDivisionError" in score.error and "line 3" in score.error
+    graded = JobReward(grader_reward({"type": "multi", "calculate_output": "0.5 * a + 0.5 * b", "graders": {
+        "a": {"type": "python", "name": "a", "source": "def grade(sample, item):\n    return 1.0\n"},
+        "b": {"type": "string_check", "name": "b", "input": "{{sample.output_text}}",
+              "reference": "{{item.answer}}", "operation": "eq"}}}, param="g"), sandbox, judge=None)
+    assert (await graded.score([{"role": "assistant", "content": "42"}], {"answer": "42"})).value == 1.0
+    assert (await graded.score([{"role": "assistant", "content": "41"}], {"answer": "42"})).value == 0.5
