@@ -33,6 +33,10 @@ async def sandbox(tmp_path_factory: pytest.TempPathFactory, data_dir: Path) -> A
     await box.close()
 
 
+def exists(path: Path | str) -> bool:
+    return os.path.exists(path)
+
+
 def needs(sandbox: Sandbox, what: str) -> None:
     state = sandbox.enforcement()[what]
     if "NOT" in state:
@@ -95,12 +99,12 @@ async def test_the_private_temp_dir_is_the_only_writable_place(sandbox: Sandbox,
     for target in (repository / "pwned.txt", tmp_path / "pwned.txt", Path("/var/tmp/pwned.txt")):
         result = await sandbox.call(f"def f():\n    open('{target}', 'w').write('x')\n", "f")
         assert result.failure is not None and result.failure.kind == "raised", target
-        assert not os.path.exists(target)
+        assert not exists(target)
     here = await sandbox.call("import os, tempfile\ndef f():\n    open('mine.txt', 'w').write('x')\n"
                               "    tempfile.NamedTemporaryFile(delete=False).write(b'y')\n"
                               "    return os.getcwd(), sorted(os.listdir('.'))[:1]\n", "f")
     assert here.failure is None and here.value[1] == ["mine.txt"]
-    assert not os.path.exists("/tmp/mine.txt")
+    assert not exists("/tmp/mine.txt")
 
 
 async def test_an_infinite_loop_is_killed_and_the_loop_stays_responsive(sandbox: Sandbox) -> None:
