@@ -104,7 +104,8 @@ def serve(
         typer.echo(f"artlike: WARNING: serving on {host} without an API key (--insecure-no-api-key): anyone who "
                    "can reach it can generate, train and delete models.", err=True)
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per engine health check is noise
+    for noisy in ("httpx", "httpx2"):  # one line per engine health check or job rollout is noise (httpx2: openai's)
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     resolved_device = detect_device() if device == "auto" else device
     for option, value in (("--dtype", dtype), ("--trainer-dtype", trainer_dtype)):
         if value not in DTYPE_CHOICES:

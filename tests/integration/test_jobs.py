@@ -150,7 +150,7 @@ async def test_motterl_multi_criteria_job_runs_to_completion_with_followed_logs(
     checkpoints = (await http.get(f"/v1/fine_tuning/jobs/{job_id}/checkpoints")).json()["data"]
     info = (await http.get(f"/v1/trainable_models/{final['fine_tuned_model']}")).json()
     assert len(checkpoints) == sum(1 for m in metrics if m["groups_trained"] > 0)
-    assert info["step"] == len(checkpoints)
+    assert info["latest_step"] == len(checkpoints)
 
 
 async def test_openai_sdk_files_and_reinforcement_job_with_seekrflow_graders(server: Any) -> None:
