@@ -56,8 +56,7 @@ class StoredFile:
 
     def to_openai(self) -> dict[str, Any]:
         return {"id": self.id, "object": "file", "bytes": self.bytes, "created_at": self.created_at,
-                "expires_at": None, "filename": self.filename, "purpose": self.purpose, "status": "processed",
-                "status_details": None}
+                "filename": self.filename, "purpose": self.purpose, "status": "processed"}
 
 
 def check_jsonl(content: bytes, *, max_lines: int) -> int:
