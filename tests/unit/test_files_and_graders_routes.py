@@ -14,7 +14,12 @@ import httpx
 import openai
 import pytest
 from artlike_server.errors import install_error_handlers
-from artlike_server.jobs.datasets import DatasetError, parse_chat_examples, parse_preference_rows, parse_prompt_rows
+from artlike_server.jobs.datasets import (
+    DatasetError,
+    parse_chat_examples,
+    parse_preference_rows,
+    parse_prompt_rows,
+)
 from artlike_server.jobs.files import FileLimits, FileStore
 from artlike_server.jobs.files_router import router as files_router
 from artlike_server.jobs.graders_router import router as graders_router
@@ -52,7 +57,7 @@ ROWS = b'{"prompt": "What is AI?", "expected_result": "Artificial Intelligence"}
 
 
 async def test_files_through_the_sdk(app_parts: Any, tmp_path: Path) -> None:
-    client, http, files = app_parts
+    client, http, _ = app_parts
     created = await client.files.create(file=("rows.jsonl", io.BytesIO(ROWS)), purpose="fine-tune")
     assert_valid("OpenAIFile", created.model_dump(mode="json", exclude_none=True))
     assert (created.bytes, created.filename, created.purpose) == (len(ROWS), "rows.jsonl", "fine-tune")
