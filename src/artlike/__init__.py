@@ -34,12 +34,14 @@ from ._errors import (
 )
 from ._gather import gather_trajectory_groups
 from ._http import RetryPolicy
+from ._jobs import Jobs
 from ._model import TrainableModel
 from ._session import TrainingSession
 from ._sft import best_of_groups
 from ._train import TrainResult, TrainStream, UnknownEvent, parse_event
 from ._trajectory import Trajectory, TrajectoryGroup, choice_to_message
 from ._version import __version__
+from .job_types import Checkpoint, Job, JobEvent
 from .session_types import AdamParams, OptimStepResult, PassResult, SavedState, SessionInfo, SessionSequence
 from .types import (
     STREAM_VERSION,
@@ -73,6 +75,7 @@ __all__ = [
     "AuthenticationError",
     "BadRequestError",
     "CISPOConfig",
+    "Checkpoint",
     "ConflictError",
     "DPOConfig",
     "DoneEvent",
@@ -80,6 +83,9 @@ __all__ = [
     "GRPOConfig",
     "GSPOConfig",
     "InternalServerError",
+    "Job",
+    "JobEvent",
+    "Jobs",
     "KeepBest",
     "LoraConfig",
     "ModelInfo",

@@ -1,4 +1,5 @@
-"""The `artlike` console script. `artlike serve ...` runs the server, which is a separate install.
+"""The `artlike` console script. `artlike serve ...` runs the server, which is a separate install;
+`artlike jobs ...` talks to a running one (`_jobs_cli.py`).
 
 The client package must not import server code (torch, vLLM, FastAPI): the server is imported only when
 `serve` is asked for.
@@ -10,6 +11,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from ._jobs_cli import add_parser as add_jobs_parser
+from ._jobs_cli import run as run_jobs
 from ._version import __version__
 
 INSTALL_SERVER_HINT = "install the server extra: pip install 'artlike[server]' and run server/install.sh"
@@ -23,6 +26,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"artlike {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     commands.add_parser("serve", help="serve a model and train it (needs the server extra)", add_help=False)
+    add_jobs_parser(commands)
     return parser
 
 
@@ -30,7 +34,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     arguments = list(sys.argv[1:] if argv is None else argv)
     # `serve` owns everything after it (its own --help included); parse only what comes before.
     command_end = arguments.index("serve") + 1 if "serve" in arguments else len(arguments)
-    _parser().parse_args(arguments[:command_end])
+    parsed = _parser().parse_args(arguments[:command_end])
+    if parsed.command == "jobs":
+        return run_jobs(parsed)
     try:
         from artlike_server.cli import main as serve_main
     except ModuleNotFoundError as missing:

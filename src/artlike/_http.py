@@ -33,6 +33,14 @@ _NOT_SENT_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 
 
 @dataclass(frozen=True)
+class Multipart:
+    """A multipart/form-data body: plain fields, and files as {name: (filename, bytes)}."""
+
+    fields: dict[str, str]
+    files: dict[str, tuple[str, bytes]]
+
+
+@dataclass(frozen=True)
 class RetryPolicy:
     """How transient failures are retried. `sleep`/`sync_sleep` are injectable so tests do not wait.
 
@@ -155,10 +163,11 @@ class Connection:
     async def request(
         self, method: str, path: str, *, json: Any = None, params: dict[str, Any] | None = None,
         idempotent: bool | None = None, request_timeout: httpx.Timeout | None = None,
+        multipart: Multipart | None = None,
     ) -> httpx.Response:
         """Send, retrying transient failures; the body is read. Raises a typed error for error statuses."""
         async with self.stream(method, path, json=json, params=params, idempotent=idempotent,
-                               request_timeout=request_timeout) as response:
+                               request_timeout=request_timeout, multipart=multipart) as response:
             await response.aread()
         return response
 
@@ -166,10 +175,11 @@ class Connection:
     async def stream(
         self, method: str, path: str, *, json: Any = None, params: dict[str, Any] | None = None,
         idempotent: bool | None = None, request_timeout: httpx.Timeout | None = None,
+        multipart: Multipart | None = None,
     ) -> AsyncIterator[httpx.Response]:
         """An open, successful (2xx) response whose body is not read yet; closed on exit."""
         async with self._async_client() as client:
-            request = self._build(client, method, path, json, params, request_timeout)
+            request = self._build(client, method, path, json, params, request_timeout, multipart)
             retry_any_read = method in IDEMPOTENT_METHODS if idempotent is None else idempotent
             attempt = 0
             while True:
@@ -195,10 +205,11 @@ class Connection:
                 await response.aclose()
 
     async def stream_lines(
-        self, method: str, path: str, *, json: Any = None, idle_timeout: float
+        self, method: str, path: str, *, json: Any = None, idle_timeout: float, params: dict[str, Any] | None = None,
     ) -> AsyncGenerator[str, None]:
         """The lines of a long streamed answer; `idle_timeout` bounds the wait for each line."""
-        async with self.stream(method, path, json=json, request_timeout=self._streaming_timeout(idle_timeout)) as response:
+        async with self.stream(method, path, json=json, params=params,
+                               request_timeout=self._streaming_timeout(idle_timeout)) as response:
             lines = response.aiter_lines()
             while True:
                 try:
@@ -214,9 +225,10 @@ class Connection:
     def request_sync(
         self, method: str, path: str, *, json: Any = None, params: dict[str, Any] | None = None,
         idempotent: bool | None = None, request_timeout: httpx.Timeout | None = None,
+        multipart: Multipart | None = None,
     ) -> httpx.Response:
         with self.stream_sync(method, path, json=json, params=params, idempotent=idempotent,
-                              request_timeout=request_timeout) as response:
+                              request_timeout=request_timeout, multipart=multipart) as response:
             response.read()
         return response
 
@@ -224,9 +236,10 @@ class Connection:
     def stream_sync(
         self, method: str, path: str, *, json: Any = None, params: dict[str, Any] | None = None,
         idempotent: bool | None = None, request_timeout: httpx.Timeout | None = None,
+        multipart: Multipart | None = None,
     ) -> Iterator[httpx.Response]:
         client = self._pooled_sync_client()
-        request = self._build(client, method, path, json, params, request_timeout)
+        request = self._build(client, method, path, json, params, request_timeout, multipart)
         retry_any_read = method in IDEMPOTENT_METHODS if idempotent is None else idempotent
         attempt = 0
         while True:
@@ -252,9 +265,10 @@ class Connection:
             response.close()
 
     def stream_lines_sync(
-        self, method: str, path: str, *, json: Any = None, idle_timeout: float
+        self, method: str, path: str, *, json: Any = None, idle_timeout: float, params: dict[str, Any] | None = None,
     ) -> Generator[str, None, None]:
-        with self.stream_sync(method, path, json=json, request_timeout=self._streaming_timeout(idle_timeout)) as response:
+        with self.stream_sync(method, path, json=json, params=params,
+                              request_timeout=self._streaming_timeout(idle_timeout)) as response:
             lines = response.iter_lines()
             while True:
                 try:
@@ -280,8 +294,11 @@ class Connection:
     @staticmethod
     def _build(
         client: httpx.Client | httpx.AsyncClient, method: str, path: str, json: Any,
-        params: dict[str, Any] | None, timeout: httpx.Timeout | None,
+        params: dict[str, Any] | None, timeout: httpx.Timeout | None, multipart: Multipart | None = None,
     ) -> httpx.Request:
+        if multipart is not None:  # file uploads: httpx writes the multipart body
+            return client.build_request(method, path, data=multipart.fields, files=multipart.files, params=params,
+                                        timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT)
         # orjson: fast, and it serialises what pydantic's model_dump(mode="json") produces.
         content = None if json is None else orjson.dumps(json)
         headers = None if content is None else {"Content-Type": "application/json"}

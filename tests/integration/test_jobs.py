@@ -175,7 +175,7 @@ async def test_openai_sdk_files_and_reinforcement_job_with_seekrflow_graders(ser
                                                            "hyperparameters": hyperparameters}})
     assert job.status in {"queued", "running"} and job.fine_tuned_model is None
     # SeekrFlow's RewardComponents is not one of the spec's graders: the rest of the job object is the spec's.
-    assert_valid("FineTuningJob", job.model_dump(mode="json", exclude={"method"}))
+    assert_valid("FineTuningJob", job.model_dump(mode="json", exclude={"method"}, exclude_none=True))
     assert job.method is not None and job.method.type == "reinforcement"
 
     deadline = time.monotonic() + 480
@@ -184,7 +184,7 @@ async def test_openai_sdk_files_and_reinforcement_job_with_seekrflow_graders(ser
         await asyncio.sleep(1)
     assert job.status == "succeeded", job.error
     assert job.fine_tuned_model and job.finished_at and job.trained_tokens is not None
-    assert_valid("FineTuningJob", job.model_dump(mode="json", exclude={"method"}))
+    assert_valid("FineTuningJob", job.model_dump(mode="json", exclude={"method"}, exclude_none=True))
 
     events = [e async for e in client.fine_tuning.jobs.list_events(job.id, limit=100)]
     for event in events:
@@ -194,7 +194,7 @@ async def test_openai_sdk_files_and_reinforcement_job_with_seekrflow_graders(ser
     assert all(0.0 <= e["valid_pass_rate"] <= 1.0 and e["valid_samples"] == 2 for e in evaluations)
     checkpoints = (await client.fine_tuning.jobs.checkpoints.list(job.id)).data
     for checkpoint in checkpoints:
-        assert_valid("FineTuningJobCheckpoint", checkpoint.model_dump(mode="json"))
+        assert_valid("FineTuningJobCheckpoint", checkpoint.model_dump(mode="json", exclude_none=True))
         assert checkpoint.fine_tuned_model_checkpoint.startswith(f"{job.fine_tuned_model}@")
     listed = [j.id async for j in client.fine_tuning.jobs.list(metadata={"suite": "jobs"})]
     assert job.id in listed
@@ -358,8 +358,41 @@ async def test_pause_and_resume_through_the_sdk(server: Any) -> None:
         assert time.monotonic() < deadline
         await asyncio.sleep(0.5)
     assert job.status == "succeeded", job.error
-    assert_valid("FineTuningJob", job.model_dump(mode="json"))
+    assert_valid("FineTuningJob", job.model_dump(mode="json", exclude_none=True))  # the SDK fills unset fields
     messages = [e.message async for e in client.fine_tuning.jobs.list_events(job.id, limit=100)]
     assert any(m.startswith("paused after iteration") for m in messages)
     assert any(m.startswith("resumed") for m in messages)
     await client.close()
+
+
+async def test_the_client_and_the_cli_run_a_job(server: Any, tmp_path: Any) -> None:
+    import subprocess
+    import sys
+
+    import artlike as art
+
+    rows = tmp_path / "rows.jsonl"
+    rows.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in MOTTERL_ROWS))
+    reward = tmp_path / "reward.py"
+    reward.write_text(MOTTERL_MULTI_CRITERIA)
+    command = [sys.executable, "-m", "artlike", "jobs", "--base-url", server.base_url, "--api-key", server.api_key,
+               "start", "--data", str(rows), "--reward", str(reward), "--iterations", "1", "--batch-size", "2",
+               "--group-size", "2", "--max-tokens", "8", "--follow"]
+    finished_cli = await asyncio.to_thread(subprocess.run, command, capture_output=True, text=True, timeout=600)
+    assert finished_cli.returncode == 0, finished_cli.stderr + finished_cli.stdout
+    assert "started ftjob-" in finished_cli.stdout and "iteration 1: reward" in finished_cli.stdout
+    assert " succeeded: ft-job-" in finished_cli.stdout
+
+    jobs = art.Jobs(server.base_url, server.api_key)
+    job = await jobs.start(data=MOTTERL_ROWS, grader={"type": "string_check", "name": "s", "operation": "ilike",
+                                                      "input": "{{sample.output_text}}",
+                                                      "reference": "{{item.expected_result}}"},
+                           model=await jobs.base_model(), iterations=1, batch_size=2, group_size=2, max_tokens=8)
+    assert job.status in {"queued", "running"}
+    events = []
+    final = await jobs.wait(job.id, on_event=events.append)
+    assert final.status == "succeeded" and final.fine_tuned_model
+    assert any(e.type == "metrics" for e in events)
+    assert job.id in [j.id for j in await jobs.list(limit=5)]
+    bad = await asyncio.to_thread(subprocess.run, [*command[:7], "cancel", job.id], capture_output=True, text=True)
+    assert bad.returncode == 2 and "409 job_finished" in bad.stderr

@@ -18,7 +18,7 @@ EXPECTED_EXPORTS = {
     "TrainableModel", "Trajectory", "TrajectoryGroup", "gather_trajectory_groups", "choice_to_message",
     "RetryPolicy", "__version__", "best_of_groups", "preference_pairs",
     # low-level primitives
-    "TrainingSession", "AdamParams", "PassResult", "OptimStepResult", "SavedState", "SessionInfo", "SessionSequence",
+    "TrainingSession", "Jobs", "Job", "JobEvent", "Checkpoint", "AdamParams", "PassResult", "OptimStepResult", "SavedState", "SessionInfo", "SessionSequence",
     # wire types users read or build
     "LoraConfig", "TrainConfig", "GRPOConfig", "CISPOConfig", "GSPOConfig", "SFTConfig", "DPOConfig",
     "ModelInfo", "StepInfo", "TrajectoryRecord", "StepRetention", "KeepBest",

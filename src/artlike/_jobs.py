@@ -1,0 +1,280 @@
+"""Managed jobs from Python: upload a dataset, hand over a reward, let the server train.
+
+    jobs = art.Jobs("http://127.0.0.1:8000", api_key=KEY)
+    job = await jobs.start(data="rows.jsonl", reward="reward.py", iterations=20)   # or grader={...}
+    async for event in jobs.follow(job.id):          # the job's events, live, until it ends
+        print(event.message)
+    job = await jobs.get(job.id)                     # job.fine_tuned_model: a model name to chat with
+
+The wire format is OpenAI's fine-tuning jobs API (`/v1/files`, `/v1/fine_tuning/jobs`), so anything
+started here is visible to the `openai` SDK and to MotteRL's routes too. Every method has a `_sync` twin.
+"""
+
+from __future__ import annotations
+
+import builtins
+import os
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import httpx
+import orjson
+
+from ._errors import APIConnectionError
+from ._http import DEFAULT_TIMEOUT, Connection, Multipart, RetryPolicy
+from .job_types import Checkpoint, Job, JobEvent
+
+Method = Literal["reinforcement", "supervised", "dpo"]
+FOLLOW_IDLE_TIMEOUT_S = 120.0  # the server re-reads the job at least every 15 s; longer silence is a dead link
+
+
+def _is_file_id(data: object) -> bool:
+    return isinstance(data, str) and data.startswith("file-")
+
+
+def _jsonl(rows: Iterable[Mapping[str, Any]]) -> bytes:
+    return b"".join(orjson.dumps(dict(row)) + b"\n" for row in rows)
+
+
+def _text_or_file(value: str | Path, suffix: str) -> str:
+    """Source text, or the content of a file path (a str counts as a path when it ends with `suffix` and exists)."""
+    if isinstance(value, Path) or (value.endswith(suffix) and "\n" not in value and os.path.exists(value)):
+        return Path(value).read_text()
+    return value
+
+
+def reinforcement_body(*, model: str, training_file: str, validation_file: str | None, reward: str | Path | None,
+                       grader: Mapping[str, Any] | str | Path | None, method: Method, suffix: str | None,
+                       seed: int | None, metadata: Mapping[str, str] | None,
+                       hyperparameters: Mapping[str, Any]) -> dict[str, Any]:
+    """The `POST /v1/fine_tuning/jobs` body: OpenAI's, with artlike's hyperparameters in the same dict."""
+    chosen = {k: v for k, v in hyperparameters.items() if v is not None}
+    body: dict[str, Any] = {"model": model, "training_file": training_file}
+    body |= {k: v for k, v in {"validation_file": validation_file, "suffix": suffix, "seed": seed,
+                               "metadata": dict(metadata) if metadata else None}.items() if v is not None}
+    if method == "reinforcement":
+        if (reward is None) == (grader is None):
+            raise ValueError("a reinforcement job needs exactly one of reward= (Python source or a .py path) "
+                             "or grader= (a grader dict or a .json path)")
+        if reward is not None:
+            chosen_grader: Any = {"type": "python", "name": "reward", "source": _text_or_file(reward, ".py")}
+        elif isinstance(grader, Mapping):
+            chosen_grader = dict(grader)
+        else:
+            assert grader is not None
+            chosen_grader = orjson.loads(_text_or_file(grader, ".json"))
+        body["method"] = {"type": "reinforcement",
+                          "reinforcement": {"grader": chosen_grader, "hyperparameters": chosen}}
+    else:
+        if reward is not None or grader is not None:
+            raise ValueError(f"a {method} job learns from its rows: it takes no reward or grader")
+        body["method"] = {"type": method, method: {"hyperparameters": chosen}}
+    return body
+
+
+class Jobs:
+    """The server's managed jobs. `base_url` is the server (not `/v1`); `api_key` defaults to ARTLIKE_API_KEY."""
+
+    def __init__(self, base_url: str, api_key: str | None = None, *, model: str | None = None,
+                 timeout: float | httpx.Timeout = DEFAULT_TIMEOUT, retry: RetryPolicy | None = None,
+                 transport: httpx.AsyncBaseTransport | None = None,
+                 sync_transport: httpx.BaseTransport | None = None) -> None:
+        self.model = model  # the default `model=` of start(): a base model or a trainable model's name
+        self._connection = Connection(
+            base_url, api_key=api_key if api_key is not None else os.environ.get("ARTLIKE_API_KEY"),
+            timeout=timeout if isinstance(timeout, httpx.Timeout) else httpx.Timeout(timeout), retry=retry,
+            transport=transport, sync_transport=sync_transport)
+
+    # ------------------------------------------------------------------------------------ requests
+
+    def _upload_body(self, data: str | Path | Iterable[Mapping[str, Any]], purpose: str) -> Multipart:
+        if isinstance(data, str | Path):
+            path = Path(data)
+            return Multipart({"purpose": purpose}, {"file": (path.name, path.read_bytes())})
+        return Multipart({"purpose": purpose}, {"file": ("rows.jsonl", _jsonl(data))})
+
+    def _start_body(self, training_file: str, validation_file: str | None, options: dict[str, Any]) -> dict[str, Any]:
+        model = options.pop("model") or self.model
+        if model is None:
+            raise ValueError("start() needs model= (the server's base model, or a trainable model's name; "
+                             "base_model() names it)")
+        return reinforcement_body(model=model, training_file=training_file, validation_file=validation_file,
+                                  **options)
+
+    # ---------------------------------------------------------------------------------------- async
+
+    async def upload(self, data: str | Path | Iterable[Mapping[str, Any]], *, purpose: str = "fine-tune") -> str:
+        """A JSONL file (path) or rows (dicts) uploaded as a file; returns its id."""
+        response = await self._connection.request("POST", "/v1/files", multipart=self._upload_body(data, purpose))
+        return str(response.json()["id"])
+
+    async def start(self, *, data: str | Path | Iterable[Mapping[str, Any]], reward: str | Path | None = None,
+                    grader: Mapping[str, Any] | str | Path | None = None, model: str | None = None,
+                    validation_data: str | Path | Iterable[Mapping[str, Any]] | None = None,
+                    method: Method = "reinforcement", suffix: str | None = None, seed: int | None = None,
+                    metadata: Mapping[str, str] | None = None, **hyperparameters: Any) -> Job:
+        """Start a job. `data`/`validation_data`: a file id ("file-..."), a JSONL path, or rows. Hyperparameters:
+        OpenAI's (`n_epochs`, `batch_size`, `learning_rate_multiplier`, `eval_interval`) and artlike's
+        (`iterations`, `group_size`, `learning_rate`, `max_tokens`, `temperature`, `max_turns`, `multi_step`)."""
+        options: dict[str, Any] = {"reward": reward, "grader": grader, "model": model, "method": method, "suffix": suffix,
+                   "seed": seed, "metadata": metadata, "hyperparameters": hyperparameters}
+        reinforcement_body(model="check", training_file="check", validation_file=None,  # fail before uploading
+                           **{k: v for k, v in options.items() if k != "model"})
+        training_file = await self._file_id(data)
+        validation_file = await self._file_id(validation_data) if validation_data is not None else None
+        body = self._start_body(training_file, validation_file, options)
+        return Job.model_validate_json((await self._connection.request(
+            "POST", "/v1/fine_tuning/jobs", json=body)).content)
+
+    async def _file_id(self, data: str | Path | Iterable[Mapping[str, Any]]) -> str:
+        return str(data) if _is_file_id(data) else await self.upload(data)
+
+    async def get(self, job_id: str) -> Job:
+        return Job.model_validate_json((await self._connection.request("GET", f"/v1/fine_tuning/jobs/{job_id}")).content)
+
+    async def list(self, *, limit: int = 20, after: str | None = None) -> builtins.list[Job]:
+        params: dict[str, Any] = {"limit": limit} | ({"after": after} if after else {})
+        response = await self._connection.request("GET", "/v1/fine_tuning/jobs", params=params)
+        return [Job.model_validate(j) for j in response.json()["data"]]
+
+    async def cancel(self, job_id: str) -> Job:
+        return await self._control(job_id, "cancel")
+
+    async def pause(self, job_id: str) -> Job:
+        return await self._control(job_id, "pause")
+
+    async def resume(self, job_id: str) -> Job:
+        return await self._control(job_id, "resume")
+
+    async def _control(self, job_id: str, action: str) -> Job:
+        response = await self._connection.request("POST", f"/v1/fine_tuning/jobs/{job_id}/{action}", idempotent=True)
+        return Job.model_validate_json(response.content)
+
+    async def events(self, job_id: str, *, after: str | None = None, limit: int = 100) -> builtins.list[JobEvent]:
+        """A page of events, newest first (OpenAI's order)."""
+        params: dict[str, Any] = {"limit": limit} | ({"after": after} if after else {})
+        response = await self._connection.request("GET", f"/v1/fine_tuning/jobs/{job_id}/events", params=params)
+        return [JobEvent.model_validate(e) for e in response.json()["data"]]
+
+    async def checkpoints(self, job_id: str) -> builtins.list[Checkpoint]:
+        response = await self._connection.request("GET", f"/v1/fine_tuning/jobs/{job_id}/checkpoints",
+                                                  params={"limit": 1000})
+        return [Checkpoint.model_validate(c) for c in response.json()["data"]]
+
+    async def follow(self, job_id: str) -> AsyncIterator[JobEvent]:
+        """Every event of the job, oldest first, as it happens, until the job ends (or pauses). A dropped
+        connection is resumed after the last event seen."""
+        last: str | None = None
+        while True:
+            params = {"follow": "true"} | ({"after": last} if last else {})
+            try:
+                async for line in self._connection.stream_lines("GET", f"/api/training/logs/{job_id}",
+                                                                 params=params, idle_timeout=FOLLOW_IDLE_TIMEOUT_S):
+                    if not line:
+                        continue
+                    item = orjson.loads(line)
+                    if item.get("object") != "fine_tuning.job.event":
+                        return
+                    event = JobEvent.model_validate(item)
+                    last = event.id
+                    yield event
+                return
+            except APIConnectionError:
+                continue
+
+    async def wait(self, job_id: str, *, on_event: Callable[[JobEvent], None] | None = None) -> Job:
+        """Follow the job until it ends; the final job (check `job.status`)."""
+        async for event in self.follow(job_id):
+            if on_event is not None:
+                on_event(event)
+        return await self.get(job_id)
+
+    # ----------------------------------------------------------------------------------------- sync
+
+    def upload_sync(self, data: str | Path | Iterable[Mapping[str, Any]], *, purpose: str = "fine-tune") -> str:
+        response = self._connection.request_sync("POST", "/v1/files", multipart=self._upload_body(data, purpose))
+        return str(response.json()["id"])
+
+    def start_sync(self, *, data: str | Path | Iterable[Mapping[str, Any]], reward: str | Path | None = None,
+                   grader: Mapping[str, Any] | str | Path | None = None, model: str | None = None,
+                   validation_data: str | Path | Iterable[Mapping[str, Any]] | None = None,
+                   method: Method = "reinforcement", suffix: str | None = None, seed: int | None = None,
+                   metadata: Mapping[str, str] | None = None, **hyperparameters: Any) -> Job:
+        options: dict[str, Any] = {"reward": reward, "grader": grader, "model": model, "method": method, "suffix": suffix,
+                   "seed": seed, "metadata": metadata, "hyperparameters": hyperparameters}
+        reinforcement_body(model="check", training_file="check", validation_file=None,
+                           **{k: v for k, v in options.items() if k != "model"})
+        training_file = str(data) if _is_file_id(data) else self.upload_sync(data)
+        validation_file = None
+        if validation_data is not None:
+            validation_file = str(validation_data) if _is_file_id(validation_data) else \
+                self.upload_sync(validation_data)
+        body = self._start_body(training_file, validation_file, options)
+        return Job.model_validate_json(self._connection.request_sync("POST", "/v1/fine_tuning/jobs", json=body).content)
+
+    def get_sync(self, job_id: str) -> Job:
+        return Job.model_validate_json(self._connection.request_sync("GET", f"/v1/fine_tuning/jobs/{job_id}").content)
+
+    def list_sync(self, *, limit: int = 20, after: str | None = None) -> builtins.list[Job]:
+        params: dict[str, Any] = {"limit": limit} | ({"after": after} if after else {})
+        response = self._connection.request_sync("GET", "/v1/fine_tuning/jobs", params=params)
+        return [Job.model_validate(j) for j in response.json()["data"]]
+
+    def cancel_sync(self, job_id: str) -> Job:
+        return self._control_sync(job_id, "cancel")
+
+    def pause_sync(self, job_id: str) -> Job:
+        return self._control_sync(job_id, "pause")
+
+    def resume_sync(self, job_id: str) -> Job:
+        return self._control_sync(job_id, "resume")
+
+    def _control_sync(self, job_id: str, action: str) -> Job:
+        response = self._connection.request_sync("POST", f"/v1/fine_tuning/jobs/{job_id}/{action}", idempotent=True)
+        return Job.model_validate_json(response.content)
+
+    def events_sync(self, job_id: str, *, after: str | None = None, limit: int = 100) -> builtins.list[JobEvent]:
+        params: dict[str, Any] = {"limit": limit} | ({"after": after} if after else {})
+        response = self._connection.request_sync("GET", f"/v1/fine_tuning/jobs/{job_id}/events", params=params)
+        return [JobEvent.model_validate(e) for e in response.json()["data"]]
+
+    def checkpoints_sync(self, job_id: str) -> builtins.list[Checkpoint]:
+        response = self._connection.request_sync("GET", f"/v1/fine_tuning/jobs/{job_id}/checkpoints",
+                                                 params={"limit": 1000})
+        return [Checkpoint.model_validate(c) for c in response.json()["data"]]
+
+    def follow_sync(self, job_id: str) -> Iterator[JobEvent]:
+        last: str | None = None
+        while True:
+            params = {"follow": "true"} | ({"after": last} if last else {})
+            try:
+                for line in self._connection.stream_lines_sync("GET", f"/api/training/logs/{job_id}", params=params,
+                                                               idle_timeout=FOLLOW_IDLE_TIMEOUT_S):
+                    if not line:
+                        continue
+                    item = orjson.loads(line)
+                    if item.get("object") != "fine_tuning.job.event":
+                        return
+                    event = JobEvent.model_validate(item)
+                    last = event.id
+                    yield event
+                return
+            except APIConnectionError:
+                continue
+
+    def wait_sync(self, job_id: str, *, on_event: Callable[[JobEvent], None] | None = None) -> Job:
+        for event in self.follow_sync(job_id):
+            if on_event is not None:
+                on_event(event)
+        return self.get_sync(job_id)
+
+    def base_model_sync(self) -> str:
+        """The server's base model (the first model `/v1/models` lists)."""
+        return str(self._connection.request_sync("GET", "/v1/models").json()["data"][0]["id"])
+
+    async def base_model(self) -> str:
+        return str((await self._connection.request("GET", "/v1/models")).json()["data"][0]["id"])
+
+    def close(self) -> None:
+        self._connection.close()
