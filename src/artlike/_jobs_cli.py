@@ -86,8 +86,8 @@ def _show(event: JobEvent, bar: tqdm[Any] | None, out: Any) -> tqdm[Any] | None:
     return bar
 
 
-def run(arguments: argparse.Namespace, out: Any = sys.stdout) -> int:
-    jobs = Jobs(arguments.base_url, arguments.api_key)
+def run(arguments: argparse.Namespace, out: Any = sys.stdout, *, jobs: Jobs | None = None) -> int:
+    jobs = jobs or Jobs(arguments.base_url, arguments.api_key)
     try:
         if arguments.action == "start":
             hyper = {k: getattr(arguments, k) for k in ("iterations", "batch_size", "group_size", "learning_rate",
