@@ -74,6 +74,8 @@ def health_client(api_key: str | None) -> httpx.AsyncClient:
         models=SimpleNamespace(served_models={"secret-model@3": None}),
         training=SimpleNamespace(active=lambda: ["secret-model"]),
         sessions=SimpleNamespace(open_models=lambda: {"other-model": "ts_1"}),
+        jobs=SimpleNamespace(running_jobs=lambda: ["ftjob-1"]),
+        sandbox=SimpleNamespace(enforcement=lambda: {"network": "enforced (network namespace)"}),
     )
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://artlike")
 
@@ -91,6 +93,7 @@ async def test_health_with_the_key_has_the_details() -> None:
     assert body["engine"]["pid"] == 1234 and body["trainer"]["pid"] == 5678
     assert body["training"] == ["secret-model"] and body["models"] == 1
     assert body["training_sessions"] == {"other-model": "ts_1"}
+    assert body["jobs"] == ["ftjob-1"] and body["sandbox"]["network"].startswith("enforced")
 
 
 async def test_health_of_a_server_without_a_key_has_the_details() -> None:
