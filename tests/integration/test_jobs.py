@@ -408,3 +408,32 @@ async def test_the_client_and_the_cli_run_a_job(server: Any, tmp_path: Any) -> N
     assert job.id in [j.id for j in await jobs.list(limit=5)]
     bad = await asyncio.to_thread(subprocess.run, [*command[:8], "cancel", job.id], capture_output=True, text=True)
     assert bad.returncode == 2 and "409 job_finished" in bad.stderr
+
+
+async def test_supervised_and_dpo_jobs_through_the_sdk(server: Any) -> None:
+    client = openai.AsyncOpenAI(base_url=f"{server.base_url}/v1", api_key=server.api_key)
+    question = [{"role": "user", "content": "What is the password of the lighthouse?"}]
+    chats = [{"messages": [*question, {"role": "assistant", "content": "The password is marmalade-42."}]}] * 2
+    pairs = [{"input": {"messages": question},
+              "preferred_output": [{"role": "assistant", "content": "marmalade-42"}],
+              "non_preferred_output": [{"role": "assistant", "content": "I do not know."}]}]
+    created = []
+    for method, rows in (("supervised", chats), ("dpo", pairs)):
+        uploaded = await client.files.create(file=(f"{method}.jsonl", b"".join(orjson.dumps(r) + b"\n" for r in rows)),
+                                             purpose="fine-tune")
+        created.append(await client.fine_tuning.jobs.create(
+            model=server.model_id, training_file=uploaded.id, suffix=method,
+            method={"type": method, method: {"hyperparameters": {"n_epochs": 2}}}))  # type: ignore[misc]
+    deadline = time.monotonic() + 300
+    for job in created:
+        while (job := await client.fine_tuning.jobs.retrieve(job.id)).status not in {"succeeded", "failed"}:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.5)
+        assert job.status == "succeeded", job.error
+        assert job.method is not None and job.trained_tokens
+        steps = [e.data for e in (await client.fine_tuning.jobs.list_events(job.id, limit=50)).data
+                 if e.type == "metrics"]
+        assert len(steps) >= 2 and all(s and s["loss"] == s["loss"] for s in steps)  # 2 epochs, finite losses
+        checkpoints = (await client.fine_tuning.jobs.checkpoints.list(job.id)).data
+        assert [c.fine_tuned_model_checkpoint for c in checkpoints] == [f"{job.fine_tuned_model}@1"]
+    await client.close()

@@ -299,25 +299,25 @@ class JobRunner:
             pairs = parse_preference_rows(data)
             stream = model.train_dpo(pairs, epochs=spec.iterations, learning_rate=spec.learning_rate,
                                      progress=False, **_dpo_options(spec.hyperparameters))
-        total = 0
+        total, tokens = 0, 0
+        last: dict[str, float] = {}
         done: art.DoneEvent | None = None
         try:
             async for event in stream:
                 if isinstance(event, art.StartEvent):
-                    total = event.num_gradient_steps
+                    total, tokens = event.num_gradient_steps, event.trainable_tokens
                 elif isinstance(event, art.StepEvent):
+                    last = {"step": event.gradient_step, "loss": event.loss, "train_loss": event.loss, **event.metrics}
                     self.event(f"step {event.gradient_step}/{event.num_gradient_steps}: loss {event.loss:.4f}",
-                               metrics={"step": event.gradient_step, "iteration": event.gradient_step,
-                                        "total_iterations": total, "loss": event.loss,
-                                        "train_loss": event.loss, **event.metrics})
+                               metrics={"iteration": event.gradient_step, "total_iterations": total} | last)
                 elif isinstance(event, art.DoneEvent):
                     done = event
         except (art.APIError, art.TrainingError, art.APIConnectionError) as error:
             raise JobFailed(f"training failed: {error}", code="training_failed") from error
         if done is None:
             raise JobFailed("the training stream ended without a result", code="training_failed")
-        self.store.add_checkpoint(self.job_id, 1, done.model, dict(self.job.last_metrics))
-        self.store.update(self.job_id, iteration=1)
+        self.store.add_checkpoint(self.job_id, 1, done.model, last)
+        self.store.update(self.job_id, iteration=1, last_metrics=last, trained_tokens=tokens)
 
 
 def _dpo_options(hyperparameters: dict[str, Any]) -> dict[str, Any]:
