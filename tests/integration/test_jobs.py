@@ -437,3 +437,21 @@ async def test_supervised_and_dpo_jobs_through_the_sdk(server: Any) -> None:
         checkpoints = (await client.fine_tuning.jobs.checkpoints.list(job.id)).data
         assert [c.fine_tuned_model_checkpoint for c in checkpoints] == [f"{job.fine_tuned_model}@1"]
     await client.close()
+
+
+async def test_graders_run_with_this_servers_model_as_the_judge(http: httpx.AsyncClient, server: Any) -> None:
+    judge = {"type": "score_model", "name": "judge", "model": server.model_id, "range": [0, 10],
+             "input": [{"role": "user", "content": "Rate this answer from 0 to 10: {{sample.output_text}}. "
+                                                   "Reply with only the number."}]}
+    response = await http.post("/v1/fine_tuning/alpha/graders/run", json={"grader": judge, "model_sample": "Paris"})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert_valid("RunGraderResponse", body)
+    errors = body["metadata"]["errors"]
+    assert not errors["model_grader_server_error"]  # the judge answered; a 135M judge may not give a number
+    assert errors["model_grader_parse_error"] or 0.0 <= body["reward"] <= 10.0
+    missing = await http.post("/v1/fine_tuning/alpha/graders/run", json={
+        "grader": {**judge, "model": "no-such-model"}, "model_sample": "Paris"})
+    assert missing.status_code == 200
+    assert missing.json()["metadata"]["errors"]["model_grader_server_error"]
+    assert "no-such-model" in missing.json()["metadata"]["errors"]["model_grader_server_error_details"]

@@ -76,6 +76,8 @@ def run_response(result: GradeResult, seconds: float) -> dict[str, Any]:
         errors[result.error.kind] = True
         if result.error.kind == "python_grader_runtime_error":
             errors["python_grader_runtime_error_details"] = result.error.message
+        if result.error.kind == "model_grader_server_error":
+            errors["model_grader_server_error_details"] = result.error.message
     return {
         "reward": result.score,
         "metadata": {"name": result.name, "type": result.type, "errors": errors,

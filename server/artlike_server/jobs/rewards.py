@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import httpx
 import orjson
 
-from artlike.graders import PythonGrader, PythonGraderFailed, grade_async, parse_grader
+from artlike.graders import JudgeUnavailable, PythonGrader, PythonGraderFailed, grade_async, parse_grader
 
 from .sandbox import CallResult, Sandbox
 from .spec import GraderReward, PythonReward, Reward
@@ -71,9 +71,15 @@ class ServerJudge:
         self._http = httpx.AsyncClient(base_url=base_url, headers=headers, timeout=timeout_s)
 
     async def __call__(self, messages: list[dict[str, Any]], model: str) -> str:
-        response = await self._http.post("/v1/chat/completions", json={
-            "model": model, "messages": messages, "temperature": 0.0, "max_tokens": 256})
-        response.raise_for_status()
+        try:
+            response = await self._http.post("/v1/chat/completions", json={
+                "model": model, "messages": messages, "temperature": 0.0, "max_tokens": 256})
+        except httpx.HTTPError as error:
+            raise JudgeUnavailable(f"the judge {model!r} did not answer: {type(error).__name__}: {error}") from error
+        if response.is_error:
+            message = response.json().get("error", {}).get("message", response.text) \
+                if response.headers.get("content-type", "").startswith("application/json") else response.text
+            raise JudgeUnavailable(f"the judge {model!r} answered {response.status_code}: {message}")
         return text_of(response.json()["choices"][0]["message"].get("content"))
 
     async def aclose(self) -> None:

@@ -6,7 +6,8 @@
     │   ├── TemplateError        a `{{namespace.path}}` the item or sample does not have
     │   ├── FormulaError         a `calculate_output` that does not parse or evaluate
     │   ├── ScoreParseError      a judge model's answer without a usable score or label
-    │   └── PythonGraderFailed   a python grader's code failed where it ran (the sandbox)
+    │   ├── PythonGraderFailed   a python grader's code failed where it ran (the sandbox)
+    │   └── JudgeUnavailable     a model grader's judge could not be asked
     ├── GraderNotRunnableHere    python graders: they need the server's sandbox (never exec'd here)
     ├── UnsupportedMetricError   a text_similarity metric this library cannot compute
     └── MissingDependencyError   the `graders` extra is not installed (also an ImportError)
@@ -23,6 +24,7 @@ ErrorKind = Literal[
     "invalid_variable_error",
     "model_grader_parse_error",
     "python_grader_runtime_error",
+    "model_grader_server_error",
     "other_error",
 ]
 
@@ -59,6 +61,12 @@ class PythonGraderFailed(GradingFailed):
     """A python grader's code raised, timed out, or returned no finite number (reported by the runner)."""
 
     kind: ErrorKind = "python_grader_runtime_error"
+
+
+class JudgeUnavailable(GradingFailed):
+    """The judge model could not be asked (its server answered with an error or not at all)."""
+
+    kind: ErrorKind = "model_grader_server_error"
 
 
 class GraderNotRunnableHere(GraderError):
