@@ -3,7 +3,7 @@
 Starts its own `artlike serve` (default model), uploads arithmetic problems (examples/arithmetic/task.py:
 two-term sums and differences, the answer in <answer></answer> tags) through the official `openai` SDK,
 creates a reinforcement job whose reward is OpenAI grader JSON (a `multi` of math_accuracy and a format
-check, no user code), follows its events, and reports the reward per iteration and the held-out pass rate
+check, no user code; a sample passes at reward >= 0.5, i.e. when it is correct), follows its events, and reports the reward per iteration and the held-out pass rate
 (greedy, validation rows the job never trains on) before the first and after the last iteration.
 
     python -m bench.job_learning [--iterations 12] [--batch-size 8] [--group-size 8]
@@ -38,7 +38,6 @@ GRADER = {
         "formatted": {"type": "string_check", "name": "formatted", "input": "{{sample.output_text}}",
                       "reference": "</answer>", "operation": "like"},
     },
-    "pass_threshold": 0.9,
 }
 
 
