@@ -23,6 +23,7 @@ import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
+from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger(__name__)
@@ -97,20 +98,22 @@ def internal_error_response(exc: BaseException, where: str) -> Response:
     return error_response(error)
 
 
-def validation_error(exc: RequestValidationError) -> InvalidRequest:
-    """Turn pydantic's error list into one message that names the first offending parameter."""
+def validation_error(exc: RequestValidationError | ValidationError, *, prefix: str | None = None,
+                     code: str = "invalid_value") -> InvalidRequest:
+    """Turn pydantic's error list into one message that names the first offending parameter (under
+    `prefix` when the model validated a part of the body, e.g. `grader`)."""
     errors = exc.errors()
     if not errors:
         return InvalidRequest("invalid request")
     first = errors[0]
     loc = [str(part) for part in first.get("loc", ()) if part not in ("body", "query", "path")]
-    param = ".".join(loc) or None
+    param = ".".join([prefix, *loc] if prefix else loc) or None
     if first.get("type") == "json_invalid":
         return InvalidRequest(f"request body is not valid JSON: {first.get('msg')}", code="invalid_json")
     message = f"{param}: {first.get('msg')}" if param else str(first.get("msg"))
     if len(errors) > 1:
         message += f" (and {len(errors) - 1} more error{'s' if len(errors) > 2 else ''})"
-    return InvalidRequest(message, param=param, code="invalid_value")
+    return InvalidRequest(message, param=param, code=code)
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -29,6 +29,17 @@ Method = Literal["reinforcement", "supervised", "dpo"]
 FOLLOW_IDLE_TIMEOUT_S = 120.0  # the server re-reads the job at least every 15 s; longer silence is a dead link
 
 
+_END = object()
+
+
+def _followed(line: str) -> JobEvent | object | None:
+    """One line of a followed log: an event, `_END` (the final job object), or None (a blank line)."""
+    if not line:
+        return None
+    item = orjson.loads(line)
+    return JobEvent.model_validate(item) if item.get("object") == "fine_tuning.job.event" else _END
+
+
 def _is_file_id(data: object) -> bool:
     return isinstance(data, str) and data.startswith("file-")
 
@@ -171,14 +182,12 @@ class Jobs:
             try:
                 async for line in self._connection.stream_lines("GET", f"/api/training/logs/{job_id}",
                                                                  params=params, idle_timeout=FOLLOW_IDLE_TIMEOUT_S):
-                    if not line:
-                        continue
-                    item = orjson.loads(line)
-                    if item.get("object") != "fine_tuning.job.event":
+                    event = _followed(line)
+                    if event is _END:
                         return
-                    event = JobEvent.model_validate(item)
-                    last = event.id
-                    yield event
+                    if isinstance(event, JobEvent):
+                        last = event.id
+                        yield event
                 return
             except APIConnectionError:
                 continue
@@ -251,14 +260,12 @@ class Jobs:
             try:
                 for line in self._connection.stream_lines_sync("GET", f"/api/training/logs/{job_id}", params=params,
                                                                idle_timeout=FOLLOW_IDLE_TIMEOUT_S):
-                    if not line:
-                        continue
-                    item = orjson.loads(line)
-                    if item.get("object") != "fine_tuning.job.event":
+                    event = _followed(line)
+                    if event is _END:
                         return
-                    event = JobEvent.model_validate(item)
-                    last = event.id
-                    yield event
+                    if isinstance(event, JobEvent):
+                        last = event.id
+                        yield event
                 return
             except APIConnectionError:
                 continue

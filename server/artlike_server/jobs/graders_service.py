@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from artlike.graders import GradeResult, PythonGrader, grade_async, parse_grader
 
-from ..errors import InvalidRequest
+from ..errors import InvalidRequest, validation_error
 from .intake import python_graders
 from .rewards import Judge
 from .sandbox import CodeError
@@ -41,10 +41,7 @@ class GraderService:
         try:
             parsed = parse_grader(grader)
         except ValidationError as error:
-            first = error.errors()[0]
-            where = ".".join(str(p) for p in first["loc"])
-            raise InvalidRequest(f"grader.{where}: {first['msg']}" if where else f"grader: {first['msg']}",
-                                 param=f"grader.{where}" if where else "grader", code="invalid_grader") from error
+            raise validation_error(error, prefix="grader", code="invalid_grader") from error
         for python in python_graders(parsed):
             try:
                 self._check_source(python.source)

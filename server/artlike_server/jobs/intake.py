@@ -16,7 +16,7 @@ from pydantic import ValidationError
 
 from artlike.graders import AnyGrader, MultiGrader, PythonGrader, RewardComponents, parse_grader
 
-from ..errors import InvalidRequest
+from ..errors import InvalidRequest, validation_error
 from ..models.store import ModelStore
 from .datasets import DatasetError, PromptRow, parse_prompt_rows
 from .sandbox import CodeError, check_program
@@ -76,10 +76,7 @@ def grader_reward(grader: Mapping[str, Any], *, param: str) -> PythonReward | Gr
     try:
         parsed = parse_grader(grader)
     except ValidationError as error:
-        first = error.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise InvalidRequest(f"grader: {where}: {first['msg']}" if where else f"grader: {first['msg']}",
-                             param=f"{param}.{where}" if where else param, code="invalid_grader") from error
+        raise validation_error(error, prefix=param, code="invalid_grader") from error
     if isinstance(parsed, PythonGrader):
         return python_reward(parsed.source, param=f"{param}.source", pass_threshold=parsed.pass_threshold)
     nested = python_graders(parsed)

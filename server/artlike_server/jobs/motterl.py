@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ..errors import InvalidRequest
+from ..errors import InvalidRequest, validation_error
 from ..models.store import ModelStore
 from .intake import check_episode_functions, prompt_rows, python_reward, resolve_target
 from .service import NewJob
@@ -48,9 +48,7 @@ def parse_start(body: Any) -> StartTraining:
     try:
         return StartTraining.model_validate(body)
     except ValidationError as error:
-        first = error.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise InvalidRequest(f"{where}: {first['msg']}", param=where or None, code="invalid_value") from error
+        raise validation_error(error) from error
 
 
 def new_job(request: StartTraining, *, models: ModelStore, served_base: str) -> NewJob:

@@ -15,7 +15,7 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ..errors import InvalidRequest
+from ..errors import InvalidRequest, validation_error
 from ..models.store import ModelStore
 from .datasets import DatasetError, parse_chat_examples, parse_preference_rows
 from .files import FileStore
@@ -81,9 +81,7 @@ def parse_create(body: Any) -> CreateJobRequest:
     try:
         return CreateJobRequest.model_validate(body)
     except ValidationError as error:
-        first = error.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise InvalidRequest(f"{where}: {first['msg']}", param=where or None, code="invalid_value") from error
+        raise validation_error(error) from error
 
 
 def _value(value: Any, default: Any) -> Any:
