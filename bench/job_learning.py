@@ -104,7 +104,7 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=12)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--group-size", type=int, default=8)
-    parser.add_argument("--learning-rate", type=float, default=5e-5)
+    parser.add_argument("--learning-rate", type=float, default=2e-4)  # the demo's (examples/arithmetic)
     parser.add_argument("--train-rows", type=int, default=96)
     parser.add_argument("--valid-rows", type=int, default=48)
     report = asyncio.run(run(parser.parse_args()))
