@@ -293,7 +293,7 @@ class JobRunner:
         stream: art.TrainStream
         if spec.method == "supervised":
             examples = parse_chat_examples(data)
-            stream = model.train_sft([e["messages"] for e in examples], epochs=spec.iterations,
+            stream = model.train_sft(examples, epochs=spec.iterations,  # {"messages", "tools"}: tools rendered too
                                      learning_rate=spec.learning_rate, progress=False)
         else:
             pairs = parse_preference_rows(data)
