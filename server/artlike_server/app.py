@@ -139,10 +139,14 @@ def create_app(settings: ServerSettings, *, on_fatal: Callable[[BaseException], 
 
 
 async def begin_shutdown(app: FastAPI) -> None:
-    """Call when the server starts shutting down, before it waits for open responses: cancels training
-    jobs so their NDJSON streams end (with an `error` line) instead of running until the job is done."""
+    """Call when the server starts shutting down, before it waits for open responses: stops managed jobs
+    (to be resumed) and cancels training jobs so their NDJSON streams end (with an `error` line) instead
+    of running until the job is done."""
     state: AppState | None = getattr(app.state, "artlike", None)
     if state is not None:
+        # Managed jobs first: their runners stop where they are (still `running`, resumed by the next
+        # start) instead of seeing their training step cancelled and failing the job.
+        await state.jobs.shutdown()
         await state.training.shutdown()
 
 

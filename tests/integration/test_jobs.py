@@ -178,7 +178,7 @@ async def test_openai_sdk_files_and_reinforcement_job_with_seekrflow_graders(ser
                           {"type": "string_check", "operation": "contains", "weight": 0.3,
                            "input": "{{sample.output_text}}", "reference": "{{item.reference_answer}}"}]}
     # artlike's hyperparameters (group_size, max_tokens, learning_rate) ride along in the same dict.
-    hyperparameters = {"batch_size": 2, "n_epochs": 1, "eval_interval": 1, "group_size": 4, "max_tokens": 32,
+    hyperparameters = {"batch_size": 2, "n_epochs": 1, "eval_interval": 1, "group_size": 4, "max_tokens": 24,
                        "learning_rate": 5e-5}
     job = await client.fine_tuning.jobs.create(
         model=server.model_id, training_file=training_file.id, validation_file=validation_file.id, suffix="math",
@@ -323,9 +323,9 @@ async def test_openai_bad_requests(http: httpx.AsyncClient, server: Any) -> None
 async def test_a_restart_resumes_a_running_job_from_its_last_committed_iteration(server: Any) -> None:
     async with httpx.AsyncClient(base_url=server.base_url, headers=server.headers, timeout=120) as http:
         started = await http.post("/api/training/start", json={
-            "model": server.model_id, "learningRate": 1e-4, "iterations": 3, "batchSize": 2,
+            "model": server.model_id, "learningRate": 1e-4, "iterations": 3, "batchSize": 1,
             "rewardFunction": "def reward_fn(completion, **kwargs):\n    return len(completion[0]['content']) / 50\n",
-            "trainingData": MOTTERL_ROWS, "groupSize": 3, "maxTokens": 16})
+            "trainingData": MOTTERL_ROWS, "groupSize": 2, "maxTokens": 8})
         job_id = started.json()["job_id"]
         await wait_for(http, job_id, lambda j: j["artlike"]["iteration"] >= 1 or finished(j))
     server.stop()
