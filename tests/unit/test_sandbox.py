@@ -162,7 +162,8 @@ async def test_a_fork_bomb_is_contained_and_leaves_nothing_behind(sandbox: Sandb
     assert result.failure is None and result.value < LIMITS.max_processes
     await asyncio.sleep(0.5)
     mine = {os.getpid(), *(p.pid for p in psutil.Process().children(recursive=True))}
-    sleepers = [p for p in psutil.process_iter(["uids", "pid"]) if p.info["uids"] and p.info["uids"].real >= 200_000
+    sleepers = [p for p in psutil.process_iter(["uids", "pid"])
+                if p.info["uids"] and p.info["uids"].real in sandbox.worker_uids
                 and p.info["pid"] not in mine and p.status() != psutil.STATUS_ZOMBIE]
     assert sleepers == []
     assert (await sandbox.call("def f():\n    return 'still here'\n", "f")).value == "still here"
@@ -183,3 +184,21 @@ def test_check_program_compiles_without_running(tmp_path: Path) -> None:
 def test_enforcement_says_what_holds_here(tmp_path: Path) -> None:
     report = Sandbox(tmp_path).enforcement()
     assert set(report) >= {"network", "data_dir", "writable", "uid", "processes", "memory", "cpu", "wall_clock"}
+
+
+async def test_the_temp_dir_is_bounded(sandbox: Sandbox) -> None:
+    needs(sandbox, "writable")
+    source = ("def f():\n"
+              "    written = 0\n"
+              "    try:\n"
+              "        for i in range(100):\n"
+              "            with open(f'chunk{i}', 'wb') as out:\n"
+              "                out.write(b'x' * (8 << 20))\n"
+              "            written += 8\n"
+              "    except OSError as error:\n"
+              "        return written, error.errno\n"
+              "    return written, None\n")
+    result = await sandbox.call(source, "f")
+    assert result.failure is None, result
+    written, errno = result.value
+    assert errno is not None and written <= LIMITS.temp_bytes >> 20  # ENOSPC before the disk notices

@@ -2,7 +2,7 @@
 
 A pool of worker processes (`sandbox_worker.py`), each started, where the kernel lets us (root and util-linux
 `unshare`), in new network, mount and pid namespaces: no network at all (even 127.0.0.1 is unreachable), the
-data dir hidden under an empty tmpfs, a private temp dir bound onto /tmp as the only writable place, /proc
+data dir hidden under an empty tmpfs, a private size-bounded tmpfs on /tmp as the only writable place, /proc
 showing only its own processes, and an unprivileged uid of its own. Everywhere: rlimits on address space,
 CPU time (re-armed per call), processes (per uid), file size and open files. The per-call wall-clock timeout
 is the parent's: the worker's whole process group is killed (with a pid namespace, everything it forked
@@ -44,6 +44,7 @@ class SandboxLimits:
     cpu_seconds_lifetime: int = 3600  # a worker is replaced once it has used half of this
     max_processes: int = 16  # RLIMIT_NPROC of the worker's own uid (threads count)
     max_file_bytes: int = 16 << 20  # RLIMIT_FSIZE
+    temp_bytes: int = 64 << 20  # the private /tmp (a tmpfs) holds at most this much
     workers: int = 2
 
 
@@ -127,7 +128,7 @@ class Sandbox:
         return {
             "network": isolated,
             "data_dir": "hidden (mount namespace)" if self._isolate else "NOT hidden (needs root and unshare)",
-            "writable": "private temp dir only" if self._isolate else "private temp dir as cwd; other paths per "
+            "writable": f"a private {self.limits.temp_bytes >> 20} MiB /tmp only" if self._isolate else "private temp dir as cwd; other paths per "
                                                                        "file permissions",
             "uid": "unprivileged uid per worker" if self._uid_base is not None else "the server's uid",
             "processes": f"{self.limits.max_processes} per worker" if self._uid_base is not None
@@ -136,6 +137,11 @@ class Sandbox:
             "cpu": f"{self.limits.cpu_seconds_per_call} s per call",
             "wall_clock": f"{self.limits.call_timeout_s:g} s per call",
         }
+
+    @property
+    def worker_uids(self) -> range:
+        """The uids this sandbox's workers run as (empty when they keep the server's)."""
+        return range(0) if self._uid_base is None else range(self._uid_base, self._uid_base + 16)
 
     async def start(self) -> None:
         self.work_root.mkdir(parents=True, exist_ok=True)
@@ -205,7 +211,7 @@ class Sandbox:
             os.chown(tmp, uid, uid)
         config = {"tmp": str(tmp), "hidden": self.hidden_paths, "isolate": self._isolate, "uid": uid,
                   "limits": {"memory_bytes": self.limits.memory_bytes, "max_file_bytes": self.limits.max_file_bytes,
-                             "max_processes": self.limits.max_processes,
+                             "max_processes": self.limits.max_processes, "temp_bytes": self.limits.temp_bytes,
                              "cpu_seconds_lifetime": self.limits.cpu_seconds_lifetime}}
         command = [sys.executable, "-m", "artlike_server.jobs.sandbox_worker", json.dumps(config)]
         if self._isolate:

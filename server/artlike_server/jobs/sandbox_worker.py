@@ -2,8 +2,8 @@
 
 Started by `sandbox.Sandbox` as `[unshare --net --mount --pid --fork --kill-child] python -m
 artlike_server.jobs.sandbox_worker CONFIG_JSON`. When it is root in fresh namespaces it first hides the data
-dir (an empty, unreadable tmpfs over it), makes its private temp dir the only writable place (bound onto
-/tmp; /var/tmp and /dev/shm become empty read-only tmpfs), then sets its rlimits and drops to its own
+dir (an empty, unreadable tmpfs over it), makes a private, size-bounded tmpfs on /tmp the only writable
+place (/var/tmp and /dev/shm become empty read-only tmpfs), then sets its rlimits and drops to its own
 unprivileged uid. Then it serves JSON lines on stdin/stdout:
 
     request  {"id", "source", "function", "args", "kwargs", "cpu_seconds"}
@@ -98,7 +98,10 @@ def confine(config: dict[str, Any]) -> None:
         for path in WORLD_WRITABLE:
             if os.path.isdir(path) and not os.path.islink(path):
                 _mount("tmpfs", path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4k,mode=755")
-        _mount(tmp, "/tmp", None, MS_BIND, None)
+        # The only writable place: an in-memory /tmp of bounded size, so user code cannot fill the disk.
+        owner = f",uid={config['uid']},gid={config['uid']}" if config["uid"] is not None else ""
+        _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV,
+               f"size={config['limits']['temp_bytes']},mode=700{owner}")
         tmp = "/tmp"
     limits = config["limits"]
     resource.setrlimit(resource.RLIMIT_AS, (limits["memory_bytes"], limits["memory_bytes"]))
