@@ -5,19 +5,15 @@ from __future__ import annotations
 import asyncio
 from typing import Literal
 
-import orjson
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 from starlette.datastructures import UploadFile
 
 from ..errors import InvalidRequest
 from ..state import get_state
+from .http import json_response
 
 router = APIRouter()
-
-
-def _json(body: object) -> Response:
-    return Response(orjson.dumps(body), media_type="application/json")
 
 
 @router.post("/v1/files")
@@ -34,21 +30,21 @@ async def upload(request: Request) -> Response:
     content = await upload.read()
     files = get_state(request).files
     stored = await asyncio.to_thread(files.create, content, upload.filename or "upload.jsonl", purpose)
-    return _json(stored.to_openai())
+    return json_response(stored.to_openai())
 
 
 @router.get("/v1/files")
 async def list_files(request: Request, purpose: str | None = None, limit: int = Query(10_000, ge=1, le=10_000),
                      after: str | None = None, order: Literal["asc", "desc"] = "desc") -> Response:
     files, has_more = get_state(request).files.page(purpose=purpose, limit=limit, after=after, order=order)
-    return _json({"object": "list", "data": [f.to_openai() for f in files],
+    return json_response({"object": "list", "data": [f.to_openai() for f in files],
                   "first_id": files[0].id if files else None, "last_id": files[-1].id if files else None,
                   "has_more": has_more})
 
 
 @router.get("/v1/files/{file_id}")
 async def retrieve(request: Request, file_id: str) -> Response:
-    return _json(get_state(request).files.get(file_id).to_openai())
+    return json_response(get_state(request).files.get(file_id).to_openai())
 
 
 @router.get("/v1/files/{file_id}/content")
@@ -60,4 +56,4 @@ async def content(request: Request, file_id: str) -> Response:
 @router.delete("/v1/files/{file_id}")
 async def delete(request: Request, file_id: str) -> Response:
     await asyncio.to_thread(get_state(request).files.delete, file_id)
-    return _json({"id": file_id, "object": "file", "deleted": True})
+    return json_response({"id": file_id, "object": "file", "deleted": True})

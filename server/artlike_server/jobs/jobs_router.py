@@ -3,30 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any
 
 import orjson
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response, StreamingResponse
 
-from ..errors import InvalidRequest
 from ..state import AppState, get_state
 from . import motterl, openai_jobs
+from .http import json_body, json_response
 from .service import JobService
 from .store import EventRecord, JobRecord
 
 router = APIRouter()
-
-
-def _json(body: Any, status_code: int = 200) -> Response:
-    return Response(orjson.dumps(body), status_code=status_code, media_type="application/json")
-
-
-async def _body(request: Request) -> Any:
-    try:
-        return orjson.loads(await request.body())
-    except orjson.JSONDecodeError as error:
-        raise InvalidRequest(f"the body is not JSON: {error}", code="invalid_json") from error
 
 
 def _jobs(state: AppState) -> JobService:
@@ -39,10 +27,10 @@ def _jobs(state: AppState) -> JobService:
 @router.post("/v1/fine_tuning/jobs")
 async def create_job(request: Request) -> Response:
     state = get_state(request)
-    create = openai_jobs.parse_create(await _body(request))
+    create = openai_jobs.parse_create(await json_body(request))
     new = openai_jobs.new_job(create, files=state.files, models=state.store,
                               served_base=state.settings.served_model_name)
-    return _json(openai_jobs.job_object(_jobs(state).create(new)))
+    return json_response(openai_jobs.job_object(_jobs(state).create(new)))
 
 
 @router.get("/v1/fine_tuning/jobs")
@@ -50,34 +38,34 @@ async def list_jobs(request: Request, after: str | None = None, limit: int = Que
     metadata = {key[len("metadata["):-1]: value for key, value in request.query_params.items()
                 if key.startswith("metadata[") and key.endswith("]")}
     jobs, has_more = _jobs(get_state(request)).page(limit=limit, after=after, metadata=metadata or None)
-    return _json({"object": "list", "data": [openai_jobs.job_object(j) for j in jobs], "has_more": has_more})
+    return json_response({"object": "list", "data": [openai_jobs.job_object(j) for j in jobs], "has_more": has_more})
 
 
 @router.get("/v1/fine_tuning/jobs/{fine_tuning_job_id}")
 async def get_job(request: Request, fine_tuning_job_id: str) -> Response:
-    return _json(openai_jobs.job_object(_jobs(get_state(request)).get(fine_tuning_job_id)))
+    return json_response(openai_jobs.job_object(_jobs(get_state(request)).get(fine_tuning_job_id)))
 
 
 @router.post("/v1/fine_tuning/jobs/{fine_tuning_job_id}/cancel")
 async def cancel_job(request: Request, fine_tuning_job_id: str) -> Response:
-    return _json(openai_jobs.job_object(await _jobs(get_state(request)).cancel(fine_tuning_job_id)))
+    return json_response(openai_jobs.job_object(await _jobs(get_state(request)).cancel(fine_tuning_job_id)))
 
 
 @router.post("/v1/fine_tuning/jobs/{fine_tuning_job_id}/pause")
 async def pause_job(request: Request, fine_tuning_job_id: str) -> Response:
-    return _json(openai_jobs.job_object(await _jobs(get_state(request)).pause(fine_tuning_job_id)))
+    return json_response(openai_jobs.job_object(await _jobs(get_state(request)).pause(fine_tuning_job_id)))
 
 
 @router.post("/v1/fine_tuning/jobs/{fine_tuning_job_id}/resume")
 async def resume_job(request: Request, fine_tuning_job_id: str) -> Response:
-    return _json(openai_jobs.job_object(_jobs(get_state(request)).resume(fine_tuning_job_id)))
+    return json_response(openai_jobs.job_object(_jobs(get_state(request)).resume(fine_tuning_job_id)))
 
 
 @router.get("/v1/fine_tuning/jobs/{fine_tuning_job_id}/events")
 async def job_events(request: Request, fine_tuning_job_id: str, after: str | None = None,
                      limit: int = Query(20, ge=1, le=1000)) -> Response:
     events, has_more = _jobs(get_state(request)).events(fine_tuning_job_id, after=after, limit=limit)
-    return _json({"object": "list", "data": [openai_jobs.event_object(e) for e in events], "has_more": has_more})
+    return json_response({"object": "list", "data": [openai_jobs.event_object(e) for e in events], "has_more": has_more})
 
 
 @router.get("/v1/fine_tuning/jobs/{fine_tuning_job_id}/checkpoints")
@@ -90,7 +78,7 @@ async def job_checkpoints(request: Request, fine_tuning_job_id: str, after: str 
         ids = [c.id for c in checkpoints]
         checkpoints = checkpoints[ids.index(after) + 1:] if after in ids else []
     page = checkpoints[:limit]
-    return _json({"object": "list", "data": [openai_jobs.checkpoint_object(c) for c in page],
+    return json_response({"object": "list", "data": [openai_jobs.checkpoint_object(c) for c in page],
                   "first_id": page[0].id if page else None, "last_id": page[-1].id if page else None,
                   "has_more": len(checkpoints) > limit})
 
@@ -101,26 +89,26 @@ async def job_checkpoints(request: Request, fine_tuning_job_id: str, after: str 
 @router.post("/api/training/start")
 async def motterl_start(request: Request) -> Response:
     state = get_state(request)
-    start = motterl.parse_start(await _body(request))
+    start = motterl.parse_start(await json_body(request))
     job = _jobs(state).create(motterl.new_job(start, models=state.store, served_base=state.settings.served_model_name))
-    return _json({"job_id": job.id, "status": motterl.STATUS[job.status]})
+    return json_response({"job_id": job.id, "status": motterl.STATUS[job.status]})
 
 
 @router.get("/api/training/status/{job_id}")
 async def motterl_status(request: Request, job_id: str) -> Response:
-    return _json(motterl.status_object(_jobs(get_state(request)).get(job_id)))
+    return json_response(motterl.status_object(_jobs(get_state(request)).get(job_id)))
 
 
 @router.get("/api/training/jobs")
 async def motterl_jobs(request: Request, limit: int = Query(100, ge=1, le=1000)) -> Response:
     jobs, _ = _jobs(get_state(request)).page(limit=limit, after=None)
-    return _json({"jobs": [motterl.status_object(j) for j in jobs]})
+    return json_response({"jobs": [motterl.status_object(j) for j in jobs]})
 
 
 @router.post("/api/training/cancel/{job_id}")
 async def motterl_cancel(request: Request, job_id: str) -> Response:
     job = await _jobs(get_state(request)).cancel(job_id)
-    return _json(motterl.status_object(job))
+    return json_response(motterl.status_object(job))
 
 
 @router.get("/api/training/logs/{job_id}")

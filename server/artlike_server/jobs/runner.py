@@ -122,15 +122,13 @@ class JobRunner:
         self.server = server
         self.reward = reward
         self.stop = stop
+        self.spec: JobSpec = store.get(job_id).spec  # immutable: read once, not per access
         self._reward_errors_reported = 0
 
     @property
     def job(self) -> JobRecord:
         return self.store.get(self.job_id)
 
-    @property
-    def spec(self) -> JobSpec:
-        return self.job.spec
 
     def event(self, message: str, *, level: Literal["info", "warn", "error"] = "info",
               metrics: dict[str, Any] | None = None) -> None:

@@ -62,14 +62,15 @@ class JobService:
 
     def start(self) -> None:
         """Requeue what a previous process left unfinished, then start the queues."""
-        for job in self.store.unfinished():
+        unfinished = self.store.unfinished()
+        for job in unfinished:
             if job.status == "running":
                 self._event(job.id, f"the server restarted; the job resumes from iteration {job.iteration}",
                             level="warn")
                 self.store.update(job.id, status="queued")
             elif job.status == "validating_files":
                 self.store.update(job.id, status="queued")
-        for model in {j.spec.target_model for j in self.store.unfinished()}:
+        for model in {j.spec.target_model for j in unfinished}:
             self._schedule(model)
 
     async def shutdown(self) -> None:
