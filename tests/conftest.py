@@ -24,5 +24,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture(scope="session")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """A real server: `.base_url`, `.model_id`, `.api_key`, `.headers`, `.data_dir`, `.process`, `.log_path`."""
-    with ServerProcess(tmp_path_factory.mktemp("artlike-data"), args=SERVER_ARGS, api_key=TEST_API_KEY) as running:
+    data_dir = tmp_path_factory.mktemp("artlike-data")
+    args = [*SERVER_ARGS, "--tensorboard-dir", str(data_dir / "tensorboard")]
+    with ServerProcess(data_dir, args=args, api_key=TEST_API_KEY) as running:
         yield running

@@ -49,6 +49,14 @@ from .openai_api.dialects.responses import ResponsesDialect
 from .openai_api.response_store import ResponseStore
 from .settings import ServerSettings
 from .state import AppState, get_state
+from .studio.continual import ContinualTrainer
+from .studio.ratings import RatingService
+from .studio.router import router as studio_router
+from .studio.store import StudioStore
+from .studio.trajectories import TrajectoryBrowser
+from .studio.ui_router import router as ui_router
+from .studio.ui_sessions import UiSessions
+from .tensorboard_log import TensorBoardLog
 from .tokenizer import load_chat_tokenizer
 from .training.api_router import router as training_router
 from .training.job import TrainingLimits, TrainingService
@@ -89,7 +97,7 @@ def create_app(settings: ServerSettings, *, on_fatal: Callable[[BaseException], 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         judge = ServerJudge(self_url(settings), settings.api_key)
-        state = _build_state(settings, metrics, judge)
+        state = _build_state(settings, metrics, judge, ui_sessions)
         app.state.artlike = state
         state.engine.add_on_ready(state.models.restore)
         metrics.track_engine(state.engine)
@@ -106,6 +114,7 @@ def create_app(settings: ServerSettings, *, on_fatal: Callable[[BaseException], 
             starter.cancel()
             reaper.cancel()
             await state.jobs.shutdown()
+            await state.continual.shutdown()
             await state.sessions.shutdown()
             await state.training.shutdown()  # usually done already (begin_shutdown); a running job holds the trainer
             pruner.cancel()
@@ -115,16 +124,20 @@ def create_app(settings: ServerSettings, *, on_fatal: Callable[[BaseException], 
             state.log.close()
             state.response_store.close()
             state.jobs.store.close()
+            state.studio.close()
+            if state.tensorboard is not None:
+                state.tensorboard.close()
             await state.sandbox.close()
             await judge.aclose()
 
     metrics = Metrics()
+    ui_sessions = UiSessions()  # shared by the key check (middleware) and the page's log-in route
     app = FastAPI(title="artlike", version="0.1.0", lifespan=lifespan)
     install_error_handlers(app)
     app.add_middleware(CompletionRoutes)  # innermost: the completion hot path skips FastAPI's layers
     # Outermost last: every request is counted (401/413 too); a bad key is rejected before the body is read.
     app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=settings.max_body_bytes)
-    app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key)
+    app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key, sessions=ui_sessions)
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
     app.include_router(openai_router)
     app.include_router(models_router)
@@ -134,6 +147,8 @@ def create_app(settings: ServerSettings, *, on_fatal: Callable[[BaseException], 
     app.include_router(graders_router)
     app.include_router(jobs_router)
     app.include_router(metrics_router)
+    app.include_router(studio_router)
+    app.include_router(ui_router)
     app.add_api_route("/health", health, methods=["GET"])
     return app
 
@@ -147,6 +162,7 @@ async def begin_shutdown(app: FastAPI) -> None:
         # Managed jobs first: their runners stop where they are (still `running`, resumed by the next
         # start) instead of seeing their training step cancelled and failing the job.
         await state.jobs.shutdown()
+        await state.continual.shutdown()
         await state.training.shutdown()
 
 
@@ -156,7 +172,7 @@ def self_url(settings: ServerSettings) -> str:
     return f"http://[{host}]:{settings.port}" if ":" in host else f"http://{host}:{settings.port}"
 
 
-def _build_state(settings: ServerSettings, metrics: Metrics, judge: ServerJudge) -> AppState:
+def _build_state(settings: ServerSettings, metrics: Metrics, judge: ServerJudge, ui_sessions: UiSessions) -> AppState:
     settings.log_dir.mkdir(parents=True, exist_ok=True)
     completion_log = CompletionLog(settings.data_dir / "completions.sqlite")
     completion_log.open()
@@ -186,10 +202,20 @@ def _build_state(settings: ServerSettings, metrics: Metrics, judge: ServerJudge)
     jobs = JobService(JobStore(settings.data_dir / "jobs"), sandbox, ServerAccess(self_url(settings), settings.api_key),
                       judge)
     graders = GraderService(python_grader_runner(sandbox), judge, check_source=check_grade_source)
+    studio = StudioStore(settings.data_dir / "studio.sqlite")
+    training.step_observers.append(studio.record_rewards)  # the trajectory browser's rewards
+    continual = ContinualTrainer(studio, training, models, completion_log, engine_client)
+    ratings = RatingService(studio, completion_log, training.decode_text, on_rated=continual.notify)
+    tensorboard = None
+    if settings.tensorboard_dir is not None:
+        tensorboard = TensorBoardLog(settings.tensorboard_dir)
+        models.history_observers.append(tensorboard.write_step)
     return AppState(settings=settings, engine=engine, engine_client=engine_client, store=store, models=models,
                     log=completion_log, metrics=metrics, trainer=trainer, training=training, sessions=sessions,
                     response_store=response_store, sandbox=sandbox, files=FileStore(settings.data_dir / "files"),
-                    graders=graders, jobs=jobs,
+                    graders=graders, jobs=jobs, studio=studio, ratings=ratings, continual=continual,
+                    trajectories=TrajectoryBrowser(completion_log, studio, training.decode_text, training.decode),
+                    ui_sessions=ui_sessions, tensorboard=tensorboard,
                     dialects={"responses": ResponsesDialect(response_store), "messages": MessagesDialect()})
 
 
@@ -256,6 +282,7 @@ async def _start_engine_then_trainer(state: AppState, on_fatal: Callable[[BaseEx
     except Exception:
         log.exception("the tokenizer did not load; requests with offline trajectories will retry")
     state.jobs.start()  # managed jobs are clients of the engine and trainer: start (or resume) them now
+    state.continual.start()  # ratings that arrived while the server was down may make a step due
 
 
 async def health(request: Request) -> Response:

@@ -92,9 +92,11 @@ def serve(
     reward_workers: Annotated[int, typer.Option(min=1, help="Sandbox worker processes for user reward code.")] = 2,
     reward_memory_mb: Annotated[int, typer.Option(
         min=64, help="Address-space limit of one sandbox worker in MiB.")] = 1024,
+    tensorboard_dir: Annotated[Path | None, typer.Option(
+        help="Also write every trained step's metrics as TensorBoard event files here (one run per model).")] = None,
     log_level: str = "info",
 ) -> None:
-    """Serve the OpenAI API with recording and training."""
+    """Serve the OpenAI API with recording and training (and the studio page at /ui)."""
     if not api_key and not is_loopback_host(host):
         if not insecure_no_api_key:
             typer.echo(f"artlike: refusing to serve on {host} without an API key: anyone who can reach it could "
@@ -162,6 +164,7 @@ def serve(
         reward_timeout_s=reward_timeout,
         reward_workers=reward_workers,
         reward_memory_bytes=reward_memory_mb * _MIB,
+        tensorboard_dir=tensorboard_dir.expanduser().resolve() if tensorboard_dir else None,
     )
     raise typer.Exit(run(settings, log_level=log_level))
 

@@ -499,6 +499,21 @@ class CompletionLog:
                 records=records, stored_bytes=stored,
             )
 
+    async def read(self, work: Callable[[sqlite3.Connection], _T]) -> _T:
+        """Run `work` on the reader connection in one read transaction, in a thread (browsing queries:
+        `completion_queries.py`)."""
+        return await asyncio.to_thread(self._read_with, work)
+
+    def _read_with(self, work: Callable[[sqlite3.Connection], _T]) -> _T:
+        with self._reader_lock:
+            if self._reader is None:
+                raise CompletionLogError("the completion log is not open")
+            self._reader.execute("BEGIN")
+            try:
+                return work(self._reader)
+            finally:
+                self._reader.execute("COMMIT")
+
     # ------------------------------------------------------------------------------------- retention
 
     async def delete_trajectory(self, trajectory_id: str) -> int:

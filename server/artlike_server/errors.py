@@ -3,6 +3,7 @@
     APIError                      any error the API returns on purpose (status + OpenAI error body)
     ├── InvalidRequest            400  bad JSON, schema violations, bad values (names the parameter)
     ├── Unauthorized              401  missing or wrong API key
+    ├── Forbidden                 403  a page session without its CSRF token; /ui from afar without a key
     ├── NotFound                  404  unknown model, step, trajectory or route
     ├── Conflict                  409  register with a different config; a second training job per model
     ├── PayloadTooLarge           413  request body over the configured limit
@@ -54,6 +55,11 @@ class InvalidRequest(APIError):
 class Unauthorized(APIError):
     status_code = 401
     error_type = "authentication_error"
+
+
+class Forbidden(APIError):
+    status_code = 403
+    error_type = "permission_error"
 
 
 class NotFound(APIError):
@@ -127,7 +133,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
     async def on_http_error(_: Request, exc: Exception) -> Response:
         assert isinstance(exc, StarletteHTTPException)
-        kinds: dict[int, type[APIError]] = {404: NotFound, 401: Unauthorized, 409: Conflict, 413: PayloadTooLarge}
+        kinds: dict[int, type[APIError]] = {404: NotFound, 401: Unauthorized, 403: Forbidden, 409: Conflict,
+                                            413: PayloadTooLarge}
         kind = kinds.get(exc.status_code, InvalidRequest if exc.status_code < 500 else APIError)
         error = kind(str(exc.detail))
         error.status_code = exc.status_code

@@ -1,6 +1,7 @@
 """Pure ASGI middleware (no BaseHTTPMiddleware: it buffers and adds a task per request on the hot path).
 
     ApiKeyMiddleware          `Authorization: Bearer <key>` or `x-api-key: <key>` on every route but /health -> 401
+                              (or the studio page's session cookie + X-CSRF-Token on writes -> 403 without)
     BodySizeLimitMiddleware   Content-Length over the limit -> 413 before reading; chunked bodies counted
     RequestMetricsMiddleware  count, latency and status per route template, in-flight gauge
 
@@ -17,8 +18,15 @@ from collections.abc import Collection
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from artlike_server.errors import APIError, PayloadTooLarge, Unauthorized, error_response
+from artlike_server.errors import APIError, Forbidden, PayloadTooLarge, Unauthorized, error_response
 from artlike_server.metrics import Metrics
+from artlike_server.studio.ui_sessions import (
+    CSRF_HEADER,
+    SAFE_METHODS,
+    UiSessions,
+    cookie_value,
+    csrf_matches,
+)
 
 OPEN_PATHS = frozenset({"/health"})
 """Paths served without the API key: liveness probes (load balancers, `artlike serve` readiness) carry no
@@ -36,32 +44,73 @@ async def _reject(error: APIError, scope: Scope, receive: Receive, send: Send) -
     await error_response(error)(scope, receive, send)
 
 
+def _is_page(path: str) -> bool:
+    """The studio page, its assets and its session routes: served without the key (the page asks for it)."""
+    return path == "/ui" or path.startswith("/ui/")
+
+
+def _same_origin(origin: bytes, host: bytes) -> bool:
+    scheme, sep, rest = origin.partition(b"://")
+    return bool(sep) and scheme in (b"http", b"https") and rest == host
+
+
 class ApiKeyMiddleware:
-    def __init__(self, app: ASGIApp, api_key: str | None, open_paths: Collection[str] = OPEN_PATHS) -> None:
+    """The API key on every route but the open ones; the studio page's session cookie (with its CSRF token
+    on writes) stands in for it. Browser writes from another origin are refused, key or not: a page on
+    another site must not drive a loopback server that has no key."""
+
+    def __init__(self, app: ASGIApp, api_key: str | None, open_paths: Collection[str] = OPEN_PATHS,
+                 sessions: UiSessions | None = None) -> None:
         self.app = app
         self._expected = f"Bearer {api_key}".encode() if api_key else None
         self._expected_key = api_key.encode() if api_key else b""
         self._open_paths = frozenset(open_paths)
+        self._sessions = sessions
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
+            return
+        # `Authorization: Bearer <key>` (OpenAI's SDKs) or `x-api-key: <key>` (Anthropic's); the page's cookie.
+        supplied = anthropic_key = cookie = csrf = origin = host = b""
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                supplied = value
+            elif name == b"x-api-key":
+                anthropic_key = value
+            elif name == b"cookie":
+                cookie = value
+            elif name == CSRF_HEADER.encode():
+                csrf = value
+            elif name == b"origin":
+                origin = value
+            elif name == b"host":
+                host = value
+        writes = scope["method"] not in SAFE_METHODS
+        if writes and origin and not _same_origin(origin, host):
+            await _reject(Forbidden("cross-origin request refused: this server takes browser writes only from "
+                                    "its own pages", code="cross_origin"), scope, receive, send)
             return
         if self._expected is None:
             if scope["path"] in self._open_paths:
                 scope.setdefault("state", {})[_AUTHORIZED] = True
             await self.app(scope, receive, send)
             return
-        # `Authorization: Bearer <key>` (OpenAI's SDKs) or `x-api-key: <key>` (Anthropic's).
-        supplied = anthropic_key = b""
-        for name, value in scope["headers"]:
-            if name == b"authorization":
-                supplied = value
-            elif name == b"x-api-key":
-                anthropic_key = value
         authorized = hmac.compare_digest(supplied, self._expected) or (
             bool(anthropic_key) and hmac.compare_digest(anthropic_key, self._expected_key))
         supplied = supplied or anthropic_key
+        if not authorized and cookie and self._sessions is not None:
+            expected_csrf = self._sessions.csrf_token(cookie_value(cookie))
+            if expected_csrf is not None:
+                if writes and not csrf_matches(expected_csrf, csrf):
+                    await _reject(Forbidden(f"missing or wrong {CSRF_HEADER} header for this page session",
+                                            code="csrf_failed"), scope, receive, send)
+                    return
+                authorized = True
+        if _is_page(scope["path"]):
+            scope.setdefault("state", {})[_AUTHORIZED] = authorized
+            await self.app(scope, receive, send)
+            return
         if scope["path"] in self._open_paths:
             scope.setdefault("state", {})[_AUTHORIZED] = authorized
             await self.app(scope, receive, send)

@@ -48,6 +48,8 @@ class ServerSettings:
     reward_timeout_s: float = 10.0
     reward_workers: int = 2
     reward_memory_bytes: int = 1 << 30
+    # per-step metrics also written as TensorBoard event files here (None: off)
+    tensorboard_dir: Path | None = None
     # trainer
     trainer_dtype: Dtype = "float32"
     gradient_checkpointing: bool = False

@@ -21,6 +21,12 @@ if TYPE_CHECKING:
     from .openai_api.dialects import Dialect
     from .openai_api.response_store import ResponseStore
     from .settings import ServerSettings
+    from .studio.continual import ContinualTrainer
+    from .studio.ratings import RatingService
+    from .studio.store import StudioStore
+    from .studio.trajectories import TrajectoryBrowser
+    from .studio.ui_sessions import UiSessions
+    from .tensorboard_log import TensorBoardLog
     from .training.job import TrainingService
     from .training.sessions import TrainingSessions
     from .training.trainer_client import TrainerProcess
@@ -43,6 +49,12 @@ class AppState:
     files: FileStore
     graders: GraderService
     jobs: JobService
+    studio: StudioStore
+    ratings: RatingService
+    continual: ContinualTrainer
+    trajectories: TrajectoryBrowser
+    ui_sessions: UiSessions
+    tensorboard: TensorBoardLog | None = None
     dialects: dict[str, Dialect] = field(default_factory=dict)  # APIs served by translation, by route name
 
 

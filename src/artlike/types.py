@@ -101,18 +101,27 @@ class UpdateModelRequest(_Strict):
     retention: StepRetention
 
 
+class SetAliasRequest(_Strict):
+    """`POST /v1/trainable_models/{name}/alias`: serve this kept step under the alias `name`."""
+
+    step: int = Field(ge=0)
+    reason: str | None = Field(None, max_length=500, description="Recorded in the history line.")
+
+
 class StepInfo(BaseModel):
     step: int
     served_name: str  # "name@N": the exact vLLM model name of this step
     created_at: float
     loaded: bool  # currently loaded in the engine (older steps load on demand)
+    promoted: bool = True  # False: trained but never served under the alias (a promotion guard held it back)
 
 
 class ModelInfo(BaseModel):
     name: str
     base_model: str
     lora: LoraConfig
-    latest_step: int
+    latest_step: int  # the step the alias `name` serves (moved by training, rollback and promotion)
+    newest_step: int | None = None  # the newest committed step (above latest_step after a rollback)
     served_name: str  # "name@latest"
     created_at: float
     steps: list[StepInfo] = Field(default_factory=list)
@@ -299,6 +308,10 @@ class TrajectoryRef(_Strict):
     trajectory_id: TrajectoryId
     reward: FiniteFloat
     metrics: dict[str, FiniteFloat] = Field(default_factory=dict)
+    completion_ids: list[int] | None = Field(
+        None, min_length=1,
+        description="Train only these recorded completions of the trajectory (e.g. the ones a person rated); "
+                    "earlier completions stay as context, later ones are left out. Default: all of them.")
 
 
 class OfflineTrajectory(_Strict):
@@ -356,10 +369,14 @@ class RecordedPair(_Strict):
 
     chosen_trajectory_id: TrajectoryId
     rejected_trajectory_id: TrajectoryId
+    # One recorded completion of each trajectory as the answer (its earlier turns are context); default: all.
+    chosen_completion_id: int | None = None
+    rejected_completion_id: int | None = None
 
     @model_validator(mode="after")
     def _different(self) -> RecordedPair:
-        if self.chosen_trajectory_id == self.rejected_trajectory_id:
+        if (self.chosen_trajectory_id, self.chosen_completion_id) == (self.rejected_trajectory_id,
+                                                                      self.rejected_completion_id):
             raise ValueError("the chosen and rejected trajectories are the same")
         return self
 
@@ -413,6 +430,10 @@ class TrainRequest(_Strict):
     groups: list[TrainGroup] = Field(default_factory=list, validate_default=True)
     examples: list[RecordedExample | MessagesExample] = Field(default_factory=list, validate_default=True)
     pairs: list[PreferencePair] = Field(default_factory=list, validate_default=True)
+    promote: bool = Field(True, description="False: commit the new step as name@N without moving the alias "
+                                            "`name` to it (promote it later with POST .../alias)")
+    annotations: dict[str, str | int | float | bool] = Field(
+        default_factory=dict, description="Recorded as is in the step's history line (e.g. its source).")
 
     @field_validator("groups", "examples", "pairs")
     @classmethod

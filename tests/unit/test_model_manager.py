@@ -329,3 +329,31 @@ async def test_an_engine_restart_during_a_job_reloads_and_touches_no_file(tmp_pa
     await manager.restore()  # the engine crashed and came back
     assert staging.exists() and store.steps("m") == [0, 1, 2]
     assert manager.latest_step("m") == 1 and list(manager.engine.loaded) == ["m@1"]  # type: ignore[attr-defined]
+
+
+async def test_rollback_and_held_back_steps_survive_a_restart(tmp_path: Path) -> None:
+    store = make_store(tmp_path, 3)
+    manager = ModelManager(store, FakeEngine(), "base")  # type: ignore[arg-type]
+    await manager.restore()
+    await manager.set_alias("m", 1, reason="step 2 is worse")
+    assert (manager.latest_step("m"), manager.newest_step("m")) == (1, 2)
+    assert await manager.resolve("m") == ServedModel("m@1", "m", 1)
+    assert await manager.resolve("m@2") == ServedModel("m@2", "m", 2)  # still reachable by its exact name
+    assert await manager.served_model_ids() == ["base", "m", "m@0", "m@1", "m@2"]
+    # A step trained without promotion: committed and served as m@3, the alias stays at 1.
+    staging = store.new_staging_dir("m")
+    (staging / "adapter_config.json").write_text("{}")
+    committed = await manager.commit_step("m", staging, history_entry, promote=False)
+    assert committed.step == 3 and (manager.latest_step("m"), manager.newest_step("m")) == (1, 3)
+    assert await manager.resolve("m@3") == ServedModel("m@3", "m", 3)
+    restarted = ModelManager(store, FakeEngine(), "base")  # type: ignore[arg-type]
+    await restarted.restore()
+    assert (restarted.latest_step("m"), restarted.newest_step("m")) == (1, 3)  # the pin is on disk
+    await restarted.set_alias("m", 3, reason="promoted")
+    assert store.require("m").alias_step is None  # at the newest step the alias follows new steps again
+    events = [e for e in store.read_history("m") if e.get("event") == "alias"]
+    assert [(e["alias_step"], e["previous_step"], e["reason"]) for e in events] == [
+        (1, 2, "step 2 is worse"), (3, 1, "promoted")]
+    with pytest.raises(NotFound):
+        await restarted.set_alias("m", 9, reason="no such step")
+    assert store.committed_steps("m") == [0, 1, 2, 3]  # alias lines never look like steps

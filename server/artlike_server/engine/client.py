@@ -19,6 +19,7 @@ from .errors import EngineError
 from .upstream import Upstream
 
 ADMIN_TIMEOUT_S = 60.0
+SCORING_TIMEOUT_S = 120.0  # one prefill of a long sequence on a busy CPU engine
 # Admin calls are few; waiting for a free connection longer than the pool timeout means something is stuck.
 _ADMIN_LIMITS = httpx.Limits(max_connections=32, max_keepalive_connections=8)
 _ADMIN_DEFAULT_TIMEOUT = httpx.Timeout(connect=5.0, read=ADMIN_TIMEOUT_S, write=60.0, pool=60.0)
@@ -94,6 +95,15 @@ class EngineClient:
         response = await self.http.get("/v1/models", timeout=ADMIN_TIMEOUT_S)
         _raise_for_status(response)
         return _ModelList.model_validate_json(response.content).data
+
+    async def token_logprobs(self, model: str, token_ids: list[int], start: int) -> list[float]:
+        """The logprob `model` gives each of `token_ids[start:]` after the tokens before it (one prefill, no
+        sampling: vLLM's `prompt_logprobs`)."""
+        response = await self.http.post("/v1/completions", timeout=SCORING_TIMEOUT_S, json={
+            "model": model, "prompt": token_ids, "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 0})
+        _raise_for_status(response)
+        entries = response.json()["choices"][0]["prompt_logprobs"]
+        return [float(entries[i][str(token_ids[i])]["logprob"]) for i in range(max(start, 1), len(token_ids))]
 
     async def _admin_post(self, path: str, payload: dict[str, str] | None) -> None:
         response = await self.http.post(path, json=payload, timeout=ADMIN_TIMEOUT_S)

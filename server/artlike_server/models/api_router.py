@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import httpx
 from fastapi import APIRouter, Query, Request, Response
 
-from artlike.types import ModelInfo, RegisterModelRequest, StepInfo, UpdateModelRequest
+from artlike.types import ModelInfo, RegisterModelRequest, SetAliasRequest, StepInfo, UpdateModelRequest
 
 from ..engine.client import EngineRequestError
 from ..errors import Conflict, InvalidRequest, ServiceUnavailable
@@ -26,12 +27,16 @@ router = APIRouter()
 
 def model_info(state: AppState, model: StoredModel) -> ModelInfo:
     store, manager = state.store, state.models
+    history = store.read_history(model.name)
+    held_back = {e["step"] for e in history if isinstance(e.get("step"), int) and e.get("promoted") is False}
+    held_back -= {e.get("alias_step") for e in history if e.get("event") == "alias"}  # promoted later
     steps = [
         StepInfo(
             step=step,
             served_name=served_name(model.name, step),
             created_at=store.step_created_at(model.name, step),
             loaded=manager.is_loaded(model.name, step),
+            promoted=step not in held_back,
         )
         for step in store.steps(model.name)
     ]
@@ -42,6 +47,7 @@ def model_info(state: AppState, model: StoredModel) -> ModelInfo:
         base_model=model.base_model,
         lora=model.lora,
         latest_step=latest,
+        newest_step=manager.newest_step(model.name),
         served_name=served_name(model.name, latest),
         created_at=model.created_at,
         steps=steps,
@@ -105,6 +111,29 @@ async def list_models(request: Request) -> dict[str, list[ModelInfo]]:
 async def get_model(name: str, request: Request) -> ModelInfo:
     state = get_state(request)
     return model_info(state, state.store.require(name))
+
+
+@router.post("/v1/trainable_models/{name}/alias", response_model=ModelInfo)
+async def set_alias(name: str, body: SetAliasRequest, request: Request) -> ModelInfo:
+    """Serve a kept step under the alias `name`: a rollback, a promotion of a held-back step, or back again."""
+    state = get_state(request)
+    model = state.store.require(name)
+    if state.training.is_training(name):
+        raise Conflict(f"model {name!r} is training; move its alias after the job finishes",
+                       code="training_in_progress")
+    try:
+        await state.models.set_alias(name, body.step, reason=body.reason or "set by API")
+    except (httpx.TransportError, EngineRequestError, AdapterRefused) as error:
+        raise engine_unavailable(error, f"serve step {body.step} of {name!r}") from error
+    return model_info(state, model)
+
+
+@router.get("/v1/trainable_models/{name}/history")
+async def get_history(name: str, request: Request) -> dict[str, list[dict[str, Any]]]:
+    """The model's history lines: one per committed step, one per alias move (`"event": "alias"`)."""
+    state = get_state(request)
+    state.store.require(name)
+    return {"data": await asyncio.to_thread(state.store.read_history, name)}
 
 
 @router.get("/v1/trainable_models/{name}/steps")

@@ -110,7 +110,8 @@ class ModelManager:
         self.max_loaded = max(1, max_loaded)
         self.lease_wait_s = lease_wait_s
         self._on_swap = on_swap
-        self._latest: dict[str, int] = {}  # alias table: model name → latest step
+        self._latest: dict[str, int] = {}  # alias table: model name → the step `name` serves
+        self._newest: dict[str, int] = {}  # model name → newest committed step (`name@N` resolves up to it)
         self._loaded: OrderedDict[str, None] = OrderedDict()  # engine names loaded, least recently used first
         self._locks: dict[str, asyncio.Lock] = {}  # per engine name: one load or unload at a time
         self._model_locks: dict[str, asyncio.Lock] = {}  # per model: one transaction at a time
@@ -118,6 +119,8 @@ class ModelManager:
         self._released = asyncio.Condition()  # notified whenever a lease ends
         self._retiring: set[str] = set()  # engine names being deleted: they no longer resolve
         self._started = False  # restore() ran once: later runs are engine restarts
+        # Called with (model, history line) after each line is committed (TensorBoard); must not raise.
+        self.history_observers: list[Callable[[str, dict[str, Any]], None]] = []
 
     # ----------------------------------------------------------------------------- start-up
 
@@ -152,7 +155,10 @@ class ModelManager:
                             "`done`)", step, name)
                 self.store.delete_step(name, step)
         committed = self.store.committed_steps(name)
-        for step in reversed(committed):
+        pinned = self.store.require(name).alias_step
+        # The pinned step (a rollback, a held-back step) first; if it cannot be served, the newest that can.
+        candidates = ([pinned] if pinned in committed else []) + [s for s in reversed(committed) if s != pinned]
+        for step in candidates:
             try:
                 await self._ensure_loaded(name, step)
                 await self._verify_listed(served_name(name, step))
@@ -161,17 +167,24 @@ class ModelManager:
                 self._loaded.pop(served_name(name, step), None)
                 continue
             self._latest[name] = step
-            if step != committed[-1]:
+            self._newest[name] = max(step, committed[-1]) if step == pinned else step
+            if step != committed[-1] and step != pinned:
                 log.error("model %r serves step %d: its newer step(s) %s could not be loaded", name, step,
                           [s for s in committed if s > step])
             return
         self._latest.pop(name, None)
+        self._newest.pop(name, None)
         log.error("model %r is not served: none of its steps %s could be loaded", name, committed)
 
     # --------------------------------------------------------------------------- resolution
 
     def latest_step(self, name: str) -> int | None:
+        """The step the alias `name` serves."""
         return self._latest.get(name)
+
+    def newest_step(self, name: str) -> int | None:
+        """The newest committed step (above `latest_step` after a rollback or a held-back step)."""
+        return self._newest.get(name)
 
     @property
     def served_models(self) -> list[str]:
@@ -191,7 +204,7 @@ class ModelManager:
             raise NotFound(f"model {requested!r} does not exist", param="model", code="model_not_found")
         if step is None:
             step = latest
-        elif (step > latest or served_name(name, step) in self._retiring
+        elif (step > self._newest.get(name, latest) or served_name(name, step) in self._retiring
               or not (self.store.step_dir(name, step) / "adapter_config.json").is_file()):
             raise NotFound(f"model {name!r} has no step {step} (latest is {latest})", param="model",
                            code="model_not_found")
@@ -226,9 +239,10 @@ class ModelManager:
     async def served_model_ids(self) -> list[str]:
         ids = [self.base_model_id]
         for name, latest in sorted(self._latest.items()):
+            newest = self._newest.get(name, latest)
             ids.append(name)
             ids.extend(served_name(name, step) for step in self.store.steps(name)
-                       if step <= latest and served_name(name, step) not in self._retiring)
+                       if step <= newest and served_name(name, step) not in self._retiring)
         return ids
 
     # --------------------------------------------------------------------------- transactions
@@ -262,36 +276,70 @@ class ModelManager:
                 await asyncio.to_thread(fsync_tree, staging)
                 self.store.commit_step(name, staging, 0)
                 await self._publish(name, 0)
+                self._newest[name] = 0
                 return self.store.create(name, base_model, lora, retention), True
             except BaseException:
                 self._latest.pop(name, None)
+                self._newest.pop(name, None)
                 await self._unload_quietly(served_name(name, 0))
                 self.store.delete_model(name)
                 raise
 
     async def commit_step(
         self, name: str, staging: Path, history_entry: Callable[[int, float], dict[str, Any]], *,
-        load: bool = True,
+        load: bool = True, promote: bool = True,
     ) -> CommittedStep:
         """Make a trained adapter directory the model's next step and serve it; `history_entry(step,
         swap_seconds)` is the line whose append commits it. On failure the previous step stays served.
-        `load=False` moves the alias without loading the adapter now: its first request loads it."""
+        `load=False` moves the alias without loading the adapter now: its first request loads it.
+        `promote=False` loads and verifies the step (`name@N` serves it) but leaves the alias where it is."""
         async with self._model_lock(name):
-            previous = self._latest.get(name)
+            previous, previous_newest = self._latest.get(name), self._newest.get(name)
             step = self.store.next_step_number(name)
             await asyncio.to_thread(fsync_tree, staging)
             adapter_path = self.store.commit_step(name, staging, step)
             try:
-                if load:
+                if not promote:
+                    swap_seconds = await self._load_verified(name, step)
+                elif load:
                     swap_seconds = await self._publish(name, step)
                 else:
                     self._latest[name], swap_seconds = step, 0.0
-                self.store.append_history(name, history_entry(step, swap_seconds))
+                self._newest[name] = step
+                # The pin: a held-back step keeps the alias where it was, across restarts too.
+                self.store.set_alias_step(name, None if promote else previous)
+                entry = history_entry(step, swap_seconds)
+                self.store.append_history(name, entry)
             except BaseException:
-                await self._roll_back(name, step, previous)
+                await self._roll_back(name, step, previous, previous_newest)
                 raise
+            self._observe(name, entry)
             await self._apply_retention(name)
             return CommittedStep(step, adapter_path, swap_seconds)
+
+    async def set_alias(self, name: str, step: int, *, reason: str) -> float:
+        """Serve committed step `step` under the alias `name` (a rollback, a promotion, a roll forward):
+        loaded and verified first, persisted, and recorded in the history. Returns the swap time."""
+        async with self._model_lock(name):
+            self.store.require(name)
+            if step not in self.store.committed_steps(name) or served_name(name, step) in self._retiring:
+                raise NotFound(f"model {name!r} has no step {step} to serve", param="step", code="step_not_found")
+            previous = self._latest.get(name)
+            seconds = await self._publish(name, step)
+            newest = self._newest.get(name, step)
+            self.store.set_alias_step(name, None if step == newest else step)
+            entry = {"event": "alias", "alias_step": step, "previous_step": previous, "time": time.time(),
+                     "reason": reason}
+            self.store.append_history(name, entry)
+            self._observe(name, entry)
+            return seconds
+
+    def _observe(self, name: str, entry: dict[str, Any]) -> None:
+        for observer in self.history_observers:
+            try:
+                observer(name, entry)
+            except Exception:  # a log writer never fails a committed step
+                log.exception("a history observer failed for %r", name)
 
     async def set_retention(self, name: str, retention: StepRetention) -> StoredModel:
         async with self._model_lock(name):
@@ -305,6 +353,9 @@ class ModelManager:
         async with self._model_lock(name):
             latest = self._latest.get(name)
             doomed = [s for s in steps if s != latest and self.store.step_dir(name, s).is_dir()]
+            if self._newest.get(name) in doomed:  # the newest committed step goes: `name@N` stops at the next
+                remaining = [s for s in self.store.committed_steps(name) if s not in doomed]
+                self._newest[name] = max(remaining, default=latest or 0)
             names = {served_name(name, s) for s in doomed}
             self._retiring |= names
             try:
@@ -329,11 +380,18 @@ class ModelManager:
         Prefer the transactions (`register`, `commit_step`), which also commit and roll back."""
         return await self._publish(name, step)
 
+    async def _load_verified(self, name: str, step: int) -> float:
+        started = time.perf_counter()
+        await self._ensure_loaded(name, step)
+        await self._verify_listed(served_name(name, step))
+        return time.perf_counter() - started
+
     async def _publish(self, name: str, step: int) -> float:
         started = time.perf_counter()
         await self._ensure_loaded(name, step)
         await self._verify_listed(served_name(name, step))
         self._latest[name] = step  # the atomic alias move
+        self._newest[name] = max(self._newest.get(name, step), step)
         await self._evict()
         seconds = time.perf_counter() - started
         if self._on_swap is not None:
@@ -345,7 +403,7 @@ class ModelManager:
         if engine_name not in listed:  # DESIGN §9: never assume an adapter was delivered
             raise AdapterRefused(f"the engine does not list {engine_name} after loading it")
 
-    async def _roll_back(self, name: str, step: int, previous: int | None) -> None:
+    async def _roll_back(self, name: str, step: int, previous: int | None, previous_newest: int | None) -> None:
         """Undo a commit that failed after the rename. Never raises: the original error is what matters,
         and whatever is left (an engine that was down, a directory) is skipped by numbering and cleaned up
         at the next start."""
@@ -353,6 +411,10 @@ class ModelManager:
             self._latest.pop(name, None)
         else:
             self._latest[name] = previous
+        if previous_newest is None:
+            self._newest.pop(name, None)
+        else:
+            self._newest[name] = previous_newest
         await self._unload_quietly(served_name(name, step))
         try:
             self.store.delete_step(name, step)
@@ -373,7 +435,8 @@ class ModelManager:
         latest = self._latest.get(name)
         if model is None or latest is None:
             return
-        doomed = steps_to_delete(self.store.steps(name), latest, self.store.read_history(name), model.retention)
+        doomed = steps_to_delete(self.store.steps(name), latest, self.store.read_history(name), model.retention,
+                                 also_keep={self._newest.get(name, latest)})
         for step in doomed:
             if self._leases.get(served_name(name, step)):
                 continue  # in use now: the next commit retires it

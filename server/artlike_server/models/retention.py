@@ -14,7 +14,7 @@ keep_last=2 and keep_best(reward.mean, max, 1) keep {0, 5, 4} ∪ {2}: steps 1 a
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from artlike.types import StepRetention
@@ -33,10 +33,10 @@ def metric_value(entry: dict[str, Any], path: str) -> float | None:
 
 
 def steps_to_delete(steps: Sequence[int], latest: int, history: Sequence[dict[str, Any]],
-                    policy: StepRetention) -> list[int]:
+                    policy: StepRetention, also_keep: Collection[int] = ()) -> list[int]:
     if policy.keep_last is None and policy.keep_best is None:
         return []
-    keep = {0, latest}
+    keep = {0, latest, *also_keep}
     ordered = sorted(steps)
     if policy.keep_last is not None:
         keep.update(ordered[-policy.keep_last:])

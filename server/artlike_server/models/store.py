@@ -17,6 +17,7 @@ them, and start-up removes them, so a restart serves the last step that reported
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import shutil
@@ -44,6 +45,7 @@ class StoredModel:
     lora: LoraConfig
     created_at: float
     retention: StepRetention = field(default_factory=StepRetention)
+    alias_step: int | None = None  # the step the alias is pinned to (a rollback or a held-back step); None: newest
 
 
 def write_atomic(path: Path, data: bytes) -> None:
@@ -75,7 +77,7 @@ class ModelStore:
             return None
         raw = orjson.loads(path.read_bytes())
         return StoredModel(raw["name"], raw["base_model"], LoraConfig(**raw["lora"]), raw["created_at"],
-                           StepRetention.model_validate(raw.get("retention") or {}))
+                           StepRetention.model_validate(raw.get("retention") or {}), raw.get("alias_step"))
 
     def require(self, name: str) -> StoredModel:
         model = self.get(name)
@@ -109,13 +111,20 @@ class ModelStore:
         return model
 
     def set_retention(self, model: StoredModel, retention: StepRetention) -> StoredModel:
-        updated = StoredModel(model.name, model.base_model, model.lora, model.created_at, retention)
+        updated = dataclasses.replace(model, retention=retention)
         self._write_model_json(updated)
         return updated
 
+    def set_alias_step(self, name: str, step: int | None) -> None:
+        """Pin the alias to `step` across restarts (None: the alias follows the newest committed step)."""
+        model = self.require(name)
+        if model.alias_step != step:
+            self._write_model_json(dataclasses.replace(model, alias_step=step))
+
     def _write_model_json(self, model: StoredModel) -> None:
         record = {"name": model.name, "base_model": model.base_model, "lora": model.lora.model_dump(),
-                  "created_at": model.created_at, "retention": model.retention.model_dump()}
+                  "created_at": model.created_at, "retention": model.retention.model_dump(),
+                  "alias_step": model.alias_step}
         write_atomic(self.model_dir(model.name) / "model.json", orjson.dumps(record, option=orjson.OPT_INDENT_2))
 
     def delete_model(self, name: str) -> None:

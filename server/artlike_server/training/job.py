@@ -86,6 +86,9 @@ class PreparedJob:
     metrics: dict[str, float]
     num_gradient_steps: int
     reference_adapter_dir: Path | None = None  # the step a DPO config's `reference` names
+    promote: bool = True  # move the alias to the new step (False: commit it as name@N only)
+    annotations: dict[str, Any] = field(default_factory=dict)  # recorded in the history line
+    trajectory_rewards: list[tuple[str, float]] = field(default_factory=list)  # recorded ones, for observers
 
     @cached_property  # summed once: a large batch has millions of tokens, and the event loop reads this
     def trainable_tokens(self) -> int:
@@ -142,6 +145,27 @@ class TrainingService:
         self._shutting_down = False
         self.limits = limits
         self._tokenizer_lock = threading.Lock()  # one thread at a time uses the (lazily loaded) tokenizer
+        # Called after each committed step with (model, step, [(trajectory id, reward)]); must not raise.
+        self.step_observers: list[Callable[[str, int, list[tuple[str, float]]], None]] = []
+
+    def _notify_observers(self, model: str, step: int, rewards: list[tuple[str, float]]) -> None:
+        for observer in self.step_observers:
+            try:
+                observer(model, step, rewards)
+            except Exception:  # an observer (a log writer) never fails a committed step
+                log.exception("a step observer failed for %s@%d", model, step)
+
+    def decode(self, token_ids: list[int]) -> list[str]:
+        """Each token's text (blocking: call it in a thread); the tokenizer loads on first use."""
+        with self._tokenizer_lock:
+            tokenizer = self._tokenizer()
+            return [tokenizer.decode([token_id]) for token_id in token_ids]
+
+    def decode_text(self, token_ids: list[int]) -> str:
+        """The text of a token sequence without special tokens (blocking: call it in a thread)."""
+        with self._tokenizer_lock:
+            text: str = self._tokenizer().decode(token_ids, skip_special_tokens=True)
+            return text
 
     def load_tokenizer(self) -> None:
         """Load the tokenizer now (blocking: call it in a thread at start-up), so the first request with
@@ -191,13 +215,13 @@ class TrainingService:
         data_param = "examples" if isinstance(config, SFTConfig) else "pairs" if isinstance(config, DPOConfig) \
             else "groups"
         reference_adapter_dir = self.reference_step(request.model, config)
-        ids = _recorded_ids(request)
-        if len(set(ids)) != len(ids) and not isinstance(config, DPOConfig):  # a pair's answer may recur in others
+        keys = _recorded_keys(request)
+        if len(set(keys)) != len(keys) and not isinstance(config, DPOConfig):  # a pair's answer may recur
             # Counted in one pass: a body may hold hundreds of thousands of ids.
-            dup = next(i for i, count in Counter(ids).items() if count > 1)
-            raise InvalidRequest(f"trajectory {dup!r} appears more than once", param=data_param,
+            dup = next(k for k, count in Counter(keys).items() if count > 1)
+            raise InvalidRequest(f"trajectory {dup[0]!r} appears more than once", param=data_param,
                                  code="duplicate_trajectory")
-        ids = list(dict.fromkeys(ids))
+        ids = list(dict.fromkeys(tid for tid, _ in keys))
         try:
             # Without request bodies, and refused before anything is loaded when over the limits.
             records = await self.completion_log.read_for_training(
@@ -237,6 +261,9 @@ class TrainingService:
             groups_skipped=skipped, rewards=rewards,
             metrics={k: statistics.fmean(v) for k, v in metric_values.items()},
             num_gradient_steps=num_gradient_steps, reference_adapter_dir=reference_adapter_dir,
+            promote=request.promote, annotations=dict(request.annotations),
+            trajectory_rewards=[(t.trajectory_id, t.reward) for g in request.groups for t in g.trajectories
+                                if isinstance(t, TrajectoryRef)],
         )
 
     def reference_step(self, model: str, config: TrainConfig) -> Path | None:
@@ -285,9 +312,13 @@ class TrainingService:
                                              code="invalid_trajectory") from None
                 else:
                     name = f"trajectory {trajectory.trajectory_id!r}"
-                    built = sequences_from_completions(
-                        records[trajectory.trajectory_id], advantage, mask_truncated=config.mask_truncated,
-                        group_index=group_index)
+                    try:
+                        built = sequences_from_completions(
+                            records[trajectory.trajectory_id], advantage, mask_truncated=config.mask_truncated,
+                            group_index=group_index, only=trajectory.completion_ids)
+                    except SequenceBuildError as error:
+                        raise InvalidRequest(str(error), param=f"groups[{group_index}].trajectories[{index}]"
+                                             ".completion_ids", code="completion_not_found") from None
                 self._check_lengths(built, name, f"groups[{group_index}].trajectories[{index}]")
                 sequences.extend(s for s in built if s.num_trainable_tokens > 0)
         return sequences, skipped, rewards, metric_values
@@ -327,9 +358,16 @@ class TrainingService:
             sides = []
             for side, preference in (("chosen", 1), ("rejected", -1)):
                 if isinstance(pair, RecordedPair):
-                    trajectory_id = pair.chosen_trajectory_id if preference == 1 else pair.rejected_trajectory_id
-                    built = sequences_from_completions(records[trajectory_id], 0.0, mask_truncated=False,
-                                                       group_index=index)
+                    trajectory_id, completion_id = (
+                        (pair.chosen_trajectory_id, pair.chosen_completion_id) if preference == 1
+                        else (pair.rejected_trajectory_id, pair.rejected_completion_id))
+                    try:
+                        built = sequences_from_completions(
+                            records[trajectory_id], 0.0, mask_truncated=False, group_index=index,
+                            only=None if completion_id is None else [completion_id])
+                    except SequenceBuildError as error:
+                        raise InvalidRequest(f"{name}.{side}: {error}", param=f"{name}.{side}_completion_id",
+                                             code="completion_not_found") from None
                 else:
                     offline = OfflineTrajectory(messages=[*pair.prompt, *getattr(pair, side)], tools=pair.tools,
                                                 reward=0.0)
@@ -433,8 +471,10 @@ class TrainingService:
             # Renamed into place as the next step, served, verified, then committed by its history line;
             # on any failure the previous step stays served (ModelManager.commit_step).
             committed = await self.models.commit_step(
-                p.model, staging, lambda step, swap: _history_entry(p, step, steps, train_seconds, swap))
+                p.model, staging, lambda step, swap: _history_entry(p, step, steps, train_seconds, swap),
+                promote=p.promote)
             staging = None
+            self._notify_observers(p.model, committed.step, p.trajectory_rewards)
             job.emit(DoneEvent(model=served_name(p.model, committed.step), step=committed.step,
                                adapter_path=str(committed.adapter_path), train_seconds=round(train_seconds, 3),
                                swap_seconds=round(committed.swap_seconds, 4)))
@@ -464,14 +504,17 @@ class TrainingService:
             job.emit(_STREAM_END)  # type: ignore[arg-type]
 
 
-def _recorded_ids(request: TrainRequest) -> list[str]:
-    """The recorded trajectory ids a request trains on, in order (a DPO answer may appear in several pairs)."""
+def _recorded_keys(request: TrainRequest) -> list[tuple[str, tuple[int, ...] | None]]:
+    """What a request trains on, in order: (recorded trajectory id, the completions chosen of it or None for
+    all). A DPO answer may appear in several pairs; one trajectory may appear once per choice of completions."""
     if isinstance(request.config, SFTConfig):
-        return [e.trajectory_id for e in request.examples if isinstance(e, RecordedExample)]
+        return [(e.trajectory_id, None) for e in request.examples if isinstance(e, RecordedExample)]
     if isinstance(request.config, DPOConfig):
-        return [i for p in request.pairs if isinstance(p, RecordedPair)
-                for i in (p.chosen_trajectory_id, p.rejected_trajectory_id)]
-    return [t.trajectory_id for g in request.groups for t in g.trajectories if isinstance(t, TrajectoryRef)]
+        return [(tid, None if cid is None else (cid,)) for p in request.pairs if isinstance(p, RecordedPair)
+                for tid, cid in ((p.chosen_trajectory_id, p.chosen_completion_id),
+                                 (p.rejected_trajectory_id, p.rejected_completion_id))]
+    return [(t.trajectory_id, None if t.completion_ids is None else tuple(sorted(t.completion_ids)))
+            for g in request.groups for t in g.trajectories if isinstance(t, TrajectoryRef)]
 
 
 def _error_code(error: Exception) -> str:
@@ -508,4 +551,6 @@ def _history_entry(p: PreparedJob, step: int, steps: list[StepEvent], train_seco
         "config": p.config.model_dump(),
         "train_seconds": round(train_seconds, 3),
         "swap_seconds": round(swap_seconds, 4),
+        "promoted": p.promote,
+        **({"annotations": p.annotations} if p.annotations else {}),
     }

@@ -17,7 +17,7 @@ well-behaved multi-turn trajectory becomes one sequence; a turn whose history wa
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -119,20 +119,31 @@ def sequences_from_completions(
     mask_truncated: bool,
     group_index: int = 0,
     last_turn_only: bool = False,
+    only: Collection[int] | None = None,
 ) -> list[TrainSequence]:
     """Sequences of one recorded trajectory, its completions taken in the order they were recorded.
 
     `mask_truncated` keeps completions that hit max_tokens (finish_reason "length") only as context;
-    `last_turn_only` keeps every completion but the last as context.
+    `last_turn_only` keeps every completion but the last as context; `only` (completion ids) trains just
+    those completions: earlier ones stay as context, later ones are left out.
     """
     ordered = sorted(completions, key=lambda c: (c.created_at, c.id))
+    if only is not None:
+        selected = set(only)
+        missing = selected - {c.id for c in ordered}
+        if missing:
+            raise SequenceBuildError(f"completion(s) {sorted(missing)} are not part of trajectory "
+                                     f"{ordered[0].trajectory_id if ordered else '?'!r}")
+        last = max(index for index, c in enumerate(ordered) if c.id in selected)
+        ordered = ordered[:last + 1]
     turns = [
         Turn(
             prompt_ids=c.prompt_token_ids,
             output_ids=c.output_token_ids,
             output_logprobs=c.logprobs,
             trainable=not (mask_truncated and c.finish_reason == "length")
-            and not (last_turn_only and index < len(ordered) - 1),
+            and not (last_turn_only and index < len(ordered) - 1)
+            and (only is None or c.id in selected),
         )
         for index, c in enumerate(ordered)
     ]

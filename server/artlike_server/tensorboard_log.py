@@ -1,0 +1,62 @@
+"""Per-step metrics as TensorBoard event files (`--tensorboard-dir`): one run directory per model, one
+point per committed step, written from the step's history line (the same numbers as the studio's charts).
+
+tensorboardX writes the files (no TensorFlow, no torch); it is imported only when the option is set.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+SCALARS = ("reward.mean", "reward.std", "loss.mean", "kl.mean", "entropy.mean", "grad_norm.mean",
+           "clip_fraction.mean", "logprob_mismatch", "groups_skipped", "trainable_tokens", "train_seconds",
+           "swap_seconds")
+
+
+def step_scalars(entry: dict[str, Any]) -> Iterator[tuple[str, float]]:
+    """(tag, value) for each metric of a history line that is a number, plus tokens/s."""
+    for path in SCALARS:
+        value: Any = entry
+        for part in path.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            yield path.replace(".mean", "").replace(".", "/"), float(value)
+    if entry.get("train_seconds"):
+        yield "tokens_per_second", entry.get("trainable_tokens", 0) / entry["train_seconds"]
+    for key, value in (entry.get("metrics") or {}).items():
+        if isinstance(value, int | float):
+            yield f"metrics/{key}", float(value)
+
+
+class TensorBoardLog:
+    def __init__(self, directory: Path) -> None:
+        from tensorboardX import SummaryWriter  # the optional dependency: imported only when asked for
+
+        self._writer_type = SummaryWriter
+        self.directory = directory
+        self._writers: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def write_step(self, model: str, entry: dict[str, Any]) -> None:
+        step = entry.get("step")
+        if not isinstance(step, int):
+            return
+        with self._lock:
+            writer = self._writers.get(model)
+            if writer is None:
+                writer = self._writers[model] = self._writer_type(logdir=str(self.directory / model))
+            for tag, value in step_scalars(entry):
+                writer.add_scalar(tag, value, global_step=step)
+            writer.flush()
+
+    def close(self) -> None:
+        with self._lock:
+            for writer in self._writers.values():
+                writer.close()
+            self._writers.clear()
