@@ -38,7 +38,7 @@ from ._jobs import Jobs
 from ._model import TrainableModel
 from ._session import TrainingSession
 from ._sft import best_of_groups
-from ._train import TrainResult, TrainStream, UnknownEvent, parse_event
+from ._train import NoSignalWarning, TrainResult, TrainStream, UnknownEvent, parse_event
 from ._trajectory import Trajectory, TrajectoryGroup, choice_to_message
 from ._version import __version__
 from .job_types import Checkpoint, Job, JobEvent
@@ -89,6 +89,7 @@ __all__ = [
     "KeepBest",
     "LoraConfig",
     "ModelInfo",
+    "NoSignalWarning",
     "NotFoundError",
     "OptimStepResult",
     "PassResult",

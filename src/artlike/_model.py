@@ -8,7 +8,8 @@ and notebooks. `trajectory()` needs no network and works with `async with` and `
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncGenerator, Callable, Iterable, Mapping
+from collections.abc import AsyncGenerator, Callable, Generator, Iterable, Mapping
+from contextlib import aclosing, closing
 from types import TracebackType
 from typing import Any
 
@@ -16,6 +17,7 @@ import httpx
 from pydantic import BaseModel
 
 from ._dpo import Pair, build_dpo_request
+from ._errors import BadRequestError
 from ._http import DEFAULT_TIMEOUT, Connection, RetryPolicy
 from ._session import TrainingSession
 from ._sft import Example, build_sft_request
@@ -26,6 +28,7 @@ from ._train import (
     TrainStream,
     build_train_request,
     run_train_sync,
+    skipped_step_line,
 )
 from ._trajectory import Trajectory, TrajectoryGroup
 from .types import (
@@ -200,6 +203,7 @@ class TrainableModel:
         config: TrainConfig | None = None,
         progress: bool = True,
         idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+        strict: bool = False,
         **options: Any,
     ) -> TrainStream:
         """One training step on `groups`: `async for event in model.train(...)` or `await model.train(...)`.
@@ -208,9 +212,12 @@ class TrainableModel:
         `GRPOConfig`, `CISPOConfig`, `GSPOConfig`) or a whole `config=`; they are
         validated here, before any request (pydantic ValidationError). Failed trajectories are left out.
         `idle_timeout`: seconds without any stream line (the server sends heartbeats) before giving up.
+        A batch without signal (every group's rewards equal) trains nothing: the result has `trained=False`
+        and the reason, a `NoSignalWarning` is issued and the served step stays, so a loop goes on;
+        `strict=True` raises the server's `BadRequestError` (code "no_signal") instead.
         """
         return self._stream(build_train_request(self.name, groups, _train_config(config, options)), progress,
-                            idle_timeout)
+                            idle_timeout, strict=strict)
 
     def train_sync(
         self,
@@ -220,11 +227,12 @@ class TrainableModel:
         progress: bool = True,
         on_event: Callable[[AnyEvent], None] | None = None,
         idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+        strict: bool = False,
         **options: Any,
     ) -> TrainResult:
         """`train` for sync code: runs the step and returns its result; `on_event` sees every event."""
         return self._run_sync(build_train_request(self.name, groups, _train_config(config, options)), progress,
-                              on_event, idle_timeout)
+                              on_event, idle_timeout, strict=strict)
 
     def train_sft(
         self,
@@ -302,19 +310,38 @@ class TrainableModel:
         return TrainingSession.open_sync(self._connection, self.name, from_step=from_step,
                                          idle_timeout_s=idle_timeout_s, **optimizer)
 
-    def _stream(self, request: TrainRequest, progress: bool, idle_timeout: float) -> TrainStream:
+    def _stream(self, request: TrainRequest, progress: bool, idle_timeout: float, *, strict: bool = True
+                ) -> TrainStream:
         body = request.model_dump(mode="json")
 
-        def lines() -> AsyncGenerator[str, None]:
-            return self._connection.stream_lines("POST", "/_train_model", json=body, idle_timeout=idle_timeout)
+        async def lines() -> AsyncGenerator[str, None]:
+            try:
+                async with aclosing(self._connection.stream_lines("POST", "/_train_model", json=body,
+                                                                  idle_timeout=idle_timeout)) as stream:
+                    async for line in stream:
+                        yield line
+            except BadRequestError as error:
+                if strict or error.code != "no_signal":
+                    raise
+                yield skipped_step_line(self.name, await self.get_step(), error.message)
 
         return TrainStream(lines, model=self.name, progress=progress)
 
     def _run_sync(self, request: TrainRequest, progress: bool, on_event: Callable[[AnyEvent], None] | None,
-                  idle_timeout: float) -> TrainResult:
-        lines = self._connection.stream_lines_sync("POST", "/_train_model", json=request.model_dump(mode="json"),
-                                                   idle_timeout=idle_timeout)
-        return run_train_sync(lines, model=self.name, progress=progress, on_event=on_event)
+                  idle_timeout: float, *, strict: bool = True) -> TrainResult:
+        body = request.model_dump(mode="json")
+
+        def lines() -> Generator[str, None, None]:
+            try:
+                with closing(self._connection.stream_lines_sync("POST", "/_train_model", json=body,
+                                                                idle_timeout=idle_timeout)) as stream:
+                    yield from stream
+            except BadRequestError as error:
+                if strict or error.code != "no_signal":
+                    raise
+                yield skipped_step_line(self.name, self.get_step_sync(), error.message)
+
+        return run_train_sync(lines(), model=self.name, progress=progress, on_event=on_event)
 
     # --------------------------------------------------------------------------------- lifecycle
 

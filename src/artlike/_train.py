@@ -35,10 +35,21 @@ from .types import (
     TrainRequest,
 )
 
-__all__ = ["TrainResult", "TrainStream", "UnknownEvent", "parse_event"]
+__all__ = ["NoSignalWarning", "TrainResult", "TrainStream", "UnknownEvent", "parse_event"]
 
 # Seconds without any line before the client gives up; the server sends a heartbeat every 10 s.
 DEFAULT_IDLE_TIMEOUT = 120.0
+
+
+class NoSignalWarning(UserWarning):
+    """`model.train(...)` trained nothing: every group's rewards were equal (the served step stays)."""
+
+
+def skipped_step_line(model: str, step: int, reason: str) -> str:
+    """The `done` line of a step the server refused for lack of signal, so a training loop goes on."""
+    warnings.warn(f"{model}: nothing trained, step {step} stays served: {reason}", NoSignalWarning, stacklevel=4)
+    return DoneEvent(model=f"{model}@{step}", step=step, adapter_path=None, train_seconds=0.0, swap_seconds=0.0,
+                     trained=False, reason=reason).model_dump_json()
 
 
 class UnknownEvent(BaseModel):

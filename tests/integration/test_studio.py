@@ -115,7 +115,7 @@ def test_ratings_are_taken_listed_exported_paired_and_leave_the_inbox(http: http
     assert status["last_run"]["step"] == 1 and status["last_run"]["promoted"] is True, status["last_run"]
     line = http.get(f"/v1/trainable_models/{model}/history").json()["data"][-1]
     assert line["config"]["objective"] == "dpo" and line["annotations"]["ratings"] == 5
-    assert [e for e in status["last_run"]["events"] if e["type"] == "step"][0]["objective"] == "dpo"
+    assert next(e for e in status["last_run"]["events"] if e["type"] == "step")["objective"] == "dpo"
 
     for body, param in (({"kind": "thumb", "completion_id": 10**9, "value": "up"}, "completion_id"),
                         ({"kind": "scale", "completion_id": ids[0], "value": 6}, "value"),
@@ -139,7 +139,7 @@ def test_continual_training_every_k_with_replay_no_signal_and_rollback(http: htt
     run = status["last_run"]
     assert (run["step"], run["promoted"], run["ratings"], run["replayed"]) == (1, True, 4, 0), run
     assert status["live_step"] == 1 and status["trained_ratings"] == 4 and status["pending_ratings"] == 0
-    assert [e["type"] for e in run["events"]][0] == "start" and run["events"][-1]["type"] == "done"
+    assert next(e["type"] for e in run["events"]) == "start" and run["events"][-1]["type"] == "done"
     assert "step 1 live, trained on 4 ratings" in status["message"]
     rated = http.get("/v1/ratings", params={"model": model}).json()["data"]
     assert {r["trained_in_step"] for r in rated} == {1}

@@ -24,7 +24,7 @@ EXPECTED_EXPORTS = {
     "ModelInfo", "StepInfo", "TrajectoryRecord", "StepRetention", "KeepBest",
     # the train stream
     "STREAM_VERSION", "TrainEvent", "StartEvent", "StatusEvent", "StepEvent", "DoneEvent", "ErrorEvent",
-    "UnknownEvent", "TrainResult", "TrainStream", "parse_event",
+    "UnknownEvent", "TrainResult", "TrainStream", "parse_event", "NoSignalWarning",
     # errors
     "ArtlikeError", "APIError", "BadRequestError", "AuthenticationError", "NotFoundError", "ConflictError",
     "PayloadTooLargeError", "ServiceUnavailableError", "InternalServerError", "APIConnectionError",

@@ -487,3 +487,39 @@ def test_one_model_serves_scripts_that_call_asyncio_run_more_than_once() -> None
         server.shutdown()
         server.server_close()
         thread.join()
+
+
+def _no_signal_server(requests: list[str]) -> Handler:
+    def handler(request: httpx.Request) -> httpx.Response:
+        requests.append(f"{request.method} {request.url.path}")
+        if request.url.path == "/_train_model":
+            return openai_error(400, "all 1 group(s) have equal rewards within the group, so every advantage is 0",
+                                code="no_signal", param="groups")
+        return httpx.Response(200, json=model_info(step=3))
+    return handler
+
+
+async def test_a_batch_without_signal_is_a_skipped_step_not_a_crash() -> None:
+    requests: list[str] = []
+    model = make_model(_no_signal_server(requests))
+    with pytest.warns(art.NoSignalWarning, match="nothing trained, step 3 stays served: all 1 group"):
+        result = await model.train([scored_group((1.0, 1.0))], progress=False)
+    assert (result.trained, result.step, result.model, result.metrics) == (False, 3, "agent@3", [])
+    assert result.done.reason is not None and "equal rewards" in result.done.reason
+    assert requests == ["POST /_train_model", "GET /v1/trainable_models/agent"]
+    with pytest.warns(art.NoSignalWarning):
+        events = [event async for event in model.train([scored_group((1.0, 1.0))])]
+    assert [e.type for e in events] == ["done"] and not events[0].trained  # type: ignore[union-attr]
+    with pytest.raises(art.BadRequestError) as raised:  # strict: the server's 400 as it is
+        await model.train([scored_group((1.0, 1.0))], progress=False, strict=True)
+    assert raised.value.code == "no_signal"
+
+
+def test_a_batch_without_signal_is_skipped_in_sync_code_too() -> None:
+    requests: list[str] = []
+    model = make_model(_no_signal_server(requests))
+    with pytest.warns(art.NoSignalWarning):
+        result = model.train_sync([scored_group((0.0, 0.0))], progress=False)
+    assert (result.trained, result.step) == (False, 3)
+    with pytest.raises(art.BadRequestError):
+        model.train_sync([scored_group((0.0, 0.0))], progress=False, strict=True)

@@ -93,7 +93,7 @@ def test_store_replaces_a_raters_second_rating_and_averages_raters(tmp_path: Pat
     second = store.add_ratings([_new(1, reward=0.0)])[0]  # ann changes her mind: one row, a new id
     store.add_ratings([_new(1, rater="bob", reward=1.0), _new(2, reward=None, kind="skip")])
     rows = store.list_ratings(model="m")
-    assert second.id > first.id and [r.rating.id for r in rows if r.rating.rater == "ann"][0] == second.id
+    assert second.id > first.id and next(r.rating.id for r in rows if r.rating.rater == "ann") == second.id
     assert len(rows) == 3
     answers = rated_answers(rows)
     assert [(a.completion_id, a.reward) for a in answers] == [(1, 0.5)]  # the skip gives no answer

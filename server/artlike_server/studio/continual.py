@@ -63,6 +63,7 @@ class ContinualTrainer:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._state: dict[str, str] = {}
         self._runs: dict[str, ContinualRun] = {}
+        self._again: set[str] = set()  # notified while its task was running: look once more before ending
         self._stopping = False
 
     # ------------------------------------------------------------------------------------ control
@@ -74,11 +75,12 @@ class ContinualTrainer:
 
     def notify(self, model: str) -> None:
         """A rating of `model` arrived (or its policy changed): start a run if one is due and none is going."""
-        if self._stopping or model in self._tasks or self.models.latest_step(model) is None:
+        if self._stopping or self.models.latest_step(model) is None:
             return
-        task = asyncio.create_task(self._run_while_due(model), name=f"continual:{model}")
-        self._tasks[model] = task
-        task.add_done_callback(lambda _: self._tasks.pop(model, None))
+        if model in self._tasks:  # its loop may have just read the ratings: make it read them once more
+            self._again.add(model)
+            return
+        self._tasks[model] = asyncio.create_task(self._run_while_due(model), name=f"continual:{model}")
 
     async def shutdown(self) -> None:
         self._stopping = True
@@ -118,12 +120,15 @@ class ContinualTrainer:
     async def _run_while_due(self, model: str) -> None:
         try:
             while not self._stopping:
+                self._again.discard(model)
                 policy = await asyncio.to_thread(self.store.policy, model)
                 pending = await asyncio.to_thread(
                     lambda: [r for r in self.store.list_ratings(model=model, untrained=True, split="train")
                              if r.rating.reward is not None])
                 attempted = await asyncio.to_thread(self.store.attempted_through, model)
                 if not policy.enabled or sum(r.rating.id > attempted for r in pending) < policy.every:
+                    if model in self._again:  # a rating arrived while this looked: look again
+                        continue
                     return
                 if self.training.is_training(model):
                     self._state[model] = "waiting"
@@ -134,8 +139,9 @@ class ContinualTrainer:
             raise
         except Exception:  # a bug: logged with its traceback, the next rating tries again
             log.exception("continual training of %r failed", model)
-        finally:
+        finally:  # no await between the last look and this: a later notify starts a new task
             self._state.pop(model, None)
+            self._tasks.pop(model, None)
 
     async def _run_once(self, model: str, policy: ContinualPolicy, pending: list[StoredRating]) -> None:
         answers, replayed = await asyncio.to_thread(self._answers, model, policy, pending)
