@@ -1025,7 +1025,8 @@
 
   async function serveStep(name, step) {
     try {
-      await api(`/v1/trainable_models/${encodeURIComponent(name)}/alias`, { method: 'POST', body: { step } });
+      await api(`/v1/trainable_models/${encodeURIComponent(name)}/alias`,
+        { method: 'POST', body: { step, reason: 'served from the studio page' } });
     } catch (_) {
       return;
     }
