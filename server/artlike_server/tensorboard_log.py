@@ -1,13 +1,15 @@
 """Per-step metrics as TensorBoard event files (`--tensorboard-dir`): one run directory per model, one
 point per committed step, written from the step's history line (the same numbers as the studio's charts).
 
-tensorboardX writes the files (no TensorFlow, no torch); it is imported only when the option is set.
+TensorBoard's own event-file writer does the writing (no TensorFlow, and unlike tensorboardX it never imports
+torch, which the server process must not); it is imported only when the option is set.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -36,9 +38,12 @@ def step_scalars(entry: dict[str, Any]) -> Iterator[tuple[str, float]]:
 
 class TensorBoardLog:
     def __init__(self, directory: Path) -> None:
-        from tensorboardX import SummaryWriter  # the optional dependency: imported only when asked for
+        # The optional dependency, imported only when asked for.
+        from tensorboard.compat.proto.event_pb2 import Event
+        from tensorboard.compat.proto.summary_pb2 import Summary
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
-        self._writer_type = SummaryWriter
+        self._event, self._summary, self._writer_type = Event, Summary, EventFileWriter
         self.directory = directory
         self._writers: dict[str, Any] = {}
         self._lock = threading.Lock()
@@ -47,12 +52,13 @@ class TensorBoardLog:
         step = entry.get("step")
         if not isinstance(step, int):
             return
+        values = [self._summary.Value(tag=tag, simple_value=value) for tag, value in step_scalars(entry)]
         with self._lock:
             writer = self._writers.get(model)
             if writer is None:
-                writer = self._writers[model] = self._writer_type(logdir=str(self.directory / model))
-            for tag, value in step_scalars(entry):
-                writer.add_scalar(tag, value, global_step=step)
+                writer = self._writers[model] = self._writer_type(str(self.directory / model))
+            writer.add_event(self._event(wall_time=entry.get("time", time.time()), step=step,
+                                         summary=self._summary(value=values)))
             writer.flush()
 
     def close(self) -> None:

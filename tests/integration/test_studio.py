@@ -4,7 +4,6 @@ The page itself in a real browser: test_studio_browser.py. Uses the session fixt
 
 from __future__ import annotations
 
-import struct
 import time
 from pathlib import Path
 from typing import Any
@@ -256,18 +255,9 @@ def test_the_page_session_stands_in_for_the_key_with_csrf_on_writes(server: Any)
 
 
 def tensorboard_scalars(run_dir: Path, tag: str) -> dict[int, float]:
-    """{step: value} of one scalar tag in a TensorBoard run directory (TFRecord framing, Event protos)."""
-    from tensorboardX.proto.event_pb2 import Event
+    """{step: value} of one scalar tag in a TensorBoard run directory, read with TensorBoard's own reader."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    values: dict[int, float] = {}
-    for path in sorted(run_dir.glob("events.out.tfevents.*")):
-        data = path.read_bytes()
-        offset = 0
-        while offset < len(data):
-            (length,) = struct.unpack_from("<Q", data, offset)
-            event = Event.FromString(data[offset + 12: offset + 12 + length])
-            offset += 12 + length + 4  # length, its crc, the record, its crc
-            for value in event.summary.value:
-                if value.tag == tag:
-                    values[event.step] = value.simple_value
-    return values
+    accumulator = EventAccumulator(str(run_dir))
+    accumulator.Reload()
+    return {event.step: event.value for event in accumulator.Scalars(tag)}

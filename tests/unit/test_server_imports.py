@@ -21,3 +21,13 @@ def test_loading_the_tokenizer_for_offline_trajectories_does_not_import_torch() 
              "print(sorted({'torch', 'peft'} & set(sys.modules)))")
     result = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, check=True)
     assert result.stdout.strip().splitlines()[-1] == "[]", result.stdout + result.stderr
+
+
+def test_writing_tensorboard_files_does_not_import_torch(tmp_path: object) -> None:
+    # tensorboardX imports torch whenever it is installed; TensorBoard's own writer does not.
+    check = ("import sys, pathlib; from artlike_server.tensorboard_log import TensorBoardLog; "
+             f"log = TensorBoardLog(pathlib.Path({str(tmp_path)!r})); "
+             "log.write_step('m', {'step': 1, 'reward': {'mean': 0.5}}); log.close(); "
+             "print(sorted({'torch', 'tensorflow'} & set(sys.modules)))")
+    result = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, check=True)
+    assert result.stdout.strip().splitlines()[-1] == "[]", result.stdout + result.stderr
