@@ -5,7 +5,7 @@ Starts its own `artlike serve` (default model), registers a model and switches i
 it samples answers to everyday prompts through trajectory URLs (as the studio's playground does), and a
 scripted rater posts a 1-5 rating for each (`POST /v1/ratings`) according to one preference:
 
-    short     shorter answers are better (5 for at most 12 words ... 1 for more than 33)
+    short     shorter answers are better (5 for at most 15 words ... 1 for more than 45)
 
 After every background step it samples fresh answers to held-out prompts from the served alias (never
 rated) and scores them with the same rater: the mean rating of fresh samples per step shows whether the
@@ -45,9 +45,9 @@ def prompt(topic: str) -> list[dict[str, str]]:
 
 
 def short_rater(text: str) -> int:
-    """The scripted preference: fewer words, higher rating (an answer cut off at 48 tokens has ~35 words)."""
+    """The scripted preference: fewer words, higher rating (an answer cut off at 64 tokens has ~48 words)."""
     words = len(text.split())
-    return 5 if words <= 12 else 4 if words <= 20 else 3 if words <= 27 else 2 if words <= 33 else 1
+    return 5 if words <= 15 else 4 if words <= 25 else 3 if words <= 35 else 2 if words <= 45 else 1
 
 
 async def answer(http: httpx.AsyncClient, model: str, topic: str, max_tokens: int, temperature: float,
@@ -66,7 +66,7 @@ async def answer(http: httpx.AsyncClient, model: str, topic: str, max_tokens: in
 async def fresh_rating(http: httpx.AsyncClient, model: str, args: argparse.Namespace) -> dict[str, float]:
     """Mean simulated rating and words of fresh samples to the held-out prompts (not posted)."""
     texts = await asyncio.gather(*(answer(http, model, topic, args.max_tokens, args.temperature)
-                                   for topic in HELD_OUT for _ in range(2)))
+                                   for topic in HELD_OUT for _ in range(args.eval_samples)))
     ratings = [short_rater(text) for text, _ in texts]
     return {"mean_rating": statistics.fmean(ratings), "mean_words": statistics.fmean(len(t.split()) for t, _ in texts)}
 
@@ -80,6 +80,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
              ).raise_for_status()
             (await http.patch(f"/v1/trainable_models/{name}/continual", json={
                 "enabled": True, "every": args.every, "learning_rate": args.learning_rate, "replay": args.replay,
+                "epochs": args.epochs,
             })).raise_for_status()
             rows = [{"step": 0, "ratings": 0, **await fresh_rating(http, name, args), "seconds": 0.0}]
             print(f"{'step':>4} {'ratings':>7} {'fresh rating':>12} {'words':>6} {'seconds':>8}")
@@ -134,8 +135,10 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=16)
     parser.add_argument("--answers", type=int, default=4, help="answers per prompt in a round")
     parser.add_argument("--replay", type=int, default=16)
-    parser.add_argument("--learning-rate", type=float, default=2e-4)
-    parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--learning-rate", type=float, default=3e-4)
+    parser.add_argument("--epochs", type=int, default=2, help="passes over each step's ratings")
+    parser.add_argument("--eval-samples", type=int, default=4, help="fresh samples per held-out prompt per step")
+    parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--temperature", type=float, default=1.0)
     report = asyncio.run(run(parser.parse_args()))
     RESULTS.parent.mkdir(parents=True, exist_ok=True)

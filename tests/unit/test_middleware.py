@@ -12,6 +12,7 @@ from artlike_server.completion_log import CompletionLog
 from artlike_server.errors import install_error_handlers
 from artlike_server.metrics import Metrics
 from artlike_server.middleware import ApiKeyMiddleware, BodySizeLimitMiddleware, RequestMetricsMiddleware
+from artlike_server.studio.ui_sessions import COOKIE, CSRF_HEADER, UiSessions, cookie_value
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
@@ -171,3 +172,52 @@ async def test_metrics_middleware_can_find_the_metrics_at_request_time() -> None
         'artlike_requests_total{method="GET",route="/v1/models",status="200"} 1.0'
         in metrics.render().decode()
     )
+
+
+@pytest.mark.parametrize("api_key", [KEY, None])
+async def test_browser_writes_from_another_origin_are_refused_with_or_without_a_key(api_key: str | None) -> None:
+    app, calls = small_app(Metrics(), api_key=api_key)
+    headers = bearer(KEY) if api_key else {}
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
+        for origin, status in (("http://evil.example", 403), ("null", 403), ("http://test", 200), (None, 200)):
+            extra = {"Origin": origin} if origin else {}
+            response = await http.post("/t/x/echo", content=b"{}", headers=headers | extra)
+            assert response.status_code == status, (origin, response.text)
+            if status == 403:
+                assert response.json()["error"]["code"] == "cross_origin"
+        assert len(calls) == 2
+        # Reads are not writes: a cross-origin GET is up to the key check alone.
+        assert (await http.get("/health", headers={"Origin": "http://evil.example"})).status_code == 200
+
+
+async def test_a_page_session_cookie_authenticates_and_writes_need_its_csrf_token() -> None:
+    sessions = UiSessions()
+    token, csrf = sessions.create()
+    calls: list[int] = []
+    app = FastAPI()
+    install_error_handlers(app)
+    app.add_middleware(ApiKeyMiddleware, api_key=KEY, sessions=sessions)
+
+    @app.post("/v1/thing")
+    async def thing() -> Response:
+        calls.append(1)
+        return Response(b"ok")
+
+    cookie = {"Cookie": f"other=1; {COOKIE}={token}"}
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
+        assert (await http.post("/v1/thing", headers=cookie | {CSRF_HEADER: csrf})).status_code == 200
+        refused = await http.post("/v1/thing", headers=cookie)
+        assert refused.status_code == 403 and refused.json()["error"]["code"] == "csrf_failed"
+        assert (await http.post("/v1/thing", headers=cookie | {CSRF_HEADER: "x" + csrf})).status_code == 403
+        forged = {"Cookie": f"{COOKIE}=not-a-session", CSRF_HEADER: csrf}
+        assert (await http.post("/v1/thing", headers=forged)).status_code == 401
+        sessions.end(token)
+        assert (await http.post("/v1/thing", headers=cookie | {CSRF_HEADER: csrf})).status_code == 401
+    assert calls == [1]
+
+
+def test_sessions_expire_after_their_idle_time() -> None:
+    sessions = UiSessions(ttl_s=0.0)
+    token, _ = sessions.create()
+    assert sessions.csrf_token(token) is None
+    assert cookie_value(b"a=1; artlike_session=abc; b=2") == "abc" and cookie_value(b"a=1") is None
