@@ -118,8 +118,9 @@ class Studio:
         self.page.wait_for_selector(f'#models-model option[value="{name}"]', state="attached")
         if self.page.input_value("#models-model") != name:
             self.page.select_option("#models-model", name)
-        self.page.wait_for_function(
-            "name => document.querySelector('#ct-message').textContent.includes('live')", arg=name)
+        # The panels show this model (not the one shown before): both carry its name once drawn for it.
+        self.page.wait_for_selector(f'#models-live[data-model="{name}"]', state="attached")
+        self.page.wait_for_selector(f'#ct-message[data-model="{name}"]', state="attached")
 
     def live_step(self) -> int:
         return int(self.page.get_attribute("#models-live", "data-live-step") or -1)

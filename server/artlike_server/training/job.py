@@ -162,10 +162,12 @@ class TrainingService:
             return [tokenizer.decode([token_id]) for token_id in token_ids]
 
     def decode_text(self, token_ids: list[int]) -> str:
-        """The text of a token sequence without special tokens (blocking: call it in a thread)."""
+        """The text of a token sequence without special tokens, as the engine returned it (blocking: call it in
+        a thread). An output cut off inside a multi-byte character ends in U+FFFD here; vLLM's detokenizer
+        holds such bytes back, so they are dropped to give the same text."""
         with self._tokenizer_lock:
             text: str = self._tokenizer().decode(token_ids, skip_special_tokens=True)
-            return text
+        return text.rstrip("\ufffd")
 
     def load_tokenizer(self) -> None:
         """Load the tokenizer now (blocking: call it in a thread at start-up), so the first request with

@@ -147,6 +147,7 @@
     traj: { items: [], selected: null },
     models: { name: null, live: null, runKey: null, pending: null, state: null, info: null, history: [] },
     jobs: { selected: null },
+    drafts: new Map(),  // completion id -> comment typed: survives a list redraw that replaces the element
   };
 
   // ---------------------------------------------------------------------------------- status bar
@@ -419,10 +420,18 @@
     target.comment = h('input', {
       type: 'text', class: 'comment', placeholder: 'comment (optional)', maxlength: '2000',
       onclick: (event) => event.stopPropagation(),
+      oninput: () => {
+        if (target.completionId !== null && target.completionId !== undefined) {
+          S.drafts.set(target.completionId, target.comment.value);
+        }
+      },
       onchange: () => {  // a comment typed after rating re-sends the same rating with it (it replaces the first)
         if (target.lastBody && target.lastBody.kind !== 'ranking') rate(target, { ...target.lastBody }, onRated);
       },
     });
+    if (target.completionId !== null && target.completionId !== undefined) {
+      target.comment.value = S.drafts.get(target.completionId) || '';
+    }
     target.badge = h('span', { class: 'badge', hidden: true });
     const controls = h('div', { class: 'rating-controls' },
       h('div', { class: 'row small-gap' },
@@ -457,7 +466,8 @@
       showError('This response has no completion id yet (still streaming or not recorded).');
       return;
     }
-    const comment = target.comment ? target.comment.value.trim() : '';
+    const typed = target.comment ? target.comment.value : '';
+    const comment = (typed || S.drafts.get(target.completionId) || '').trim();
     const request = { ...body, completion_id: target.completionId };
     if (comment) request.comment = comment;
     try {
@@ -967,6 +977,7 @@
     S.models.live = info.latest_step;
     const pill = $('#models-live');
     pill.dataset.liveStep = String(info.latest_step);
+    pill.dataset.model = name;
     pill.textContent = `live: step ${info.latest_step}`;
     $('#models-base').textContent = `base ${info.base_model}`;
     renderStepTable(info, S.models.history);
@@ -1073,6 +1084,7 @@
     const policy = status.policy || {};
     const guard = policy.guard || {};
     $('#ct-message').textContent = status.message || '—';
+    $('#ct-message').dataset.model = status.model || '';
     const state = $('#ct-state');
     state.dataset.state = status.state || '';
     state.textContent = status.state || '—';
