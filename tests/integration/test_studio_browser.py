@@ -65,6 +65,9 @@ class Studio:
         self.problems: list[str] = []
         self.page.on("pageerror", lambda error: self.problems.append(f"page error: {error}"))
         self.page.on("console", self._console)
+        self.rating_posts: list[str] = []  # what the page sent to POST /v1/ratings (for failure messages)
+        self.page.on("request", lambda r: self.rating_posts.append(r.post_data or "")
+                     if r.method == "POST" and r.url.endswith("/v1/ratings") else None)
 
     def _console(self, message: Any) -> None:
         if message.type == "error" and "Content Security Policy" in message.text:
@@ -357,6 +360,7 @@ def test_markup_in_prompts_outputs_and_comments_is_shown_as_text(studio: Studio,
     studio.tab("inbox")
     page.select_option("#inbox-model", name)
     page.click("#inbox-refresh")
+    page.wait_for_load_state("networkidle")  # the tab's own load and the refresh both drew the list
     item = page.locator(f".inbox-item[data-completion-id='{unrated['id']}']")
     item.locator("input.comment").fill(XSS)
     item.locator("button[data-action='scale-4']").click()
@@ -364,7 +368,8 @@ def test_markup_in_prompts_outputs_and_comments_is_shown_as_text(studio: Studio,
     with http(server) as client:
         ratings = {r["completion_id"]: r for r in client.get("/v1/ratings", params={"model": name}).json()["data"]}
     assert ratings[unrated["id"]]["kind"] == "scale" and ratings[unrated["id"]]["value"] == 4
-    assert ratings[unrated["id"]]["comment"] == XSS and ratings[unrated["id"]]["rater"] == "studio"
+    assert ratings[unrated["id"]]["comment"] == XSS and ratings[unrated["id"]]["rater"] == "studio", \
+        studio.rating_posts
     assert_no_injection(page)
 
 
