@@ -109,7 +109,12 @@ class ContinualTrainer:
         run = self._runs.get(model)
         message = f"step {live} live, trained on {trained} rating{'s' if trained != 1 else ''}"
         if state == "waiting":
-            message += f"; {pending} of {policy.every} new ratings for the next step"
+            # After a run without signal its ratings still wait, but only newer ones make the next run due.
+            attempted = await asyncio.to_thread(self.store.attempted_through, model)
+            fresh = await asyncio.to_thread(self.store.count, model, untrained=True, after=attempted)
+            message += f"; {fresh} of {policy.every} new ratings for the next step"
+            if pending > fresh:
+                message += f" ({pending} untrained in all)"
         elif state in ("training", "evaluating"):
             message += f"; {state} a step on {run.ratings if run else pending} new ratings"
         return ContinualStatus(model=model, policy=policy, state=state, pending_ratings=pending,

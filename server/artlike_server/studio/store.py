@@ -183,11 +183,12 @@ class StudioStore:
         with self._lock:
             self._db.executemany("UPDATE ratings SET trained_in_step = ? WHERE id = ?", [(step, i) for i in rating_ids])
 
-    def count(self, model: str, *, untrained: bool, split: str = "train") -> int:
+    def count(self, model: str, *, untrained: bool, split: str = "train", after: int = 0) -> int:
+        """Ratings with a reward, (un)trained, of one split, with ids above `after`."""
         condition = "trained_in_step IS NULL" if untrained else "trained_in_step IS NOT NULL"
         with self._lock:
             row = self._db.execute(f"SELECT COUNT(*) FROM ratings WHERE model = ? AND split = ? AND reward IS NOT "
-                                   f"NULL AND {condition}", (model, split)).fetchone()
+                                   f"NULL AND {condition} AND id > ?", (model, split, after)).fetchone()
         return int(row[0])
 
     # ------------------------------------------------------------------------------ continual policy
