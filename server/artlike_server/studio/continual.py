@@ -23,6 +23,8 @@ import random
 import time
 from typing import Any, NoReturn
 
+import httpx
+
 from artlike.studio_types import ContinualPolicy, ContinualPolicyUpdate, ContinualRun, ContinualStatus
 from artlike.types import (
     DoneEvent,
@@ -37,7 +39,7 @@ from artlike.types import (
 
 from ..completion_log import CompletionLog
 from ..completion_queries import completions_by_id
-from ..engine.client import EngineClient
+from ..engine.client import EngineClient, EngineRequestError
 from ..errors import APIError, Conflict, InvalidRequest
 from ..models.manager import ModelManager
 from ..training.job import TrainingService
@@ -183,7 +185,12 @@ class ContinualTrainer:
         await asyncio.to_thread(self.store.mark_trained, [r.rating.id for r in pending], run.step)
         if policy.guard.enabled:
             self._state[model] = "evaluating"
-            await self._judge(model, policy, run)
+            try:
+                await self._judge(model, policy, run)
+            except (httpx.TransportError, EngineRequestError, APIError) as error:  # the engine, not the step
+                run.promoted = False
+                run.reason = (f"not promoted: the guard could not score step {run.step} ({error}); promote it with "
+                              "POST .../alias if it is good")
         else:
             run.promoted, run.reason = True, f"step {run.step} trained on {len(pending)} ratings and served"
         run.finished_at = time.time()
