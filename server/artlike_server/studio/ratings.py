@@ -77,14 +77,14 @@ class RatingService:
                                  code="invalid_ranking")
         rater = request.rater or default_rater
         ranking_id = f"rank_{uuid.uuid4().hex[:16]}" if isinstance(request, RankingRating) else None
+        model = model_of(records[ids[0]])  # one model per request (a ranking of several is refused above)
+        guard = (await asyncio.to_thread(self.store.policy, model)).guard
         new = []
         for position, completion_id in enumerate(ids):
             record = records[completion_id]
             key = prompt_key(record)
-            model = model_of(record)
             split = request.split
             if split == "auto":
-                guard = (await asyncio.to_thread(self.store.policy, model)).guard
                 split = "holdout" if guard.enabled and is_holdout(key, guard.holdout_fraction) else "train"
             if isinstance(request, RankingRating):
                 value: str | int | None = position
