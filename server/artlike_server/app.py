@@ -47,6 +47,8 @@ from .openai_api.api_router import router as openai_router
 from .openai_api.dialects.anthropic_messages import MessagesDialect
 from .openai_api.dialects.responses import ResponsesDialect
 from .openai_api.response_store import ResponseStore
+from .scoring.router import router as scoring_router
+from .scoring.service import RewardScoring
 from .settings import ServerSettings
 from .state import AppState, get_state
 from .studio.continual import ContinualTrainer
@@ -142,6 +144,7 @@ def create_app(settings: ServerSettings, *, on_fatal: Callable[[BaseException], 
     app.include_router(openai_router)
     app.include_router(models_router)
     app.include_router(training_router)
+    app.include_router(scoring_router)
     app.include_router(sessions_router)
     app.include_router(files_router)
     app.include_router(graders_router)
@@ -216,6 +219,8 @@ def _build_state(settings: ServerSettings, metrics: Metrics, judge: ServerJudge,
                     graders=graders, jobs=jobs, studio=studio, ratings=ratings, continual=continual,
                     trajectories=TrajectoryBrowser(completion_log, studio, training.decode_text, training.decode),
                     ui_sessions=ui_sessions, tensorboard=tensorboard,
+                    scoring=RewardScoring(store, models, completion_log, trainer, training.conversation_ids,
+                                          max_input_tokens=settings.sequence_token_limit),
                     dialects={"responses": ResponsesDialect(response_store), "messages": MessagesDialect()})
 
 

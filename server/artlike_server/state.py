@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from .models.store import ModelStore
     from .openai_api.dialects import Dialect
     from .openai_api.response_store import ResponseStore
+    from .scoring.service import RewardScoring
     from .settings import ServerSettings
     from .studio.continual import ContinualTrainer
     from .studio.ratings import RatingService
@@ -54,6 +55,7 @@ class AppState:
     continual: ContinualTrainer
     trajectories: TrajectoryBrowser
     ui_sessions: UiSessions
+    scoring: RewardScoring
     tensorboard: TensorBoardLog | None = None
     dialects: dict[str, Dialect] = field(default_factory=dict)  # APIs served by translation, by route name
 

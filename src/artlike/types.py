@@ -20,6 +20,7 @@ import re
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AliasChoices,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -87,12 +88,57 @@ class StepRetention(_Strict):
     keep_best: KeepBest | None = None
 
 
+class RewardHeadConfig(_Strict):
+    """The scalar head(s) of a reward model: a linear layer (no bias) on the decoder's last hidden state,
+    pooled at the last token (`"last"`, as Hugging Face's `*ForSequenceClassification`) or averaged over the
+    tokens (`"mean"`). `num_objectives` > 1: one head per objective, combined as Σ wₖ·sₖ with
+    `objective_weights` (AITraining's `MultiObjectiveRewardModel`; default: equal weights summing to 1)."""
+
+    pooling: Literal["last", "mean"] = "last"
+    num_objectives: int = Field(1, ge=1, le=32)
+    objective_names: list[str] | None = Field(None, description="One per objective (default o0, o1, ...).")
+    objective_weights: list[FiniteFloat] | None = None
+
+    @model_validator(mode="after")
+    def _one_per_objective(self) -> RewardHeadConfig:
+        for field in ("objective_names", "objective_weights"):
+            values = getattr(self, field)
+            if values is not None and len(values) != self.num_objectives:
+                raise ValueError(f"{field} has {len(values)} entries for {self.num_objectives} objective(s)")
+        if self.objective_names is not None and len(set(self.objective_names)) != len(self.objective_names):
+            raise ValueError("objective_names must be distinct")
+        return self
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.objective_names or [f"o{k}" for k in range(self.num_objectives)])
+
+    @property
+    def weights(self) -> list[float]:
+        return list(self.objective_weights or [1.0 / self.num_objectives] * self.num_objectives)
+
+
+ModelKind = Literal["policy", "reward"]
+
+
 class RegisterModelRequest(_Strict):
     name: ModelName
     base_model: str = Field(min_length=1, description="Must be the base model the server serves.")
     lora: LoraConfig = Field(default_factory=LoraConfig)
     retention: StepRetention | None = Field(
         None, description="Step retention; None keeps the model's current policy (keep all for a new model).")
+    kind: ModelKind = Field("policy", description="'policy': served for chat by the engine; 'reward': a "
+                            "scorer (base + LoRA + scalar head) served by POST /v1/rewards.")
+    reward_head: RewardHeadConfig | None = Field(None, description="kind 'reward' only (default: one objective, "
+                                                 "last-token pooling).")
+
+    @model_validator(mode="after")
+    def _head_for_reward_models(self) -> RegisterModelRequest:
+        if self.kind == "reward" and self.reward_head is None:
+            self.reward_head = RewardHeadConfig()
+        if self.kind != "reward" and self.reward_head is not None:
+            raise ValueError("reward_head is for kind 'reward'")
+        return self
 
 
 class UpdateModelRequest(_Strict):
@@ -126,6 +172,8 @@ class ModelInfo(BaseModel):
     created_at: float
     steps: list[StepInfo] = Field(default_factory=list)
     retention: StepRetention = Field(default_factory=lambda: StepRetention())
+    kind: ModelKind = "policy"
+    reward_head: RewardHeadConfig | None = None  # kind 'reward'
 
 
 # ------------------------------------------------------------------------------------- completion log
@@ -243,6 +291,8 @@ class SFTConfig(_TrainOptions):
 
 STEP_REFERENCE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}@[0-9]{1,9}$"
 """A model's step as `name@N` (its served name)."""
+MODEL_REFERENCE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}(@[0-9]{1,9})?$"
+"""A model (`name`: the step its alias serves) or one of its steps (`name@N`)."""
 
 
 class DPOConfig(_TrainOptions):
@@ -270,6 +320,53 @@ class DPOConfig(_TrainOptions):
         return self
 
 
+class RewardModelConfig(_TrainOptions):
+    """Train a reward model (a model registered with kind 'reward'): preference `pairs` with the
+    Bradley–Terry loss −log σ(s_c − s_r − margin) (`label_smoothing` ε mixes in the flipped pair), and/or
+    `scored` examples with per-objective regression targets (masked MSE on the objectives each row has)."""
+
+    objective: Literal["reward_model"] = "reward_model"
+    learning_rate: float = Field(1e-4, gt=0, le=1.0)
+    margin: float = Field(0.0, ge=0.0, description="Required score gap of chosen over rejected (Llama 2's margin).")
+    label_smoothing: float = Field(0.0, ge=0.0, lt=0.5)
+    regression_weight: float = Field(1.0, ge=0.0, description="Weight of the regression loss next to the pairs'.")
+    center_rewards_coefficient: float | None = Field(
+        None, ge=0.0, description="TRL's: penalise (s_c + s_r)² to keep scores centred on 0.")
+
+
+class PPOConfig(_TrainOptions):
+    """PPO with a value head, GAE and an adaptive KL penalty against the reference (the base model).
+
+    Each sequence's reward (the trajectory's, plus the `reward_model`'s score when one is named) lands on
+    its last sampled token; every sampled token also gets −β·(logπ_old − logπ_ref); GAE(`gamma`, `lam`) on
+    the value head's estimates gives per-token advantages (whitened over the batch) and returns; the policy
+    loss is PPO's clip (`clip_ratio`) on the ratio to the recorded behaviour logprobs, the value loss is
+    clipped around the old values (`value_clip`), minus `entropy_coef`·entropy. β starts at
+    `kl_penalty_coef` and follows AITraining's adaptive controller toward `kl_target` over `kl_horizon`
+    sequences; it is carried from step to step with the model (`adaptive_kl: false` keeps it fixed).
+    `ppo_epochs` is accepted for `epochs`.
+    """
+
+    objective: Literal["ppo"] = "ppo"
+    epochs: int = Field(4, ge=1, le=100, validation_alias=AliasChoices("epochs", "ppo_epochs"))
+    gradient_steps_per_epoch: int = Field(2, ge=1, le=1024, description="Minibatches per epoch.")
+    learning_rate: float = Field(1e-5, gt=0, le=1.0)
+    reward_model: str | None = Field(None, pattern=MODEL_REFERENCE_PATTERN,
+                                     description="A reward model (`name` or `name@N`) that scores each sequence.")
+    gamma: float = Field(1.0, ge=0.0, le=1.0)
+    lam: float = Field(0.95, ge=0.0, le=1.0)
+    clip_ratio: float = Field(0.2, gt=0.0, le=10.0)
+    value_clip: float | None = Field(0.2, gt=0.0, description="None: unclipped value loss.")
+    value_coef: float = Field(0.1, ge=0.0)
+    entropy_coef: float = Field(0.0, ge=0.0)
+    kl_penalty_coef: float = Field(0.05, ge=0.0, description="β of a model's first PPO step.")
+    kl_target: float = Field(0.01, gt=0.0, description="Target mean per-token KL(π_old ‖ π_ref).")
+    kl_horizon: float = Field(10_000, gt=0.0)
+    adaptive_kl: bool = True
+    whiten_advantages: bool = True
+    mask_truncated: bool = False
+
+
 def _objective_of(value: Any) -> str:
     # A config without "objective" is GRPO, as before objectives existed.
     if isinstance(value, dict):
@@ -283,13 +380,15 @@ TrainConfig = Annotated[
     | Annotated[GSPOConfig, Tag("gspo")]
     | Annotated[ImportanceSamplingConfig, Tag("importance_sampling")]
     | Annotated[SFTConfig, Tag("sft")]
-    | Annotated[DPOConfig, Tag("dpo")],
+    | Annotated[DPOConfig, Tag("dpo")]
+    | Annotated[RewardModelConfig, Tag("reward_model")]
+    | Annotated[PPOConfig, Tag("ppo")],
     Discriminator(_objective_of),
 ]
 """A training job's options: one config class per objective, chosen by its `objective` field (default "grpo")."""
 
 TRAIN_CONFIG: TypeAdapter[TrainConfig] = TypeAdapter(TrainConfig)
-OBJECTIVES = ("grpo", "cispo", "gspo", "importance_sampling", "sft", "dpo")
+OBJECTIVES = ("grpo", "cispo", "gspo", "importance_sampling", "sft", "dpo", "reward_model", "ppo")
 """The `objective` names a `TrainConfig` may carry."""
 
 
@@ -306,7 +405,8 @@ class TrajectoryRef(_Strict):
     """A trajectory recorded by the server (its completions went through /t/{trajectory_id}/v1)."""
 
     trajectory_id: TrajectoryId
-    reward: FiniteFloat
+    reward: FiniteFloat | None = Field(None, description="Required, except by PPO with a `reward_model` (which "
+                                       "adds it to the model's score when given).")
     metrics: dict[str, FiniteFloat] = Field(default_factory=dict)
     completion_ids: list[int] | None = Field(
         None, min_length=1,
@@ -323,7 +423,7 @@ class OfflineTrajectory(_Strict):
 
     messages: list[dict[str, Any]] = Field(min_length=1)
     tools: list[dict[str, Any]] | None = None
-    reward: FiniteFloat
+    reward: FiniteFloat | None = Field(None, description="As TrajectoryRef.reward.")
     metrics: dict[str, FiniteFloat] = Field(default_factory=dict)
 
     @model_validator(mode="after")
@@ -413,42 +513,125 @@ PreferencePair = Annotated[
 """A DPO pair: recorded (`chosen_trajectory_id`, `rejected_trajectory_id`) or as messages (`prompt`, ...)."""
 PAIR_KINDS = ("recorded", "messages")
 
-_DATA_FIELDS: dict[str, str] = {"sft": "examples", "dpo": "pairs"}
+class ScoredExample(_Strict):
+    """A reward model's regression example: a conversation (chat `messages`, or a recorded trajectory's, up to
+    `completion_id` when given) and its target score per objective; null leaves that objective out of this
+    row's loss (the objective mask). Ratings 1..5 are usually normalised to [0, 1] first."""
+
+    trajectory_id: TrajectoryId | None = None
+    completion_id: int | None = None
+    messages: Messages | None = Field(None, min_length=1)
+    tools: list[dict[str, Any]] | None = None
+    targets: list[FiniteFloat | None] = Field(min_length=1, description="One per objective; null: unknown.")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ScoredExample:
+        if (self.trajectory_id is None) == (self.messages is None):
+            raise ValueError("give either `messages` or a recorded `trajectory_id`")
+        if self.completion_id is not None and self.trajectory_id is None:
+            raise ValueError("`completion_id` selects a completion of `trajectory_id`")
+        if all(t is None for t in self.targets):
+            raise ValueError("every target is null: nothing to learn from this example")
+        return self
+
+
+_DATA_FIELDS: dict[str, tuple[str, ...]] = {"sft": ("examples",), "dpo": ("pairs",),
+                                            "reward_model": ("pairs", "scored")}
 _DATA_DESCRIPTIONS = {
     "groups": "rewarded `groups`",
     "examples": "`examples` (recorded trajectory ids or chat messages)",
     "pairs": "preference `pairs` (chosen and rejected answers)",
+    "scored": "`scored` examples (conversations with target scores)",
 }
 
 
 class TrainRequest(_Strict):
-    """`POST /_train_model`: rewarded `groups` for the policy-gradient objectives, `examples` for SFT,
-    preference `pairs` for DPO."""
+    """`POST /_train_model`: rewarded `groups` for the policy-gradient objectives and PPO, `examples` for SFT,
+    preference `pairs` for DPO, `pairs` and/or `scored` examples for a reward model."""
 
     model: ModelName
     config: TrainConfig = Field(default_factory=GRPOConfig)  # before the data: their checks read it
     groups: list[TrainGroup] = Field(default_factory=list, validate_default=True)
     examples: list[RecordedExample | MessagesExample] = Field(default_factory=list, validate_default=True)
     pairs: list[PreferencePair] = Field(default_factory=list, validate_default=True)
+    scored: list[ScoredExample] = Field(default_factory=list, validate_default=True)
     promote: bool = Field(True, description="False: commit the new step as name@N without moving the alias "
                                             "`name` to it (promote it later with POST .../alias)")
     annotations: dict[str, str | int | float | bool] = Field(
         default_factory=dict, description="Recorded as is in the step's history line (e.g. its source).")
 
-    @field_validator("groups", "examples", "pairs")
+    @field_validator("groups", "examples", "pairs", "scored")
     @classmethod
     def _data_fits_the_objective(cls, value: list[Any], info: ValidationInfo) -> list[Any]:
         config = info.data.get("config")
         if config is None:
             return value  # the config itself was invalid: that error is reported
-        wanted = _DATA_FIELDS.get(config.objective, "groups")
-        if info.field_name == wanted and not value:
-            raise ValueError(f"objective {config.objective!r} trains on {_DATA_DESCRIPTIONS[wanted]}; "
-                             "send at least one")
-        if info.field_name != wanted and value:
+        wanted = _DATA_FIELDS.get(config.objective, ("groups",))
+        described = " and/or ".join(_DATA_DESCRIPTIONS[w] for w in wanted)
+        if info.field_name == wanted[-1] and not value and not any(info.data.get(w) for w in wanted[:-1]):
+            raise ValueError(f"objective {config.objective!r} trains on {described}; send at least one")
+        if info.field_name not in wanted and value:
             raise ValueError(f"`{info.field_name}` are not for objective {config.objective!r}, which trains on "
-                             f"{_DATA_DESCRIPTIONS[wanted]}")
+                             f"{described}")
         return value
+
+
+# ------------------------------------------------------------------------------------------ scoring
+
+
+class RecordedInput(_Strict):
+    """A recorded conversation to score: a trajectory (all its turns) or one completion (with its prompt)."""
+
+    trajectory_id: TrajectoryId | None = None
+    completion_id: int | None = None
+
+    @model_validator(mode="after")
+    def _something(self) -> RecordedInput:
+        if self.trajectory_id is None and self.completion_id is None:
+            raise ValueError("give a `trajectory_id`, a `completion_id`, or both")
+        return self
+
+
+class MessagesInput(_Strict):
+    """A conversation to score, as chat messages (rendered with the served chat template)."""
+
+    messages: Messages = Field(min_length=1)
+    tools: list[dict[str, Any]] | None = None
+
+
+def _input_kind(value: Any) -> str:
+    if isinstance(value, list):
+        return "list"
+    recorded = isinstance(value, RecordedInput) or (isinstance(value, dict) and "messages" not in value)
+    return "recorded" if recorded else "messages"
+
+
+RewardInput = Annotated[
+    Annotated[RecordedInput, Tag("recorded")] | Annotated[MessagesInput, Tag("messages")]
+    | Annotated[Messages, Tag("list")],
+    Discriminator(_input_kind),
+]
+"""What `/v1/rewards` scores: a message list, `{"messages", "tools"}`, or `{"trajectory_id"|"completion_id"}`."""
+
+
+class RewardsRequest(_Strict):
+    """`POST /v1/rewards`: score conversations with a reward model."""
+
+    model: str = Field(pattern=MODEL_REFERENCE_PATTERN, description="A reward model `name` or `name@N`.")
+    inputs: list[RewardInput] = Field(min_length=1, max_length=1024)
+
+
+class RewardScore(BaseModel):
+    index: int
+    score: float  # the combined score Σ wₖ·sₖ (the only score of a single-objective model)
+    objectives: dict[str, float]  # per objective, by name
+    tokens: int
+
+
+class RewardsResponse(BaseModel):
+    object: Literal["list"] = "list"
+    model: str  # "name@N": the step that scored
+    data: list[RewardScore]
 
 
 # ------------------------------------------------------------------------------------- stream events

@@ -75,7 +75,8 @@ def test_reference_free_scores_the_policy_alone_and_the_gradient_is_beta_sigma()
 
 def test_the_step_normaliser_is_the_number_of_pairs() -> None:
     objective = build_objective(DPOConfig())
-    assert objective.normalizer([3, 5, 2, 2]) == 2
+    sides = [TrainSequence([0] * (n + 1), [False] + [True] * n, [0.0] * (n + 1), 0.0) for n in (3, 5, 2, 2)]
+    assert objective.normalizer(sides) == 2
     logprobs = policy()
     half = objective.loss(PolicyBatch(logprobs, MASK, torch.full((2, 2), math.nan), torch.zeros(2), REFERENCE,
                                       PAIRS), normalizer=2.0)

@@ -15,6 +15,7 @@ from artlike_server.trainer.objectives.cispo import cispo_loss
 from artlike_server.trainer.objectives.grpo import policy_loss
 from artlike_server.trainer.objectives.gspo import gspo_loss
 from artlike_server.trainer.objectives.tokens import step_normalizer
+from artlike_server.training.sequences import TrainSequence
 from pydantic import ValidationError
 
 from artlike.types import (
@@ -24,6 +25,8 @@ from artlike.types import (
     GRPOConfig,
     GSPOConfig,
     ImportanceSamplingConfig,
+    PPOConfig,
+    RewardModelConfig,
     SFTConfig,
     StepEvent,
     TrainRequest,
@@ -191,7 +194,7 @@ def test_the_seam_hands_objectives_what_they_ask_for() -> None:
     logprobs = leaf([[-1.0, -2.0]])
     batch_ = PolicyBatch(logprobs, torch.tensor([[True, True]]), torch.tensor([[-1.0, float("nan")]]),
                          torch.tensor([1.0]), ref_logprobs=torch.tensor([[-1.0, -2.0]]))
-    out = objective.loss(batch_, objective.normalizer([2]))
+    out = objective.loss(batch_, objective.normalizer([TrainSequence([0, 1, 2], [False, True, True], [0.0] * 3, 1.0)]))
     assert float(out.kl) == 0.0 and float(out.mismatch_tokens) == 1.0  # NaN behaviour: not counted
     assert float(out.policy_loss) == pytest.approx(-1.0)
 
@@ -206,5 +209,6 @@ def test_a_bad_config_field_is_named_as_the_caller_sent_it() -> None:
         with pytest.raises(InvalidRequest) as bad:
             parse_train_request(orjson.dumps({"model": "m", "groups": [group], "config": config}))
         assert bad.value.param == param
-    configs = (GRPOConfig, CISPOConfig, GSPOConfig, ImportanceSamplingConfig, SFTConfig, DPOConfig)
+    configs = (GRPOConfig, CISPOConfig, GSPOConfig, ImportanceSamplingConfig, SFTConfig, DPOConfig, RewardModelConfig,
+               PPOConfig)
     assert set(OBJECTIVES) == {config.model_fields["objective"].default for config in configs}

@@ -52,6 +52,8 @@ def model_info(state: AppState, model: StoredModel) -> ModelInfo:
         created_at=model.created_at,
         steps=steps,
         retention=model.retention,
+        kind=model.kind,
+        reward_head=model.reward_head,
     )
 
 
@@ -75,7 +77,7 @@ async def register_model(body: RegisterModelRequest, request: Request, response:
 
     async def write_step0(staging: Path) -> None:
         try:
-            await state.trainer.init_adapter(body.name, body.lora, staging)
+            await state.trainer.init_adapter(body.name, body.lora, staging, reward_head=body.reward_head)
         except TrainerError as error:
             if error.kind in _CONFIG_ERROR_KINDS:  # PEFT refused the config: the caller's to fix
                 raise InvalidRequest(f"the trainer cannot build this LoRA: {error.message}", param="lora",
@@ -87,7 +89,8 @@ async def register_model(body: RegisterModelRequest, request: Request, response:
 
     try:
         model, created = await state.models.register(body.name, state.settings.served_model_name, body.lora,
-                                                     body.retention, write_step0)
+                                                     body.retention, write_step0, kind=body.kind,
+                                                     reward_head=body.reward_head)
     except (httpx.TransportError, EngineRequestError, AdapterRefused) as error:
         raise engine_unavailable(error, f"load step 0 of {body.name!r}") from error
     response.status_code = 201 if created else 200

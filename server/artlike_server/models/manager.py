@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from artlike.types import LoraConfig, StepRetention
+from artlike.types import LoraConfig, ModelKind, RewardHeadConfig, StepRetention
 
 from ..engine.client import EngineRequestError
 from ..errors import Conflict, InvalidRequest, NotFound, ServiceUnavailable
@@ -118,6 +118,7 @@ class ModelManager:
         self._leases: Counter[str] = Counter()
         self._released = asyncio.Condition()  # notified whenever a lease ends
         self._retiring: set[str] = set()  # engine names being deleted: they no longer resolve
+        self._scorers: set[str] = set()  # reward models: their steps resolve but never go to the engine
         self._started = False  # restore() ran once: later runs are engine restarts
         # Called with (model, history line) after each line is committed (TensorBoard); must not raise.
         self.history_observers: list[Callable[[str, dict[str, Any]], None]] = []
@@ -136,6 +137,8 @@ class ModelManager:
         self._started = True
         self._loaded.clear()
         for model in self.store.all():
+            if model.kind == "reward":
+                self._scorers.add(model.name)
             try:
                 async with self._model_lock(model.name):  # not in the middle of a commit of this model
                     await self._restore_model(model.name, clean_up=first)
@@ -194,10 +197,28 @@ class ModelManager:
     def is_loaded(self, name: str, step: int) -> bool:
         return served_name(name, step) in self._loaded
 
+    def is_reward_model(self, name: str) -> bool:
+        return name in self._scorers
+
+    def resolve_reward_model(self, requested: str) -> ServedModel:
+        """The step of a reward model that `requested` (`name` or `name@N`) names; 4xx when it is none."""
+        name, _ = parse_model_reference(requested)
+        if name in self._latest and name not in self._scorers:
+            raise InvalidRequest(f"model {name!r} is a policy, not a reward model (register one with kind "
+                                 "'reward')", param="model", code="not_a_reward_model")
+        return self._resolve_step(requested)
+
     def _resolve_name(self, requested: str) -> ServedModel:
         """What `requested` names, without touching the engine; NotFound for unknown models and steps."""
         if requested == self.base_model_id:
             return ServedModel(self.base_model_id, None, None)
+        name, _ = parse_model_reference(requested)
+        if name in self._scorers:
+            raise InvalidRequest(f"model {name!r} is a reward model: it scores conversations (POST /v1/rewards) "
+                                 "and does not generate", param="model", code="reward_model_not_generative")
+        return self._resolve_step(requested)
+
+    def _resolve_step(self, requested: str) -> ServedModel:
         name, step = parse_model_reference(requested)
         latest = self._latest.get(name)
         if latest is None:
@@ -239,6 +260,8 @@ class ModelManager:
     async def served_model_ids(self) -> list[str]:
         ids = [self.base_model_id]
         for name, latest in sorted(self._latest.items()):
+            if name in self._scorers:
+                continue  # not generative: /v1/models lists what chat and completions can use
             newest = self._newest.get(name, latest)
             ids.append(name)
             ids.extend(served_name(name, step) for step in self.store.steps(name)
@@ -254,12 +277,19 @@ class ModelManager:
         lora: LoraConfig,
         retention: StepRetention | None,
         write_step0: Callable[[Path], Awaitable[Any]],
+        *,
+        kind: ModelKind = "policy",
+        reward_head: RewardHeadConfig | None = None,
     ) -> tuple[StoredModel, bool]:
         """Create the model (step 0 served, then model.json), or return it when it exists with the same
         LoRA config (a given retention replaces the stored one). Returns (model, created)."""
         async with self._model_lock(name):
             existing = self.store.get(name)
             if existing is not None:
+                if (existing.kind, existing.reward_head) != (kind, reward_head):
+                    raise Conflict(f"model {name!r} is already registered as a {existing.kind} model"
+                                   f"{' with another reward head' if existing.kind == kind else ''}; pick another "
+                                   "name or delete it", param="kind", code="model_exists")
                 if existing.lora != lora:
                     raise Conflict(
                         f"model {name!r} is already registered with a different LoRA config "
@@ -275,10 +305,13 @@ class ModelManager:
                 await write_step0(staging)
                 await asyncio.to_thread(fsync_tree, staging)
                 self.store.commit_step(name, staging, 0)
+                if kind == "reward":
+                    self._scorers.add(name)
                 await self._publish(name, 0)
                 self._newest[name] = 0
-                return self.store.create(name, base_model, lora, retention), True
+                return self.store.create(name, base_model, lora, retention, kind=kind, reward_head=reward_head), True
             except BaseException:
+                self._scorers.discard(name)
                 self._latest.pop(name, None)
                 self._newest.pop(name, None)
                 await self._unload_quietly(served_name(name, 0))
@@ -399,6 +432,8 @@ class ModelManager:
         return seconds
 
     async def _verify_listed(self, engine_name: str) -> None:
+        if parse_model_reference(engine_name)[0] in self._scorers:
+            return  # a reward model's steps are scored by the trainer, not served by the engine
         listed = {m.id for m in await self.engine.list_models()}
         if engine_name not in listed:  # DESIGN §9: never assume an adapter was delivered
             raise AdapterRefused(f"the engine does not list {engine_name} after loading it")
@@ -461,6 +496,8 @@ class ModelManager:
                 del self._loaded[engine_name]
 
     async def _ensure_loaded(self, name: str, step: int) -> None:
+        if name in self._scorers:
+            return
         engine_name = served_name(name, step)
         lock = self._lock(engine_name)
         if engine_name in self._loaded and not lock.locked():

@@ -29,7 +29,7 @@ from typing import Any
 
 import orjson
 
-from artlike.types import LoraConfig, StepRetention, is_valid_model_name
+from artlike.types import LoraConfig, ModelKind, RewardHeadConfig, StepRetention, is_valid_model_name
 
 from ..errors import InvalidRequest, NotFound
 
@@ -46,6 +46,8 @@ class StoredModel:
     created_at: float
     retention: StepRetention = field(default_factory=StepRetention)
     alias_step: int | None = None  # the step the alias is pinned to (a rollback or a held-back step); None: newest
+    kind: ModelKind = "policy"  # "reward": a scorer, never loaded into the engine
+    reward_head: RewardHeadConfig | None = None
 
 
 def write_atomic(path: Path, data: bytes) -> None:
@@ -76,8 +78,10 @@ class ModelStore:
         if not path.is_file():
             return None
         raw = orjson.loads(path.read_bytes())
+        head = raw.get("reward_head")
         return StoredModel(raw["name"], raw["base_model"], LoraConfig(**raw["lora"]), raw["created_at"],
-                           StepRetention.model_validate(raw.get("retention") or {}), raw.get("alias_step"))
+                           StepRetention.model_validate(raw.get("retention") or {}), raw.get("alias_step"),
+                           raw.get("kind", "policy"), None if head is None else RewardHeadConfig.model_validate(head))
 
     def require(self, name: str) -> StoredModel:
         model = self.get(name)
@@ -100,13 +104,14 @@ class ModelStore:
                 models.append(model)
         return models
 
-    def create(self, name: str, base_model: str, lora: LoraConfig,
-               retention: StepRetention | None = None) -> StoredModel:
+    def create(self, name: str, base_model: str, lora: LoraConfig, retention: StepRetention | None = None, *,
+               kind: ModelKind = "policy", reward_head: RewardHeadConfig | None = None) -> StoredModel:
         """Write model.json. Registration calls this last, after step 0 is served: a model exists only
         once it is complete."""
         directory = self.model_dir(name)
         directory.mkdir(parents=True, exist_ok=True)
-        model = StoredModel(name, base_model, lora, time.time(), retention or StepRetention())
+        model = StoredModel(name, base_model, lora, time.time(), retention or StepRetention(), kind=kind,
+                            reward_head=reward_head)
         self._write_model_json(model)
         return model
 
@@ -124,7 +129,8 @@ class ModelStore:
     def _write_model_json(self, model: StoredModel) -> None:
         record = {"name": model.name, "base_model": model.base_model, "lora": model.lora.model_dump(),
                   "created_at": model.created_at, "retention": model.retention.model_dump(),
-                  "alias_step": model.alias_step}
+                  "alias_step": model.alias_step, "kind": model.kind,
+                  "reward_head": None if model.reward_head is None else model.reward_head.model_dump()}
         write_atomic(self.model_dir(model.name) / "model.json", orjson.dumps(record, option=orjson.OPT_INDENT_2))
 
     def delete_model(self, name: str) -> None:

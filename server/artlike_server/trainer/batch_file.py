@@ -10,6 +10,8 @@ metadata map; no pickle). float32 keeps NaN, which marks unknown behaviour logpr
     advantages          float64 [num_sequences]
     group_indices       int64   [num_sequences]
     preferences         int8    [num_sequences]       DPO: 1 chosen, -1 rejected, 0 not in a pair
+    rewards             float64 [num_sequences]       PPO: the trajectory's reward (optional)
+    targets             float32 [num_sequences, K]    reward model: target scores, NaN unknown (optional)
     metadata["trajectory_ids"]  JSON list of str
 """
 
@@ -52,7 +54,15 @@ def write_batch(path: Path, sequences: Sequence[TrainSequence]) -> None:
         "advantages": np.array([s.advantage for s in sequences], dtype=np.float64),
         "group_indices": np.array([s.group_index for s in sequences], dtype=np.int64),
         "preferences": np.array([s.preference for s in sequences], dtype=np.int8),
+        "rewards": np.array([s.reward for s in sequences], dtype=np.float64),
     }
+    width = max((len(s.targets) for s in sequences if s.targets is not None), default=0)
+    if width:
+        targets = np.full((len(sequences), width), np.nan, dtype=np.float32)
+        for row, s in enumerate(sequences):
+            if s.targets is not None:
+                targets[row, : len(s.targets)] = s.targets
+        tensors["targets"] = targets
     metadata = {
         "format": FORMAT,
         "trajectory_ids": orjson.dumps([s.trajectory_id for s in sequences]).decode(),
@@ -73,8 +83,10 @@ def read_batch(path: Path) -> list[TrainSequence]:
     trajectory_ids = orjson.loads(metadata["trajectory_ids"])
     count = len(offsets) - 1
     preferences = arrays.get("preferences", np.zeros(count, dtype=np.int8))
-    if not (len(arrays["advantages"]) == len(arrays["group_indices"]) == len(preferences)
-            == len(trajectory_ids) == count):
+    rewards = arrays.get("rewards", np.zeros(count, dtype=np.float64))
+    targets = arrays.get("targets")
+    if not (len(arrays["advantages"]) == len(arrays["group_indices"]) == len(preferences) == len(rewards)
+            == len(trajectory_ids) == count) or (targets is not None and len(targets) != count):
         raise BatchFileError(f"{path}: per-sequence arrays disagree on the number of sequences")
     token_ids = arrays["token_ids"].tolist()
     trainable = arrays["trainable"].astype(bool).tolist()
@@ -88,6 +100,8 @@ def read_batch(path: Path) -> list[TrainSequence]:
             trajectory_id=trajectory_ids[i],
             group_index=int(arrays["group_indices"][i]),
             preference=int(preferences[i]),
+            reward=float(rewards[i]),
+            targets=None if targets is None or np.isnan(targets[i]).all() else targets[i].astype(np.float64).tolist(),
         )
         for i in range(count)
     ]

@@ -27,34 +27,48 @@ def _logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
 
 
 class SelectedLogprobs(torch.autograd.Function):
-    """(log softmax(hidden·Wᵀ + b)[target], entropy) per row; only the first output has a gradient."""
+    """(log softmax(hidden·Wᵀ + b)[target], entropy) per row; the entropy has a gradient only when
+    `entropy_gradient` (an entropy bonus): ∂H/∂zⱼ = −pⱼ·(log pⱼ + H)."""
 
     @staticmethod
     def forward(
-        ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor
+        ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor,
+        entropy_gradient: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         logits = _logits(hidden, weight, bias)  # [C, V]
         log_normaliser = torch.logsumexp(logits, dim=-1)  # [C]
         chosen = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - log_normaliser  # [C]
         probs = (logits - log_normaliser.unsqueeze(-1)).exp_()  # [C, V]
         entropy = log_normaliser - (probs * logits).sum(dim=-1)  # H = logZ − Σ p·logit
-        ctx.save_for_backward(hidden, weight, bias, targets, log_normaliser)
-        ctx.mark_non_differentiable(entropy)
+        ctx.save_for_backward(hidden, weight, bias, targets, log_normaliser, entropy)
+        ctx.set_materialize_grads(False)  # an unused output's gradient arrives as None, not zeros
+        if not entropy_gradient:
+            ctx.mark_non_differentiable(entropy)
         return chosen, entropy
 
     @staticmethod
     def backward(
-        ctx: Any, grad_chosen: torch.Tensor, _grad_entropy: torch.Tensor | None
-    ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None, None]:
-        hidden, weight, bias, targets, log_normaliser = ctx.saved_tensors
+        ctx: Any, grad_chosen: torch.Tensor | None, grad_entropy: torch.Tensor | None
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None, None, None]:
+        hidden, weight, bias, targets, log_normaliser, entropy = ctx.saved_tensors
         grad_logits = _logits(hidden, weight, bias)  # [C, V], recomputed
-        grad_logits.sub_(log_normaliser.unsqueeze(-1)).exp_().mul_(-grad_chosen.unsqueeze(-1))  # −g·softmax
-        grad_logits.scatter_add_(-1, targets.unsqueeze(-1), grad_chosen.unsqueeze(-1))  # + g·onehot
+        grad_logits.sub_(log_normaliser.unsqueeze(-1))  # log p
+        if grad_entropy is not None:
+            probs = grad_logits.exp()  # [C, V]
+            grad_logits.add_(entropy.unsqueeze(-1)).mul_(probs).mul_(-grad_entropy.unsqueeze(-1))  # −g_H·p·(log p + H)
+            if grad_chosen is not None:
+                grad_logits.sub_(probs.mul_(grad_chosen.unsqueeze(-1)))  # −g·softmax
+        elif grad_chosen is not None:
+            grad_logits.exp_().mul_(-grad_chosen.unsqueeze(-1))  # −g·softmax
+        else:
+            return None, None, None, None, None
+        if grad_chosen is not None:
+            grad_logits.scatter_add_(-1, targets.unsqueeze(-1), grad_chosen.unsqueeze(-1))  # + g·onehot
         grad_logits = grad_logits.to(hidden.dtype)
         grad_hidden = grad_logits @ weight if ctx.needs_input_grad[0] else None
         grad_weight = grad_logits.T @ hidden if ctx.needs_input_grad[1] else None
         grad_bias = grad_logits.sum(dim=0) if bias is not None and ctx.needs_input_grad[2] else None
-        return grad_hidden, grad_weight, grad_bias, None
+        return grad_hidden, grad_weight, grad_bias, None, None
 
 
 def token_logprobs(
@@ -77,14 +91,35 @@ def token_logprobs(
     them once, and the rows attend to their keys and values, which carry gradient back into the prefix's
     forward pass once for the whole batch. The prefix itself gets no logprobs.
     """
+    hidden = decoder_states(model, input_ids, prefix_ids=prefix_ids)  # [B, T-1, H]
+    return logprobs_from_states(model, hidden, input_ids[:, 1:], mask=mask, chunk_tokens=chunk_tokens)
+
+
+def decoder_states(model: nn.Module, input_ids: torch.Tensor, *, prefix_ids: torch.Tensor | None = None,
+                   last: bool = False) -> torch.Tensor:
+    """The decoder's last hidden states at every position but the last ([B, T-1, H]: those that predict a
+    target), or at every position with `last` ([B, T, H]: a reward head pools the last token's)."""
     causal_lm: Any = getattr(model, "get_base_model", lambda: model)()  # PEFT wraps; plain models don't
     decoder = causal_lm.get_decoder()
-    head = causal_lm.get_output_embeddings()
     past = None if prefix_ids is None else _prefix_cache(decoder, causal_lm.config, prefix_ids, input_ids.shape[0])
-    hidden = decoder(  # [B, T-1, H]
-        input_ids=input_ids[:, :-1], past_key_values=past, use_cache=past is not None
+    hidden: torch.Tensor = decoder(
+        input_ids=input_ids if last else input_ids[:, :-1], past_key_values=past, use_cache=past is not None
     ).last_hidden_state
-    targets = input_ids[:, 1:]  # [B, T-1]
+    return hidden
+
+
+def logprobs_from_states(
+    model: nn.Module,
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    mask: torch.Tensor | None = None,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    entropy_gradient: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`token_logprobs` from the decoder's states [B, T-1, H] that predict `targets` [B, T-1]."""
+    causal_lm: Any = getattr(model, "get_base_model", lambda: model)()
+    head = causal_lm.get_output_embeddings()
     if mask is None:
         mask = torch.ones_like(targets, dtype=torch.bool)  # [B, T-1]
     selected_hidden = hidden[mask]  # [N, H]
@@ -94,7 +129,7 @@ def token_logprobs(
     for start in range(0, selected_targets.shape[0], chunk_tokens):
         h = selected_hidden[start : start + chunk_tokens]  # [C, H]
         t = selected_targets[start : start + chunk_tokens]  # [C]
-        lp, ent = SelectedLogprobs.apply(h, head.weight, head.bias, t)  # type: ignore[no-untyped-call]
+        lp, ent = SelectedLogprobs.apply(h, head.weight, head.bias, t, entropy_gradient)  # type: ignore[no-untyped-call]
         chosen.append(lp)
         entropies.append(ent)
     dtype = torch.promote_types(hidden.dtype, torch.float32)  # as `_logits`: at least float32

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -17,8 +18,21 @@ import torch
 from torch import nn
 
 from artlike.types import StepEvent, TrainConfig
-from artlike_server.trainer.logprobs import DEFAULT_CHUNK_TOKENS, supports_prefix_sharing, token_logprobs
-from artlike_server.trainer.objectives import LossOutput, Objective, PolicyBatch, build_objective
+from artlike_server.trainer.heads import RewardHead
+from artlike_server.trainer.logprobs import (
+    DEFAULT_CHUNK_TOKENS,
+    decoder_states,
+    logprobs_from_states,
+    supports_prefix_sharing,
+)
+from artlike_server.trainer.objectives import (
+    JobPasses,
+    LossOutput,
+    Objective,
+    PolicyBatch,
+    Preparation,
+    build_objective,
+)
 from artlike_server.trainer.packing import (
     MicroBatchPlan,
     pack_units,
@@ -55,6 +69,8 @@ class MicroBatch:
     prefix_ids: torch.Tensor | None = None  # [P] long: the tokens every row starts with (prefixes.py)
     ref_logprobs: torch.Tensor | None = None  # [B, T-1] float32: the reference policy's, aligned with the targets
     pairs: torch.Tensor | None = None  # [P, 2] long: (chosen row, rejected row) of each preference pair
+    lengths: torch.Tensor | None = None  # [B] long: each row's tokens (after the shared prefix)
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)  # [B, T-1] target-aligned, or "targets" [B, K]
 
     @property
     def decoder_positions(self) -> int:
@@ -70,14 +86,16 @@ def collate(
     *,
     prefix_length: int = 0,
     reference: Sequence[torch.Tensor] | None = None,
+    extras: Mapping[str, Sequence[torch.Tensor]] | None = None,
 ) -> MicroBatch:
     """Right-pad into tensors; per-token fields shift by one to align with next-token targets.
 
     The first token of a sequence has no context and is never a target, even if marked trainable. With
     `prefix_length` P > 0 the sequences share their first P tokens, which become `prefix_ids`; the rows
     hold what follows (their targets start at token P + 1: nothing up to P may be trainable). `reference`
-    holds each sequence's reference logprobs ([num_tokens − 1], target-aligned: `reference_logprobs`).
-    Preference pairs among the sequences (`TrainSequence.preference`) become `pairs`.
+    holds each sequence's reference logprobs ([num_tokens − 1], target-aligned: `reference_logprobs`), and
+    each of `extras` target-aligned tensors of an objective's `prepare` likewise. Preference pairs among the
+    sequences (`TrainSequence.preference`) become `pairs`; reward-model targets become `extras["targets"]`.
     """
     if prefix_length:
         shared = sequences[0].token_ids[:prefix_length]
@@ -100,6 +118,20 @@ def collate(
     advantages = torch.tensor([s.advantage for s in sequences], dtype=torch.float32)
     prefix_ids = torch.tensor(sequences[0].token_ids[:prefix_length], dtype=torch.long) if prefix_length else None
     pairs = _pair_rows(sequences)
+    collated: dict[str, torch.Tensor] = {}
+    for name, values in (extras or {}).items():
+        padded = torch.zeros((count, length - 1), dtype=torch.float32)
+        for row, seq in enumerate(sequences):
+            padded[row, : seq.num_tokens - prefix_length - 1] = values[row][prefix_length:]
+        collated[name] = padded.to(device)
+    width = max((len(s.targets) for s in sequences if s.targets is not None), default=0)
+    if width:
+        targets = torch.full((count, width), math.nan, dtype=torch.float32)
+        for row, seq in enumerate(sequences):
+            if seq.targets is not None:
+                targets[row, : len(seq.targets)] = torch.tensor(seq.targets, dtype=torch.float32)
+        collated["targets"] = targets.to(device)
+    lengths = torch.tensor([s.num_tokens - prefix_length for s in sequences], dtype=torch.long)
     return MicroBatch(
         input_ids=input_ids.to(device),
         mask=mask.to(device),
@@ -108,6 +140,8 @@ def collate(
         prefix_ids=None if prefix_ids is None else prefix_ids.to(device),
         ref_logprobs=None if ref is None else ref.to(device),
         pairs=None if pairs is None else pairs.to(device),
+        lengths=lengths.to(device),
+        extras=collated,
     )
 
 
@@ -188,21 +222,78 @@ def reference_logprobs(
     """Every sequence's reference logprobs, computed once per job without gradient under `reference()`, in
     eval mode (no adapter dropout). Each is [num_tokens − 1] float32 on the CPU, target-aligned (entry j is
     token j + 1's), 0 where the target is not trainable."""
-    result = [torch.zeros(max(0, s.num_tokens - 1)) for s in sequences]  # a sequence with nothing trainable stays 0
+    logprobs, _ = policy_outputs(model, sequences, reference, pad_token_id=pad_token_id, token_budget=token_budget,
+                                 device=device, chunk_tokens=chunk_tokens, share_prefixes=share_prefixes)  # fmt: skip
+    return logprobs
+
+
+def policy_outputs(
+    model: nn.Module,
+    sequences: Sequence[TrainSequence],
+    context: Callable[[], Any],
+    *,
+    pad_token_id: int,
+    token_budget: int,
+    value_head: nn.Module | None = None,
+    device: torch.device | None = None,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    share_prefixes: bool = True,
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Every sequence's logprobs and (with `value_head`) values under `context()`, without gradient, in eval
+    mode (no adapter dropout). Each is [num_tokens − 1] float32 on the CPU, target-aligned (entry j is token
+    j + 1's, the value of the state that predicts it), 0 where the target is not trainable."""
+    logprobs_out = [torch.zeros(max(0, s.num_tokens - 1)) for s in sequences]  # nothing trainable: stays 0
+    values_out = [torch.zeros(max(0, s.num_tokens - 1)) for s in sequences]
     was_training = model.training
     model.eval()
     try:
-        with torch.no_grad(), reference():
+        with torch.no_grad(), context():
             for plan in plan_step(sequences, token_budget, share_prefixes=share_prefixes):
                 batch = collate([sequences[i] for i in plan.members], pad_token_id, device,
                                 prefix_length=plan.prefix_length)  # fmt: skip
-                logprobs, _ = token_logprobs(model, batch.input_ids, mask=batch.mask, chunk_tokens=chunk_tokens,
-                                             prefix_ids=batch.prefix_ids)  # fmt: skip
+                hidden = decoder_states(model, batch.input_ids, prefix_ids=batch.prefix_ids)  # [B, T-1, H]
+                logprobs, _ = logprobs_from_states(model, hidden, batch.input_ids[:, 1:], mask=batch.mask,
+                                                   chunk_tokens=chunk_tokens)  # fmt: skip
+                values = None if value_head is None else value_head(hidden) * batch.mask  # [B, T-1]
                 for row, index in enumerate(plan.members):
-                    result[index] = _sequence_logprobs(logprobs[row], sequences[index], plan.prefix_length)
+                    logprobs_out[index] = _sequence_logprobs(logprobs[row], sequences[index], plan.prefix_length)
+                    if values is not None:
+                        values_out[index] = _sequence_logprobs(values[row], sequences[index], plan.prefix_length)
     finally:
         model.train(was_training)
-    return result
+    return logprobs_out, values_out
+
+
+def score_sequences(
+    model: nn.Module,
+    token_ids: Sequence[Sequence[int]],
+    head: RewardHead,
+    *,
+    pad_token_id: int,
+    token_budget: int,
+    device: torch.device | None = None,
+) -> torch.Tensor:
+    """A reward head's scores of whole token sequences, without gradient, with the model as it is (the caller
+    makes it the reward model: `AdapterSlots.scorer`). Batched by `token_budget` tokens. -> [N, K] float32 CPU"""
+    scores = torch.zeros((len(token_ids), head.config.num_objectives))
+    order = sorted(range(len(token_ids)), key=lambda i: len(token_ids[i]))  # similar lengths pad little
+    batches: list[list[int]] = [[]]
+    for index in order:
+        if batches[-1] and len(token_ids[index]) * (len(batches[-1]) + 1) > token_budget:
+            batches.append([])
+        batches[-1].append(index)
+    with torch.no_grad():
+        for members in batches:
+            if not members:
+                continue
+            longest = max(len(token_ids[i]) for i in members)
+            input_ids = torch.full((len(members), longest), pad_token_id, dtype=torch.long)
+            for row, index in enumerate(members):
+                input_ids[row, : len(token_ids[index])] = torch.tensor(list(token_ids[index]), dtype=torch.long)
+            lengths = torch.tensor([len(token_ids[i]) for i in members], dtype=torch.long)
+            hidden = decoder_states(model, input_ids.to(device), last=True)  # [B, T, H]
+            scores[members] = head(hidden, lengths.to(device)).float().cpu()
+    return scores
 
 
 def validate_batch(sequences: Sequence[TrainSequence], vocab_size: int) -> None:
@@ -285,16 +376,22 @@ def forward_backward(
     backward: bool = True,
     keep_logprobs: bool = False,
     on_micro_batch: Callable[[int, int], None] | None = None,
+    heads: Mapping[str, nn.Module] | None = None,
+    extras: Mapping[str, Sequence[torch.Tensor]] | None = None,
 ) -> PassTotals:
     """One pass over `sequences` as one optimizer step's worth of data: micro-batches (`plan_step`), each
     loss divided by the objective's normaliser of all of them, gradients accumulated into `.grad` (into
     `master`'s fp32 copies when given) unless `backward` is off. `references`: every sequence's reference
-    logprobs (`reference_logprobs`) when the objective needs them. `keep_logprobs` keeps each sequence's
+    logprobs (`reference_logprobs`) when the objective needs them; `heads`: the modules of the objective's
+    `heads`; `extras`: its `prepare`'s per-sequence tensors. `keep_logprobs` keeps each sequence's
     target-aligned logprobs ([num_tokens − 1], 0 where not trainable) in the totals."""
     if objective.needs_reference and references is None:
         raise ValueError(f"the {objective.name} objective (as configured) needs reference logprobs")
-    micro_batches = plan_step(sequences, token_budget, share_prefixes=share_prefixes)
-    normalizer = objective.normalizer([sum(s.trainable[1:]) for s in sequences])
+    missing = objective.heads - set(heads or {})
+    if missing:
+        raise ValueError(f"the {objective.name} objective needs the {sorted(missing)} head(s)")
+    micro_batches = plan_step(sequences, token_budget, share_prefixes=share_prefixes and objective.shares_prefixes)
+    normalizer = objective.normalizer(sequences)
     totals = PassTotals()
     for index, micro_batch in enumerate(micro_batches):
         if on_micro_batch is not None:
@@ -302,27 +399,45 @@ def forward_backward(
         members = micro_batch.members
         batch = collate([sequences[i] for i in members], pad_token_id, device,
                         prefix_length=micro_batch.prefix_length,
-                        reference=None if references is None else [references[i] for i in members])  # fmt: skip
+                        reference=None if references is None else [references[i] for i in members],
+                        extras=None if extras is None else {k: [v[i] for i in members] for k, v in extras.items()})  # fmt: skip
         totals.decoder_positions += batch.decoder_positions
         with torch.set_grad_enabled(backward):
-            logprobs, entropy = token_logprobs(  # [B, T-1] each, 0 where not trainable
-                model, batch.input_ids, mask=batch.mask, chunk_tokens=chunk_tokens, prefix_ids=batch.prefix_ids
-            )
-            out = objective.loss(
-                PolicyBatch(logprobs, batch.mask, batch.behaviour_logprobs, batch.advantages, batch.ref_logprobs,
-                            batch.pairs),
-                normalizer,
-            )
+            policy = _forward(model, batch, objective, heads or {}, chunk_tokens)
+            logprobs, entropy = policy.logprobs, policy.entropy
+            out = objective.loss(policy, normalizer)
         if backward:
             out.loss.backward()  # type: ignore[no-untyped-call]
             if master is not None:
                 master.accumulate_grads()
-        totals.add(out, float((entropy.detach() * batch.mask).sum()))
+        totals.add(out, float((entropy.detach() * batch.mask).sum()) if entropy is not None else 0.0)
         if keep_logprobs:
             for row, member in enumerate(members):
                 totals.sequence_logprobs[member] = _sequence_logprobs(logprobs[row].detach(), sequences[member],
                                                                       micro_batch.prefix_length)
     return totals
+
+
+def _forward(model: nn.Module, batch: MicroBatch, objective: Objective, heads: Mapping[str, nn.Module],
+             chunk_tokens: int) -> PolicyBatch:
+    """What the objective asked for of one micro-batch: logprobs and entropies (unless it needs none), the
+    value head at every target position, the reward head's pooled scores."""
+    hidden = decoder_states(model, batch.input_ids, prefix_ids=batch.prefix_ids,
+                            last="reward" in objective.heads)  # [B, T or T-1, H]
+    states = hidden[:, : batch.input_ids.shape[1] - 1]  # [B, T-1, H]: the states that predict a target
+    if objective.needs_logprobs:
+        logprobs, entropy = logprobs_from_states(model, states, batch.input_ids[:, 1:], mask=batch.mask,
+                                                 chunk_tokens=chunk_tokens,
+                                                 entropy_gradient=objective.entropy_gradient)  # fmt: skip
+    else:
+        logprobs, entropy = torch.zeros(batch.mask.shape, device=hidden.device), None
+    values = heads["value"](states) if "value" in objective.heads else None  # [B, T-1]
+    scores = None
+    if "reward" in objective.heads:
+        assert batch.lengths is not None
+        scores = heads["reward"](hidden, batch.lengths)  # [B, K]
+    return PolicyBatch(logprobs, batch.mask, batch.behaviour_logprobs, batch.advantages, batch.ref_logprobs,
+                       batch.pairs, entropy=entropy, values=values, scores=scores, extras=batch.extras)
 
 
 def optimizer_step(optimizer: torch.optim.Optimizer, max_grad_norm: float | None,
@@ -343,6 +458,12 @@ def optimizer_step(optimizer: torch.optim.Optimizer, max_grad_norm: float | None
     return grad_norm
 
 
+@dataclass
+class JobResult:
+    events: list[StepEvent]
+    state: dict[str, float]  # the objective's state to save with the new step
+
+
 def run_optimizer_steps(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -356,13 +477,19 @@ def run_optimizer_steps(
     on_micro_batch: Callable[[int, int, int], None] | None = None,
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
     master: MasterWeights | None = None,
-) -> list[StepEvent]:
+    heads: Mapping[str, nn.Module] | None = None,
+    objective: Objective | None = None,
+    state: Mapping[str, float] | None = None,
+    reward_scores: Callable[[], list[float]] | None = None,
+) -> JobResult:
     """Train `epochs × gradient_steps_per_epoch` optimizer steps on `sequences`; call `on_step` after each.
 
-    `config` names the objective (`objectives.build_objective`). `reference()` returns a context manager under
-    which `model` is the reference policy (the adapter disabled, or a reference adapter active); when the
-    objective needs it, every sequence's reference logprobs are computed once, before the first step (whose
-    `seconds` include that pass).
+    `config` names the objective (`objectives.build_objective`, unless `objective` is given). `reference()`
+    returns a context manager under which `model` is the reference policy (the adapter disabled, or a
+    reference adapter active); when the objective needs it, every sequence's reference logprobs are computed
+    once, before the first step (whose `seconds` include that pass), as is the objective's `prepare` (with
+    `state`, carried from the step trained from, and `reward_scores`, the configured reward model's).
+    `heads`: the modules of the objective's heads (trained by their own optimizer groups).
     `on_micro_batch(step, index, count)` reports progress inside a step. Each step's `logprob_mismatch` is
     measured on its tokens before its update: in the first step that is pure engine/trainer drift, later it
     includes the updates made so far.
@@ -379,15 +506,17 @@ def run_optimizer_steps(
         group["weight_decay"] = config.weight_decay
     plan = plan_job(sequences, config)
     share_prefixes = config.share_prefixes and supports_prefix_sharing(model)
-    objective = build_objective(config)
+    objective = objective or build_objective(config)
     job_started = time.perf_counter()  # the first step's time includes the job's reference pass
+    passes = _job_passes(model, sequences, reference, heads or {}, state or {}, reward_scores,
+                         pad_token_id=pad_token_id, token_budget=config.micro_batch_tokens, device=device,
+                         chunk_tokens=chunk_tokens, share_prefixes=share_prefixes)  # fmt: skip
     references: list[torch.Tensor] | None = None
     if objective.needs_reference:
         if reference is None:
             raise ValueError(f"the {objective.name} objective (as configured) needs a reference policy")
-        references = reference_logprobs(model, sequences, reference, pad_token_id=pad_token_id,
-                                        token_budget=config.micro_batch_tokens, device=device,
-                                        chunk_tokens=chunk_tokens, share_prefixes=share_prefixes)  # fmt: skip
+        references = passes.reference_logprobs()
+    preparation: Preparation = objective.prepare(passes)
     events: list[StepEvent] = []
     optimizer.zero_grad(set_to_none=True)
     if master is not None:
@@ -404,6 +533,7 @@ def run_optimizer_steps(
             references=None if references is None else [references[i] for i in indices],
             chunk_tokens=chunk_tokens, master=master,
             on_micro_batch=None if on_micro_batch is None else partial(on_micro_batch, step_index),
+            heads=heads, extras={k: [v[i] for i in indices] for k, v in preparation.extras.items()},
         )  # fmt: skip
         try:
             grad_norm = optimizer_step(optimizer, config.max_grad_norm, master)
@@ -424,8 +554,41 @@ def run_optimizer_steps(
             logprob_mismatch=totals.mismatch_sum / max(1, totals.mismatch_tokens),
             decoder_positions=totals.decoder_positions,
             objective=objective.name,
-            metrics=totals.metrics(),
+            metrics={**preparation.metrics, **totals.metrics()},
         )
         events.append(event)
         on_step(event)
-    return events
+    return JobResult(events, {**(state or {}), **preparation.state})
+
+
+def _job_passes(
+    model: nn.Module,
+    sequences: Sequence[TrainSequence],
+    reference: Callable[[], Any] | None,
+    heads: Mapping[str, nn.Module],
+    state: Mapping[str, float],
+    reward_scores: Callable[[], list[float]] | None,
+    **options: Any,
+) -> JobPasses:
+    """The once-per-job passes an objective may ask for; each runs when asked (and at most once)."""
+    cache: dict[str, Any] = {}
+
+    def reference_pass() -> list[torch.Tensor]:
+        if reference is None:
+            raise ValueError("this job has no reference policy")
+        if "reference" not in cache:
+            cache["reference"] = reference_logprobs(model, sequences, reference, **options)
+        return cache["reference"]  # type: ignore[no-any-return]
+
+    def policy_pass() -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        if "policy" not in cache:
+            cache["policy"] = policy_outputs(model, sequences, _unchanged, value_head=heads.get("value"), **options)
+        return cache["policy"]  # type: ignore[no-any-return]
+
+    return JobPasses(sequences=sequences, state=state, reference_logprobs=reference_pass,
+                     policy_outputs=policy_pass, reward_scores=reward_scores)
+
+
+def _unchanged() -> AbstractContextManager[None]:
+    """The model as it is (the trained adapter active)."""
+    return nullcontext()

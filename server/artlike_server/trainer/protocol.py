@@ -18,6 +18,10 @@ command it stopped waiting for. Commands run one at a time, in order.
         -> {"event": "saved", "id": 3, "path": "...", "seconds": 0.1}
     {"cmd": "shutdown", "id": 4}
         -> {"event": "bye", "id": 4}, then the process exits 0
+    {"cmd": "score", "id": 5, "adapter_dir": "...", "token_ids": [[...], ...]}
+        -> {"event": "scores", "id": 5, "scores": [[s_0, ..., s_K-1], ...], "combined": [...], "seconds": 0.1}
+        A score may be sent while a `train` runs (the one command that may overlap another): the worker
+        answers it between two micro-batches, so scoring waits for at most one micro-batch.
 
     Training sessions (low-level primitives, `trainer/sessions.py`), each answered by one event:
     {"cmd": "session_open", "model_name", "adapter_dir", "optimizer": {AdamParams}}  -> session_ready
@@ -44,7 +48,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from artlike.session_types import AdamParams
-from artlike.types import LoraConfig, StepEvent, TrainConfig
+from artlike.types import LoraConfig, RewardHeadConfig, StepEvent, TrainConfig
 
 
 class _Command(BaseModel):
@@ -66,6 +70,7 @@ class InitAdapter(_Command):
     lora: LoraConfig
     out_dir: str
     seed: int = 0
+    reward_head: RewardHeadConfig | None = None  # a reward model's step 0: the adapter and a fresh score head
 
 
 class Train(_Command):
@@ -76,6 +81,16 @@ class Train(_Command):
     batch_path: str
     config: TrainConfig
     reference_adapter_dir: str | None = None  # the step named by the config's `reference` (DPO)
+    reward_model_dir: str | None = None  # the reward model step that scores the sequences (PPO's `reward_model`)
+
+
+class Score(_Command):
+    """Score whole token sequences with the reward model step at `adapter_dir`."""
+
+    cmd: Literal["score"] = "score"
+    adapter_dir: str
+    token_ids: list[list[int]]
+    micro_batch_tokens: int = 8192
 
 
 class SessionOpen(_Command):
@@ -120,7 +135,7 @@ class SessionClose(_Command):
 
 
 Command = Annotated[
-    Ping | Shutdown | InitAdapter | Train | SessionOpen | Pass | OptimStep | SaveState | SessionClose,
+    Ping | Shutdown | InitAdapter | Train | Score | SessionOpen | Pass | OptimStep | SaveState | SessionClose,
     Field(discriminator="cmd"),
 ]
 
@@ -175,6 +190,13 @@ class Step(StepEvent):
 
     def step_event(self) -> StepEvent:
         return StepEvent.model_validate(self.model_dump(exclude={"event", "id"}))
+
+
+class Scores(_Event):
+    event: Literal["scores"] = "scores"
+    scores: list[list[float]]  # [N][K]: per sequence, per objective
+    combined: list[float]  # [N]: Σ wₖ·sₖ
+    seconds: float
 
 
 class Saved(_Event):
@@ -233,7 +255,7 @@ class Heartbeat(_Event):
 
 WorkerEvent = Annotated[
     Ready | Pong | AdapterReady | TrainStarted | Progress | Step | Saved | Failed | Bye | SessionReady | PassDone
-    | Optimized | Closed,
+    | Optimized | Closed | Scores,
     Field(discriminator="event"),
 ]
 WORKER_EVENT: TypeAdapter[WorkerEvent] = TypeAdapter(WorkerEvent)
@@ -241,5 +263,5 @@ WORKER_EVENT: TypeAdapter[WorkerEvent] = TypeAdapter(WorkerEvent)
 TrainEvent = TrainStarted | Progress | Step | Saved | Heartbeat
 """What `TrainerProcess.train` yields."""
 
-TERMINAL_EVENTS = (Pong, AdapterReady, Saved, Failed, Bye, SessionReady, PassDone, Optimized, Closed)
+TERMINAL_EVENTS = (Pong, AdapterReady, Saved, Failed, Bye, SessionReady, PassDone, Optimized, Closed, Scores)
 """The last event of a command: after it the worker reads the next command."""

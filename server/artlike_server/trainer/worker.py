@@ -19,8 +19,12 @@ import argparse
 import importlib.util
 import logging
 import os
+import queue
 import sys
+import threading
 import time
+from collections import deque
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO, cast
 
@@ -29,11 +33,20 @@ import torch
 from pydantic import TypeAdapter
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
+from artlike.types import RewardModelConfig
 from artlike_server.hardware import DTYPE_CHOICES, resolve_dtype
 from artlike_server.trainer import protocol
 from artlike_server.trainer.adapters import AdapterSlots, check_writable, peft_lora_config
 from artlike_server.trainer.batch_file import read_batch
-from artlike_server.trainer.loop import plan_job, run_optimizer_steps, validate_batch
+from artlike_server.trainer.heads import RewardHead
+from artlike_server.trainer.loop import (
+    BatchError,
+    plan_job,
+    run_optimizer_steps,
+    score_sequences,
+    validate_batch,
+)
+from artlike_server.trainer.objectives import build_objective
 from artlike_server.trainer.sessions import SessionError, Sessions
 
 logger = logging.getLogger("artlike.trainer")
@@ -100,9 +113,55 @@ def load_with_unsloth(path: Path, dtype: torch.dtype) -> PreTrainedModel:
 # ---------------------------------------------------------------------------------------- commands
 
 
+class CommandLines:
+    """The protocol's command lines, read from stdin by a thread, so that a `score` can be answered while a
+    `train` runs (`take_scores`); other lines read meanwhile wait their turn, in order."""
+
+    def __init__(self, stream: BinaryIO) -> None:
+        self._lines: queue.Queue[bytes | None] = queue.Queue()
+        self._deferred: deque[bytes] = deque()
+        threading.Thread(target=self._read, args=(stream,), name="commands", daemon=True).start()
+
+    def _read(self, stream: BinaryIO) -> None:
+        for line in stream:
+            if line.strip():
+                self._lines.put(line)
+        self._lines.put(None)  # EOF
+
+    def __iter__(self) -> Iterator[bytes]:
+        while True:
+            line = self._deferred.popleft() if self._deferred else self._lines.get()
+            if line is None:
+                return
+            yield line
+
+    def take_scores(self) -> list[bytes]:
+        """The `score` lines waiting now (without blocking); any other line stays queued."""
+        scores: list[bytes] = []
+        while True:
+            try:
+                line = self._lines.get_nowait()
+            except queue.Empty:
+                return scores
+            if line is not None and _is_score(line):
+                scores.append(line)
+            else:
+                self._deferred.append(line)  # type: ignore[arg-type]  # None (EOF) is kept in order too
+
+
+def _is_score(line: bytes) -> bool:
+    try:
+        value = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(value, dict) and value.get("cmd") == "score"
+
+
 class Worker:
-    def __init__(self, base_model_path: Path, model: PreTrainedModel, events: EventWriter) -> None:
+    def __init__(self, base_model_path: Path, model: PreTrainedModel, events: EventWriter,
+                 lines: CommandLines | None = None) -> None:
         self._events = events
+        self._lines = lines
         self._base_model_path = str(base_model_path)
         self._adapters = AdapterSlots(model, self._base_model_path)
         self._vocab_size = vocab_size(model)
@@ -128,6 +187,8 @@ class Worker:
             self._init_adapter(command)
         elif isinstance(command, protocol.Train):
             self._train(command)
+        elif isinstance(command, protocol.Score):
+            self._events.emit(self._score(command))
         elif isinstance(command, protocol.Shutdown):
             self._events.emit(protocol.Bye(id=command.id))
 
@@ -136,9 +197,48 @@ class Worker:
         out_dir = Path(command.out_dir)
         check_writable(out_dir)
         config = peft_lora_config(command.lora, self._base_model_path)
-        self._adapters.create(command.model_name, config, seed=command.seed)
+        self._adapters.create(command.model_name, config, seed=command.seed, reward_head=command.reward_head)
         self._adapters.save(command.model_name, out_dir)
         self._events.emit(protocol.AdapterReady(id=command.id, path=str(out_dir), seconds=time.perf_counter() - started))
+
+    def _score(self, command: protocol.Score) -> protocol.Scores:
+        started = time.perf_counter()
+        for index, ids in enumerate(command.token_ids):
+            if not ids or not 0 <= min(ids) <= max(ids) < self._vocab_size:
+                raise BatchError(f"input {index} is empty or has token ids outside the vocabulary")
+        with self._adapters.scorer(Path(command.adapter_dir)) as head:
+            scores = score_sequences(self._adapters.model, command.token_ids, head, pad_token_id=self._pad_token_id,
+                                     token_budget=command.micro_batch_tokens, device=self._device)  # fmt: skip
+            combined = head.combined(scores)
+        return protocol.Scores(id=command.id, scores=scores.tolist(), combined=combined.tolist(),
+                               seconds=time.perf_counter() - started)
+
+    def serve_waiting_scores(self) -> None:
+        """Answer the `score` commands that arrived during a job (called between its micro-batches)."""
+        if self._lines is None:
+            return
+        for line in self._lines.take_scores():
+            command_id = _command_id(line)
+            try:
+                command = _COMMAND.validate_json(line)
+                assert isinstance(command, protocol.Score)
+                self._events.emit(self._score(command))
+            except Exception as exc:  # reported to its caller; the job goes on
+                logger.exception("score %s failed", command_id)
+                self._events.emit(protocol.Failed(id=command_id, kind=type(exc).__name__, message=str(exc) or repr(exc)))
+
+    def _reward_scores(self, reward_model_dir: str | None, sequences: list[Any]) -> Any:
+        """The reward model's combined score of each sequence, when the job names one (PPO)."""
+        if reward_model_dir is None:
+            return None
+
+        def scores() -> list[float]:
+            with self._adapters.scorer(Path(reward_model_dir)) as head:
+                values = score_sequences(self._adapters.model, [s.token_ids for s in sequences], head,
+                                         pad_token_id=self._pad_token_id, token_budget=8192, device=self._device)
+                return [float(v) for v in head.combined(values)]
+
+        return scores
 
     def _train(self, command: protocol.Train) -> None:
         if self._sessions.is_open(command.model_name):  # the server never sends this; the worker checks anyway
@@ -148,6 +248,14 @@ class Worker:
         sequences = read_batch(Path(command.batch_path))
         validate_batch(sequences, self._vocab_size)
         slot = self._adapters.load(command.model_name, Path(command.adapter_dir))
+        reward_head = slot.heads.get("reward")
+        if isinstance(command.config, RewardModelConfig) != isinstance(reward_head, RewardHead):
+            raise BatchError(f"{command.model_name!r} is {'a' if reward_head is not None else 'not a'} reward model; "
+                             f"objective {command.config.objective!r} does not train it")
+        objective = build_objective(command.config,
+                                    reward_head=reward_head.config if isinstance(reward_head, RewardHead) else None)
+        if "value" in objective.heads:
+            self._adapters.value_head(command.model_name)
         reused = slot.optimizer is not None
         parameters = self._adapters.parameters(command.model_name)
         optimizer = slot.optimizer if slot.optimizer is not None else slot.start_optimizer(
@@ -166,9 +274,14 @@ class Worker:
             trainable_tokens=sum(trainable),
             optimizer_state="reused" if reused else "fresh",
         ))
+        def on_micro_batch(step: int, index: int, count: int) -> None:
+            self._events.emit(protocol.Progress(id=command.id, gradient_step=step, micro_batch=index,
+                                                micro_batches=count))
+            self.serve_waiting_scores()
+
         model.train()
         try:
-            run_optimizer_steps(
+            result = run_optimizer_steps(
                 model,
                 optimizer,
                 sequences,
@@ -178,13 +291,16 @@ class Worker:
                 reference=reference,
                 master=slot.master,
                 on_step=lambda event: self._events.emit(protocol.Step(id=command.id, **event.model_dump())),
-                on_micro_batch=lambda step, index, count: self._events.emit(protocol.Progress(
-                    id=command.id, gradient_step=step, micro_batch=index, micro_batches=count)),
+                on_micro_batch=on_micro_batch,
+                heads=slot.heads,
+                objective=objective,
+                state=slot.state,
+                reward_scores=self._reward_scores(command.reward_model_dir, sequences),
             )
         finally:
             model.eval()
         started = time.perf_counter()
-        self._adapters.save(command.model_name, out_dir)
+        self._adapters.save(command.model_name, out_dir, state=result.state)
         self._events.emit(protocol.Saved(id=command.id, path=str(out_dir), seconds=time.perf_counter() - started))
 
 
@@ -229,7 +345,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.eval()  # type: ignore[no-untyped-call]
-    worker = Worker(args.base_model, model, events)
+    lines = CommandLines(sys.stdin.buffer)
+    worker = Worker(args.base_model, model, events, lines)
     events.emit(protocol.Ready(
         device=str(device),
         dtype=str(dtype).removeprefix("torch."),
@@ -240,9 +357,7 @@ def main(argv: list[str] | None = None) -> int:
         load_seconds=time.perf_counter() - started,
     ))
     logger.info("ready: %s %s on %s, %d threads", backend, dtype, device, threads)
-    for line in sys.stdin.buffer:
-        if not line.strip():
-            continue
+    for line in lines:
         command_id = _command_id(line)
         try:
             command = _COMMAND.validate_json(line)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import statistics
 import threading
 import time
@@ -31,8 +32,11 @@ from artlike.types import (
     DPOConfig,
     ErrorEvent,
     OfflineTrajectory,
+    PPOConfig,
     RecordedExample,
     RecordedPair,
+    RewardModelConfig,
+    ScoredExample,
     SFTConfig,
     StartEvent,
     StatusEvent,
@@ -86,6 +90,7 @@ class PreparedJob:
     metrics: dict[str, float]
     num_gradient_steps: int
     reference_adapter_dir: Path | None = None  # the step a DPO config's `reference` names
+    reward_model_dir: Path | None = None  # the reward model step a PPO config's `reward_model` names
     promote: bool = True  # move the alias to the new step (False: commit it as name@N only)
     annotations: dict[str, Any] = field(default_factory=dict)  # recorded in the history line
     trajectory_rewards: list[tuple[str, float]] = field(default_factory=list)  # recorded ones, for observers
@@ -169,6 +174,16 @@ class TrainingService:
             text: str = self._tokenizer().decode(token_ids, skip_special_tokens=True)
         return text.rstrip("\ufffd")
 
+    def conversation_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
+        """The token ids of a conversation that ends with an assistant answer, as training renders it (the
+        served chat template; blocking: call it in a thread). Raises SequenceBuildError."""
+        with self._tokenizer_lock:
+            built = sequences_from_offline(OfflineTrajectory(messages=messages, tools=tools), self._tokenizer(),
+                                           0.0, chat_template=self._chat_template)
+        if not built:
+            raise SequenceBuildError("the conversation has no assistant answer")
+        return built[-1].token_ids
+
     def load_tokenizer(self) -> None:
         """Load the tokenizer now (blocking: call it in a thread at start-up), so the first request with
         offline trajectories does not pay for it while requests are in flight."""
@@ -215,10 +230,13 @@ class TrainingService:
 
         config = request.config
         data_param = "examples" if isinstance(config, SFTConfig) else "pairs" if isinstance(config, DPOConfig) \
-            else "groups"
+            else ("pairs" if request.pairs else "scored") if isinstance(config, RewardModelConfig) else "groups"
+        self._check_kind(request.model, config)
         reference_adapter_dir = self.reference_step(request.model, config)
+        reward_model_dir = self.reward_model_step(request.model, config)
+        self._check_rewards(request, reward_model_dir is not None)
         keys = _recorded_keys(request)
-        if len(set(keys)) != len(keys) and not isinstance(config, DPOConfig):  # a pair's answer may recur
+        if len(set(keys)) != len(keys) and not isinstance(config, DPOConfig | RewardModelConfig):  # pairs may share
             # Counted in one pass: a body may hold hundreds of thousands of ids.
             dup = next(k for k, count in Counter(keys).items() if count > 1)
             raise InvalidRequest(f"trajectory {dup[0]!r} appears more than once", param=data_param,
@@ -238,7 +256,8 @@ class TrainingService:
                            param=data_param, code="trajectory_not_found")
 
         # Tokenizing offline trajectories and merging turns is CPU work: off the event loop.
-        build = {"examples": self._build_examples, "pairs": self._build_pairs}.get(data_param, self._build)
+        build = self._build_reward_data if isinstance(config, RewardModelConfig) else \
+            {"examples": self._build_examples, "pairs": self._build_pairs}.get(data_param, self._build)
         sequences, skipped, rewards, metric_values = await asyncio.to_thread(build, request, records)
         if request.groups and skipped == len(request.groups):
             raise InvalidRequest(
@@ -257,16 +276,50 @@ class TrainingService:
                 "(--max-gradient-steps)", param="config.epochs", code="too_many_gradient_steps")
         return PreparedJob(
             model=request.model, from_step=from_step, config=request.config, sequences=sequences,
-            trajectories=len(request.examples) + 2 * len(request.pairs)
+            trajectories=len(request.examples) + 2 * len(request.pairs) + len(request.scored)
             + sum(len(g.trajectories) for g in request.groups),
             groups=len(request.groups),
             groups_skipped=skipped, rewards=rewards,
             metrics={k: statistics.fmean(v) for k, v in metric_values.items()},
             num_gradient_steps=num_gradient_steps, reference_adapter_dir=reference_adapter_dir,
-            promote=request.promote, annotations=dict(request.annotations),
+            reward_model_dir=reward_model_dir, promote=request.promote, annotations=dict(request.annotations),
             trajectory_rewards=[(t.trajectory_id, t.reward) for g in request.groups for t in g.trajectories
-                                if isinstance(t, TrajectoryRef)],
+                                if isinstance(t, TrajectoryRef) and t.reward is not None],
         )
+
+    def _check_kind(self, model: str, config: TrainConfig) -> None:
+        """A reward model trains with objective "reward_model" and nothing else does."""
+        is_reward_model = self.store.require(model).kind == "reward"
+        if is_reward_model and not isinstance(config, RewardModelConfig):
+            raise InvalidRequest(f"{model!r} is a reward model: train it with objective 'reward_model' (preference "
+                                 "pairs or scored examples)", param="config.objective", code="wrong_model_kind")
+        if not is_reward_model and isinstance(config, RewardModelConfig):
+            raise InvalidRequest(f"objective 'reward_model' trains a reward model; {model!r} is a policy (register "
+                                 "a model with kind 'reward')", param="model", code="wrong_model_kind")
+
+    def _check_rewards(self, request: TrainRequest, scored_by_a_model: bool) -> None:
+        """Every trajectory needs its reward, unless PPO's reward model scores it."""
+        if scored_by_a_model:
+            return
+        for g, group in enumerate(request.groups):
+            for i, trajectory in enumerate(group.trajectories):
+                if trajectory.reward is None:
+                    hint = " or name a `reward_model` that scores the sequences" if isinstance(
+                        request.config, PPOConfig) else ""
+                    raise InvalidRequest(f"groups[{g}].trajectories[{i}] has no reward: give every trajectory a "
+                                         f"`reward`{hint}", param=f"groups[{g}].trajectories[{i}].reward",
+                                         code="missing_reward")
+
+    def reward_model_step(self, model: str, config: TrainConfig) -> Path | None:
+        """The adapter directory of the reward model step a PPO config names; 4xx when it cannot be used."""
+        if not isinstance(config, PPOConfig) or config.reward_model is None:
+            return None
+        served = self.models.resolve_reward_model(config.reward_model)
+        assert served.model is not None and served.step is not None
+        if self.store.require(served.model).base_model != self.store.require(model).base_model:
+            raise InvalidRequest(f"the reward model {config.reward_model!r} is on another base model",
+                                 param="config.reward_model", code="invalid_reward_model")
+        return self.store.step_dir(served.model, served.step)
 
     def reference_step(self, model: str, config: TrainConfig) -> Path | None:
         """The adapter directory of the step a DPO config names as its reference; 4xx when it cannot be used."""
@@ -286,21 +339,26 @@ class TrainingService:
                ) -> tuple[list[TrainSequence], int, list[float], dict[str, list[float]]]:
         """Sequences, groups skipped, rewards and metrics of a request (runs in a worker thread)."""
         config = request.config
-        assert not isinstance(config, SFTConfig | DPOConfig), "examples and pairs have their own builders"
+        assert not isinstance(config, SFTConfig | DPOConfig | RewardModelConfig), "they have their own builders"
+        ppo = isinstance(config, PPOConfig)
         sequences: list[TrainSequence] = []
         skipped = 0
         rewards: list[float] = []
         metric_values: dict[str, list[float]] = {}
         for group_index, group in enumerate(request.groups):
-            group_rewards = [t.reward for t in group.trajectories]
-            rewards.extend(group_rewards)
+            group_rewards = [t.reward or 0.0 for t in group.trajectories]  # None: PPO's reward model scores
+            rewards.extend(t.reward for t in group.trajectories if t.reward is not None)
             for t in group.trajectories:
                 for key, value in t.metrics.items():
                     metric_values.setdefault(key, []).append(value)
-            if is_zero_variance(group_rewards):
+            if ppo:  # no groups needed: the value head is the baseline
+                advantages = [0.0] * len(group_rewards)
+            elif is_zero_variance(group_rewards):
                 skipped += 1
                 continue
-            advantages = group_advantages(group_rewards, scale_rewards=config.scale_rewards)
+            else:
+                assert not isinstance(config, PPOConfig)
+                advantages = group_advantages(group_rewards, scale_rewards=config.scale_rewards)
             for index, (trajectory, advantage) in enumerate(zip(group.trajectories, advantages, strict=True)):
                 if isinstance(trajectory, OfflineTrajectory):
                     name = f"groups[{group_index}].trajectories[{index}]"
@@ -322,6 +380,8 @@ class TrainingService:
                         raise InvalidRequest(str(error), param=f"groups[{group_index}].trajectories[{index}]"
                                              ".completion_ids", code="completion_not_found") from None
                 self._check_lengths(built, name, f"groups[{group_index}].trajectories[{index}]")
+                for sequence in built:
+                    sequence.reward = group_rewards[index]
                 sequences.extend(s for s in built if s.num_trainable_tokens > 0)
         return sequences, skipped, rewards, metric_values
 
@@ -396,6 +456,48 @@ class TrainingService:
             sequences.extend(sides)
         return sequences, 0, [], {}
 
+    def _build_reward_data(self, request: TrainRequest, records: dict[str, list[Any]]
+                           ) -> tuple[list[TrainSequence], int, list[float], dict[str, list[float]]]:
+        """A reward model's sequences (runs in a worker thread): its pairs as DPO's, then its scored examples,
+        each one whole conversation carrying its targets."""
+        sequences = self._build_pairs(request, records)[0] if request.pairs else []
+        head = self.store.require(request.model).reward_head
+        objectives = head.num_objectives if head is not None else 1
+        for index, example in enumerate(request.scored):
+            name = f"scored[{index}]"
+            if len(example.targets) != objectives:
+                raise InvalidRequest(f"{name} has {len(example.targets)} target(s); the reward model has "
+                                     f"{objectives} objective(s)", param=f"{name}.targets", code="invalid_targets")
+            built = self._scored_sequences(example, records, name, group_index=len(request.pairs) + index)
+            self._check_lengths(built, name, name)
+            sequence = built[-1]  # the whole conversation: later turns extend the earlier ones
+            sequence.targets = [math.nan if t is None else t for t in example.targets]
+            sequences.append(sequence)
+        return sequences, 0, [], {}
+
+    def _scored_sequences(self, example: ScoredExample, records: dict[str, list[Any]], name: str, *,
+                          group_index: int) -> list[TrainSequence]:
+        if example.trajectory_id is not None:
+            try:
+                built = sequences_from_completions(
+                    records[example.trajectory_id], 0.0, mask_truncated=False, group_index=group_index,
+                    only=None if example.completion_id is None else [example.completion_id])
+            except SequenceBuildError as error:
+                raise InvalidRequest(f"{name}: {error}", param=f"{name}.completion_id",
+                                     code="completion_not_found") from None
+        else:
+            assert example.messages is not None
+            offline = OfflineTrajectory(messages=example.messages, tools=example.tools, reward=0.0)
+            try:
+                with self._tokenizer_lock:
+                    built = sequences_from_offline(offline, self._tokenizer(), 0.0, chat_template=self._chat_template,
+                                                   group_index=group_index)
+            except (SequenceBuildError, ValueError) as error:
+                raise InvalidRequest(f"{name}: {error}", param=f"{name}.messages", code="invalid_example") from None
+        if not built:
+            raise InvalidRequest(f"{name} has no assistant answer to score", param=name, code="invalid_example")
+        return built
+
     def _check_lengths(self, built: list[TrainSequence], name: str, param: str) -> None:
         for sequence in built:
             if sequence.num_tokens > self.limits.max_sequence_tokens:
@@ -458,6 +560,7 @@ class TrainingService:
                 batch_path=batch_path,
                 config=p.config,
                 reference_adapter_dir=p.reference_adapter_dir,
+                reward_model_dir=p.reward_model_dir,
             )
             async with aclosing(events):
                 async for event in events:
@@ -511,10 +614,13 @@ def _recorded_keys(request: TrainRequest) -> list[tuple[str, tuple[int, ...] | N
     all). A DPO answer may appear in several pairs; one trajectory may appear once per choice of completions."""
     if isinstance(request.config, SFTConfig):
         return [(e.trajectory_id, None) for e in request.examples if isinstance(e, RecordedExample)]
-    if isinstance(request.config, DPOConfig):
-        return [(tid, None if cid is None else (cid,)) for p in request.pairs if isinstance(p, RecordedPair)
-                for tid, cid in ((p.chosen_trajectory_id, p.chosen_completion_id),
-                                 (p.rejected_trajectory_id, p.rejected_completion_id))]
+    if isinstance(request.config, DPOConfig | RewardModelConfig):
+        keys: list[tuple[str, tuple[int, ...] | None]] = [
+            (tid, None if cid is None else (cid,)) for p in request.pairs if isinstance(p, RecordedPair)
+            for tid, cid in ((p.chosen_trajectory_id, p.chosen_completion_id),
+                             (p.rejected_trajectory_id, p.rejected_completion_id))]
+        return keys + [(e.trajectory_id, None if e.completion_id is None else (e.completion_id,))
+                       for e in request.scored if e.trajectory_id is not None]
     return [(t.trajectory_id, None if t.completion_ids is None else tuple(sorted(t.completion_ids)))
             for g in request.groups for t in g.trajectories if isinstance(t, TrajectoryRef)]
 

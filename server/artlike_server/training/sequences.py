@@ -40,6 +40,8 @@ class TrainSequence:
     trajectory_id: str = ""
     group_index: int = 0  # the group (or, for a preference pair, the pair) the sequence belongs to
     preference: int = 0  # DPO: 1 the chosen side of pair `group_index`, -1 the rejected side, 0 not in a pair
+    reward: float = 0.0  # PPO: the trajectory's own reward, given at the sequence's last sampled token
+    targets: list[float] | None = None  # reward model: a target score per objective (NaN: unknown)
 
     @property
     def num_tokens(self) -> int:

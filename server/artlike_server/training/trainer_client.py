@@ -2,6 +2,8 @@
 
 One `TrainerProcess` owns one worker: it spawns it, waits for its `ready` event, sends one command at a time
 (an asyncio.Lock) and turns the worker's events into return values, an async iterator, or typed errors.
+`score` is the exception: it does not wait for the lock, since the worker answers a score between two
+micro-batches of a running job (scores wait their turn among themselves). Events are routed by command id.
 Every wait has a limit and nothing waits silently: while a command runs, `train()` yields a heartbeat
 whenever the worker has said nothing for `heartbeat_interval` seconds.
 
@@ -29,9 +31,9 @@ from collections.abc import AsyncGenerator, Mapping
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
-from artlike.types import LoraConfig, TrainConfig
+from artlike.types import LoraConfig, RewardHeadConfig, TrainConfig
 from artlike_server.logfiles import RotatingLog
 from artlike_server.trainer import protocol
 
@@ -111,8 +113,10 @@ class TrainerProcess:
         self._heartbeat_interval = heartbeat_interval
         self._idle_timeout = idle_timeout
         self._lock = asyncio.Lock()
+        self._score_lock = asyncio.Lock()
         self._proc: asyncio.subprocess.Process | None = None
-        self._events: asyncio.Queue[protocol.WorkerEvent | None] = asyncio.Queue()
+        self._waiters: dict[int, asyncio.Queue[protocol.WorkerEvent | None]] = {}  # command id -> its events
+        self._eof = False
         self._readers: list[asyncio.Task[None]] = []
         self._stderr_tail: deque[str] = deque(maxlen=_STDERR_TAIL_LINES)
         self._next_id = 1
@@ -140,13 +144,16 @@ class TrainerProcess:
             await self._complete(protocol.Ping(id=self._take_id()))
 
     async def init_adapter(
-        self, model_name: str, lora: LoraConfig, out_dir: Path, *, seed: int = 0
+        self, model_name: str, lora: LoraConfig, out_dir: Path, *, seed: int = 0,
+        reward_head: RewardHeadConfig | None = None,
     ) -> protocol.AdapterReady:
-        """Write a fresh adapter (outputs identical to the base model) to `out_dir`; returns `adapter_ready`."""
+        """Write a fresh adapter (outputs identical to the base model) to `out_dir`, with a fresh score head
+        for a reward model; returns `adapter_ready`."""
         async with self._lock:
             await self._ensure_started()
             command = protocol.InitAdapter(
-                id=self._take_id(), model_name=model_name, lora=lora, out_dir=str(out_dir), seed=seed
+                id=self._take_id(), model_name=model_name, lora=lora, out_dir=str(out_dir), seed=seed,
+                reward_head=reward_head,
             )
             ready = await self._complete(command)
             assert isinstance(ready, protocol.AdapterReady), ready
@@ -167,7 +174,7 @@ class TrainerProcess:
 
     async def train(
         self, model_name: str, adapter_dir: Path, out_dir: Path, batch_path: Path, config: TrainConfig,
-        reference_adapter_dir: Path | None = None,
+        reference_adapter_dir: Path | None = None, reward_model_dir: Path | None = None,
     ) -> AsyncGenerator[protocol.TrainEvent, None]:
         """Train from `adapter_dir` on the batch file; yields the worker's events, ending with `saved`.
         `reference_adapter_dir`: the step the config's `reference` names (else the base model is the reference).
@@ -186,6 +193,7 @@ class TrainerProcess:
                 batch_path=str(batch_path),
                 config=config,
                 reference_adapter_dir=None if reference_adapter_dir is None else str(reference_adapter_dir),
+                reward_model_dir=None if reward_model_dir is None else str(reward_model_dir),
             )
             try:
                 await self._send(command)
@@ -196,6 +204,28 @@ class TrainerProcess:
             except (asyncio.CancelledError, GeneratorExit):
                 self._abandon()
                 raise
+
+    async def score(self, adapter_dir: Path, token_ids: list[list[int]], *,
+                    micro_batch_tokens: int = 8192) -> protocol.Scores:
+        """Score token sequences with the reward model step at `adapter_dir`, now or (while a job trains)
+        between two of its micro-batches. A caller that stops waiting leaves the worker alone."""
+        async with self._score_lock:
+            if not (self.is_running and self.ready_info is not None):
+                async with self._lock:
+                    await self._ensure_started()
+            command = protocol.Score(id=self._take_id(), adapter_dir=str(adapter_dir), token_ids=token_ids,
+                                     micro_batch_tokens=micro_batch_tokens)
+            await self._send(command)
+            try:
+                async with asyncio.timeout(self._idle_timeout):
+                    async with contextlib.aclosing(self._events_of(command.id, heartbeats=False,
+                                                                   watchdog=False)) as events:
+                        async for event in events:
+                            if isinstance(event, protocol.Scores):
+                                return event
+            except TimeoutError:
+                raise TrainerTimeout(f"the trainer did not score within {self._idle_timeout:.0f} s") from None
+            raise TrainerError("ProtocolError", f"no scores for command {command.id}")
 
     async def stop(self) -> None:
         """Ask the worker to exit; kill it if it does not within `command_timeout`."""
@@ -220,7 +250,8 @@ class TrainerProcess:
         if self.is_running and self.ready_info is not None:
             return self.ready_info
         await self._cleanup()
-        self._events = asyncio.Queue()
+        self._waiters = {0: asyncio.Queue()}  # `ready`
+        self._eof = False
         self._stderr_tail.clear()
         argv = self._argv
         if sys.platform == "linux":
@@ -235,7 +266,7 @@ class TrainerProcess:
         )
         assert self._proc.stdout is not None and self._proc.stderr is not None
         self._readers = [
-            asyncio.create_task(self._read_events(self._proc.stdout, self._events)),
+            asyncio.create_task(self._read_events(self._proc.stdout)),
             asyncio.create_task(self._read_stderr(self._proc.stderr)),
         ]
         logger.info("trainer worker started (pid %d)", self._proc.pid)
@@ -246,8 +277,12 @@ class TrainerProcess:
         self.ready_info = ready
         return ready
 
-    async def _send(self, command: BaseModel) -> None:
+    async def _send(self, command: protocol.Command) -> None:
         assert self._proc is not None and self._proc.stdin is not None
+        queue: asyncio.Queue[protocol.WorkerEvent | None] = asyncio.Queue()
+        self._waiters[command.id] = queue  # before the write: its events may come at once
+        if self._eof:
+            queue.put_nowait(None)
         try:
             self._proc.stdin.write(command.model_dump_json().encode() + b"\n")
             await self._proc.stdin.drain()
@@ -277,17 +312,30 @@ class TrainerProcess:
         raise AssertionError("unreachable: the event stream ends only with a terminal event or an error")
 
     async def _events_of(
-        self, command_id: int, *, heartbeats: bool
+        self, command_id: int, *, heartbeats: bool, watchdog: bool = True
     ) -> AsyncGenerator[protocol.WorkerEvent | protocol.Heartbeat, None]:
-        """Events of one command until its terminal event; raises on error, crash or silence."""
+        """Events of one command until its terminal event; raises on error, crash or (with `watchdog`) a
+        worker silent for longer than `idle_timeout`, which is then killed."""
+        queue = self._waiters.setdefault(command_id, asyncio.Queue())
+        try:
+            async for event in self._command_events(command_id, queue, heartbeats=heartbeats, watchdog=watchdog):
+                yield event
+        finally:
+            if self._waiters.get(command_id) is queue:
+                del self._waiters[command_id]
+
+    async def _command_events(
+        self, command_id: int, queue: asyncio.Queue[protocol.WorkerEvent | None], *, heartbeats: bool,
+        watchdog: bool,
+    ) -> AsyncGenerator[protocol.WorkerEvent | protocol.Heartbeat, None]:
         started = last_event_at = time.monotonic()
         last_progress: protocol.Progress | None = None
         while True:
             try:
-                event = await asyncio.wait_for(self._events.get(), timeout=self._heartbeat_interval)
+                event = await asyncio.wait_for(queue.get(), timeout=self._heartbeat_interval)
             except TimeoutError:
                 now = time.monotonic()
-                if now - last_event_at > self._idle_timeout:
+                if watchdog and now - last_event_at > self._idle_timeout:
                     await self._kill()
                     raise TrainerTimeout(
                         f"trainer worker silent for {now - last_event_at:.0f} s (limit {self._idle_timeout:.0f} s); killed"
@@ -305,9 +353,6 @@ class TrainerProcess:
             if event is None:
                 raise await self._crashed("trainer worker exited")
             last_event_at = time.monotonic()
-            if event.id != command_id:
-                logger.debug("skipping event of an earlier command: %s", event)
-                continue
             if isinstance(event, protocol.Failed):
                 raise TrainerError(event.kind, event.message)
             if isinstance(event, protocol.Progress):
@@ -316,16 +361,22 @@ class TrainerProcess:
             if isinstance(event, protocol.TERMINAL_EVENTS):
                 return
 
-    @staticmethod
-    async def _read_events(stream: asyncio.StreamReader, queue: asyncio.Queue[protocol.WorkerEvent | None]) -> None:
+    async def _read_events(self, stream: asyncio.StreamReader) -> None:
+        """Route each event to the queue of the command it answers (events of abandoned commands are dropped)."""
         while line := await stream.readline():
             try:
                 event = protocol.WORKER_EVENT.validate_json(line)
             except ValidationError:
                 logger.error("trainer wrote a non-protocol line to stdout: %r", line[:200])
                 continue
-            await queue.put(event)
-        await queue.put(None)  # EOF: the process is ending
+            queue = self._waiters.get(event.id)
+            if queue is None:
+                logger.debug("skipping an event of a command no longer waited for: %s", event)
+                continue
+            queue.put_nowait(event)
+        self._eof = True  # the process is ending: every waiter hears it
+        for queue in self._waiters.values():
+            queue.put_nowait(None)
 
     async def _read_stderr(self, stream: asyncio.StreamReader) -> None:
         if self._log is None and self._log_path is not None:  # one log for every worker this client starts

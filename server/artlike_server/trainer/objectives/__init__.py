@@ -13,16 +13,23 @@ job's config (`artlike.types.TrainConfig`, a union on `objective`) to its adapte
     importance_sampling    ImportanceSamplingConfig  −ρ·A per token, unclipped (importance_sampling.py)
     sft         sft.py     SFTConfig              cross-entropy on the examples' assistant tokens
     dpo         dpo.py     DPOConfig              preference loss on pairs' log-ratios to the reference
+    reward_model  reward_model.py  RewardModelConfig  Bradley–Terry on pairs / masked MSE on the reward head
+    ppo         ppo.py     PPOConfig              PPO clip + clipped value loss on GAE advantages (value head)
 
 Pair structure comes with the data, not the objective: sequences of a preference pair (`TrainSequence.preference`)
 always share an optimizer step and a micro-batch, and `PolicyBatch.pairs` names their rows.
+
+Beyond logprobs an objective may ask for `heads` ("value": the policy's value head at every position,
+"reward": the reward model's pooled scores), for the entropy with its gradient (`entropy_gradient`), and for
+a `prepare` pass once per job (no gradient) that turns the batch into per-sequence tensors (`extras`: PPO's
+advantages and returns) and carries a small state from step to step (PPO's KL coefficient).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -32,9 +39,15 @@ from artlike.types import (
     GRPOConfig,
     GSPOConfig,
     ImportanceSamplingConfig,
+    PPOConfig,
+    RewardHeadConfig,
+    RewardModelConfig,
     SFTConfig,
     TrainConfig,
 )
+
+if TYPE_CHECKING:
+    from artlike_server.training.sequences import TrainSequence
 
 
 @dataclass(frozen=True)
@@ -47,6 +60,10 @@ class PolicyBatch:
     advantages: torch.Tensor  # [B]
     ref_logprobs: torch.Tensor | None = None  # [B, T] the reference policy's, when the objective needs it
     pairs: torch.Tensor | None = None  # [P, 2] long: (chosen row, rejected row) of each preference pair
+    entropy: torch.Tensor | None = None  # [B, T] with gradient when the objective asks (`entropy_gradient`)
+    values: torch.Tensor | None = None  # [B, T] the value head's estimate before each target ("value" head)
+    scores: torch.Tensor | None = None  # [B, K] the reward head's pooled scores ("reward" head)
+    extras: Mapping[str, torch.Tensor] = field(default_factory=dict)  # from `prepare`: [B, T] or [B, K] each
 
 
 @dataclass(frozen=True)
@@ -77,21 +94,85 @@ class LossOutput:
         return self.mismatch_sum / self.mismatch_tokens.clamp(min=1.0)
 
 
+@dataclass(frozen=True)
+class JobPasses:
+    """What an objective's `prepare` may ask of the model once per job, before the first step, without
+    gradient. Each list has one entry per sequence, target-aligned ([num_tokens − 1] float32, 0 where the
+    target is not trainable) unless said otherwise."""
+
+    sequences: Sequence[TrainSequence]
+    state: Mapping[str, float]  # what the objective carried out of the step this job trains from
+    reference_logprobs: Callable[[], list[torch.Tensor]]  # the reference policy's (the base model)
+    policy_outputs: Callable[[], tuple[list[torch.Tensor], list[torch.Tensor]]]  # (logprobs, values) now
+    reward_scores: Callable[[], list[float]] | None = None  # the configured reward model's combined scores
+
+
+@dataclass(frozen=True)
+class Preparation:
+    extras: dict[str, list[torch.Tensor]] = field(default_factory=dict)  # per sequence, target-aligned [num_tokens − 1]
+    metrics: dict[str, float] = field(default_factory=dict)  # the job's, added to every step's metrics
+    state: dict[str, float] = field(default_factory=dict)  # carried into the step this job writes
+
+
 class Objective(Protocol):
     """A loss the training loop can optimise."""
 
     name: str
+    needs_logprobs: bool  # False: the LM head is not run (a reward model)
+    heads: frozenset[str]  # "value" and/or "reward": the head outputs the loop computes
+
+    @property
+    def entropy_gradient(self) -> bool:
+        """Whether `PolicyBatch.entropy` must carry gradient (an entropy bonus)."""
+        ...
 
     @property
     def needs_reference(self) -> bool:
         """Whether `PolicyBatch.ref_logprobs` must be computed (the adapter disabled, no gradient)."""
         ...
 
-    def normalizer(self, trainable_tokens_per_sequence: Sequence[int]) -> float:
-        """What one optimizer step's summed loss is divided by, from its sequences' trainable token counts."""
+    @property
+    def shares_prefixes(self) -> bool:
+        """Whether sequences may be trained as prefix families (their rows then hold no prefix positions)."""
+        ...
+
+    def normalizer(self, sequences: Sequence[TrainSequence]) -> float:
+        """What one optimizer step's summed loss is divided by, from its sequences."""
+        ...
+
+    def prepare(self, passes: JobPasses) -> Preparation:
+        """Per-sequence tensors and job statistics computed once per job (nothing for most objectives)."""
         ...
 
     def loss(self, batch: PolicyBatch, normalizer: float) -> LossOutput: ...
+
+
+class BaseObjective:
+    """Defaults of the seam's optional parts: logprobs only, no heads, no preparation."""
+
+    name: str
+    needs_logprobs: bool = True
+    heads: frozenset[str] = frozenset()
+
+    @property
+    def entropy_gradient(self) -> bool:
+        return False
+
+    @property
+    def needs_reference(self) -> bool:
+        return False
+
+    @property
+    def shares_prefixes(self) -> bool:
+        return True
+
+    def prepare(self, passes: JobPasses) -> Preparation:
+        return Preparation()
+
+
+def trainable_counts(sequences: Sequence[TrainSequence]) -> list[int]:
+    """Each sequence's trainable targets (token 0 is never a target)."""
+    return [sum(s.trainable[1:]) for s in sequences]
 
 
 def _builders() -> dict[type, Callable[[Any], Objective]]:
@@ -100,12 +181,18 @@ def _builders() -> dict[type, Callable[[Any], Objective]]:
     from artlike_server.trainer.objectives.grpo import GRPO
     from artlike_server.trainer.objectives.gspo import GSPO
     from artlike_server.trainer.objectives.importance_sampling import ImportanceSampling
+    from artlike_server.trainer.objectives.ppo import PPO
+    from artlike_server.trainer.objectives.reward_model import RewardModel
     from artlike_server.trainer.objectives.sft import SFT
 
     return {GRPOConfig: GRPO, CISPOConfig: CISPO, GSPOConfig: GSPO, ImportanceSamplingConfig: ImportanceSampling,
-            SFTConfig: SFT, DPOConfig: DPO}
+            SFTConfig: SFT, DPOConfig: DPO, RewardModelConfig: RewardModel, PPOConfig: PPO}
 
 
-def build_objective(config: TrainConfig) -> Objective:
-    """The objective a job's config asks for."""
+def build_objective(config: TrainConfig, *, reward_head: RewardHeadConfig | None = None) -> Objective:
+    """The objective a job's config asks for (`reward_head`: the trained reward model's, for its objective)."""
+    if isinstance(config, RewardModelConfig):
+        from artlike_server.trainer.objectives.reward_model import RewardModel
+
+        return RewardModel(config, reward_head)
     return _builders()[type(config)](config)

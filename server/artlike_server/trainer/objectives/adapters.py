@@ -7,11 +7,12 @@ from collections.abc import Callable, Sequence
 from typing import ClassVar
 
 from artlike.types import CISPOConfig, GRPOConfig, ImportanceSamplingConfig
-from artlike_server.trainer.objectives import LossOutput, PolicyBatch
+from artlike_server.trainer.objectives import BaseObjective, LossOutput, PolicyBatch, trainable_counts
 from artlike_server.trainer.objectives.tokens import step_normalizer
+from artlike_server.training.sequences import TrainSequence
 
 
-class TokenLevel:
+class TokenLevel(BaseObjective):
     """A token-level clipped objective: `loss_function(logprobs, behaviour, advantages, mask, *, epsilon_low,
     epsilon_high, aggregation, ref_logprobs, kl_beta, normalizer)`."""
 
@@ -25,7 +26,8 @@ class TokenLevel:
     def needs_reference(self) -> bool:
         return self.config.kl_beta > 0.0
 
-    def normalizer(self, trainable_tokens_per_sequence: Sequence[int]) -> float:
+    def normalizer(self, sequences: Sequence[TrainSequence]) -> float:
+        trainable_tokens_per_sequence = trainable_counts(sequences)
         return step_normalizer(trainable_tokens_per_sequence, self.config.loss_aggregation, self.config.loss_normalizer)
 
     def loss(self, batch: PolicyBatch, normalizer: float) -> LossOutput:

@@ -26,8 +26,9 @@ import torch
 import torch.nn.functional as F
 
 from artlike.types import DPOConfig
-from artlike_server.trainer.objectives import LossOutput, PolicyBatch
+from artlike_server.trainer.objectives import BaseObjective, LossOutput, PolicyBatch, trainable_counts
 from artlike_server.trainer.objectives.tokens import behaviour_or_current, mismatch
+from artlike_server.training.sequences import TrainSequence
 
 LossType = Literal["sigmoid", "ipo", "hinge", "robust"]
 
@@ -118,7 +119,7 @@ def dpo_loss(
     )
 
 
-class DPO:
+class DPO(BaseObjective):
     """The DPO objective on the seam (`DPOConfig`): needs whole pairs in each micro-batch."""
 
     name = "dpo"
@@ -130,7 +131,8 @@ class DPO:
     def needs_reference(self) -> bool:
         return not self.config.reference_free
 
-    def normalizer(self, trainable_tokens_per_sequence: Sequence[int]) -> float:
+    def normalizer(self, sequences: Sequence[TrainSequence]) -> float:
+        trainable_tokens_per_sequence = trainable_counts(sequences)
         return sum(count > 0 for count in trainable_tokens_per_sequence) / 2  # the step's pairs
 
     def loss(self, batch: PolicyBatch, normalizer: float) -> LossOutput:

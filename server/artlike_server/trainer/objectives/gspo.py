@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import torch
 
 from artlike.types import GSPOConfig
-from artlike_server.trainer.objectives import LossOutput, PolicyBatch
+from artlike_server.trainer.objectives import BaseObjective, LossOutput, PolicyBatch, trainable_counts
 from artlike_server.trainer.objectives.tokens import (
     behaviour_or_current,
     k3_kl,
@@ -27,6 +27,7 @@ from artlike_server.trainer.objectives.tokens import (
     mismatch,
     step_normalizer,
 )
+from artlike_server.training.sequences import TrainSequence
 
 
 def gspo_loss(
@@ -73,7 +74,7 @@ def gspo_loss(
     )
 
 
-class GSPO:
+class GSPO(BaseObjective):
     """The GSPO objective on the seam (`GSPOConfig`)."""
 
     name = "gspo"
@@ -85,7 +86,8 @@ class GSPO:
     def needs_reference(self) -> bool:
         return self.config.kl_beta > 0.0
 
-    def normalizer(self, trainable_tokens_per_sequence: Sequence[int]) -> float:
+    def normalizer(self, sequences: Sequence[TrainSequence]) -> float:
+        trainable_tokens_per_sequence = trainable_counts(sequences)
         return step_normalizer(trainable_tokens_per_sequence, "sequence")
 
     def loss(self, batch: PolicyBatch, normalizer: float) -> LossOutput:

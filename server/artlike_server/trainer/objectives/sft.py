@@ -14,7 +14,8 @@ from collections.abc import Sequence
 import torch
 
 from artlike.types import SFTConfig
-from artlike_server.trainer.objectives import LossOutput, PolicyBatch
+from artlike_server.trainer.objectives import BaseObjective, LossOutput, PolicyBatch, trainable_counts
+from artlike_server.training.sequences import TrainSequence
 
 
 def cross_entropy_loss(logprobs: torch.Tensor, mask: torch.Tensor, *, normalizer: float | None = None) -> LossOutput:
@@ -37,7 +38,7 @@ def cross_entropy_loss(logprobs: torch.Tensor, mask: torch.Tensor, *, normalizer
     )
 
 
-class SFT:
+class SFT(BaseObjective):
     """The SFT objective on the seam (`SFTConfig`)."""
 
     name = "sft"
@@ -49,7 +50,8 @@ class SFT:
     def needs_reference(self) -> bool:
         return False
 
-    def normalizer(self, trainable_tokens_per_sequence: Sequence[int]) -> float:
+    def normalizer(self, sequences: Sequence[TrainSequence]) -> float:
+        trainable_tokens_per_sequence = trainable_counts(sequences)
         return sum(trainable_tokens_per_sequence)
 
     def loss(self, batch: PolicyBatch, normalizer: float) -> LossOutput:

@@ -1,0 +1,17 @@
+"""`POST /v1/rewards` (thin: the work is `RewardScoring`'s)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+
+from artlike.types import RewardsRequest, RewardsResponse
+
+from ..state import get_state
+
+router = APIRouter()
+
+
+@router.post("/v1/rewards", response_model=RewardsResponse)
+async def score(body: RewardsRequest, request: Request) -> RewardsResponse:
+    """Score conversations (message lists, or recorded trajectories/completions) with a reward model."""
+    return await get_state(request).scoring.score(body)
