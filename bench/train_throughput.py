@@ -12,20 +12,34 @@
    - "random": unrelated sequences, the first 32 tokens a prompt and the rest trained;
    - "grpo": 2 groups × 4 samples, each group's 192-token prompt shared, 64 sampled tokens trained, run
      with `share_prefixes` on (the default: the prompt goes through the decoder once per micro-batch) and off.
-   Then one row per objective with the same options (`OBJECTIVE_ROWS`): grpo, cispo, gspo, is
+   Then one row per objective with the same options (`OBJECTIVE_ROWS`: learning rate, `epochs` = the
+   optimizer steps, one step per epoch over the whole batch, the micro-batch budget): grpo, cispo, gspo, is
    (importance_sampling), sft and "grpo+kl" (GRPO with kl_beta = 0.05, which also runs the reference policy)
    on the "grpo" batch, and dpo on the "pairs" batch (the same sequences as 4 chosen/rejected pairs, each
-   pair's prompt shared; its work is chosen + rejected + the reference forward).
-   Model FLOPs of a step count the work the trainer does, from the same micro-batch plan it uses
-   (`training.loop.plan_step`): 4·N_decoder per decoder position (forward 2·N plus the backward's
-   activation gradients 2·N; the frozen base needs no weight gradients; a prompt position counts, since its
-   keys and values feed the trained tokens), attention at 16·layers·d per attended (query, key) pair
-   (forward and backward), and 4·N_head per trained token (the LM head runs on those only). An objective
-   that needs the reference policy adds its forward pass over the same plan once per job (2·N_decoder per
-   position, 4·layers·d per attended pair, 2·N_head per trained token); its time is in the job's first step,
-   so such rows average over every step, the others leave the first (warm-up) step out. The fraction of peak is achieved FLOP/s ÷
-   measured peak of the same dtype. "Sharing speed-up" is trained tokens/s with shared prefixes over
-   without, same batch.
+   pair's prompt shared; its work is chosen + rejected + the reference forward). Then the two objectives
+   with heads: reward_model on the "pairs" batch (an adapter made with a fresh score head,
+   `InitAdapter.reward_head`; Bradley–Terry on the pairs' scores: the decoder only, no LM head), ppo on the
+   "grpo" batch (each sequence with a reward, 1 or 0; a value head; once per job the reference and the
+   policy forward), and "ppo+rm" (ppo whose job also scores every sequence once with the reward_model row's
+   trained step, `Train.reward_model_dir`).
+   Model FLOPs count the work the trainer does, from the same plans it uses (`trainer.loop.plan_job` for the
+   optimizer steps, `plan_step` for each step's micro-batches): per step, 4·N_decoder per decoder position
+   (forward 2·N plus the backward's activation gradients 2·N; the frozen base needs no weight gradients; a
+   prompt position counts, since its keys and values feed the trained tokens), attention at
+   16·layers·d per attended (query, key) pair (forward and backward), and 4·N_head per trained token (the
+   LM head runs on those only). A reward model's step runs the decoder over every position of a row (T,
+   not T − 1: the score pools the last token's state) and no LM head at all; its score head and PPO's value
+   head (d or K·d per position) are left out. Once-per-job passes (no gradient) are forwards over the same
+   plan as the trainer runs them, each 2·N_decoder per position, 4·layers·d per attended pair and 2·N_head
+   per trained token: the reference pass (grpo+kl, dpo), and PPO's reference plus policy passes (logprobs
+   and values); a reward model's scoring (ppo+rm) is 2·N_decoder per token of every whole sequence and
+   4·layers·d per pair, without shared prefixes or LM head. Which passes a row runs is asked of its
+   objective (`needs_reference`, and a dry run of its `prepare`). Their time is in the job's first step, so
+   rows with such a pass average over every step, the others leave the first (warm-up) step out. The
+   fraction of peak is achieved FLOP/s ÷ measured peak of the same dtype. Trained tokens are what the
+   steps report, except for reward_model, whose steps count sequences: there they are the answers' tokens
+   (DPO's trained tokens on the same batch). "Sharing speed-up" is trained tokens/s with shared prefixes
+   over without, same batch.
 3. Swap: a real server trains one step; we time from the last `step` line to the first token served by
    the new step (`done` includes writing the adapter, loading it into vLLM and moving the alias).
 Targets on CPU: ≥ 35% of the measured bf16 matmul peak during the step (fp32 peak where bf16 is emulated),
@@ -45,9 +59,9 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 import orjson
@@ -57,8 +71,8 @@ from artlike_server.hardware import cpu_has_native_bf16, cpu_model
 from artlike_server.launcher import ServerProcess
 from artlike_server.trainer import protocol
 from artlike_server.trainer.batch_file import write_batch
-from artlike_server.trainer.loop import plan_step
-from artlike_server.trainer.objectives import build_objective
+from artlike_server.trainer.loop import plan_job, plan_step
+from artlike_server.trainer.objectives import JobPasses, Objective, build_objective
 from artlike_server.training.sequences import TrainSequence
 from artlike_server.training.trainer_client import TrainerProcess
 from transformers import AutoConfig
@@ -70,6 +84,9 @@ from artlike.types import (
     GSPOConfig,
     ImportanceSamplingConfig,
     LoraConfig,
+    PPOConfig,
+    RewardHeadConfig,
+    RewardModelConfig,
     SFTConfig,
     TrainConfig,
 )
@@ -78,16 +95,28 @@ SEQUENCES, LENGTH = 8, 256
 RANDOM_PROMPT = 32
 GRPO_GROUPS, GRPO_PROMPT = 2, 192
 
+
+class ObjectiveRow(NamedTuple):
+    batch: str  # "grpo" or "pairs"
+    make: Callable[[dict[str, Any]], TrainConfig]  # the config from the shared options
+    reward_head: RewardHeadConfig | None = None  # a reward model: its adapter is made with this score head
+    scored_by: str | None = None  # the row whose trained step (a reward model) scores this job's sequences
+
+
 # The per-objective rows with the same shared options (learning rate, epochs, micro-batch budget): a row is
-# one line, (batch kind, config). DPO trains on the "pairs" batch: the grpo batch's shape as 4 preference pairs.
-OBJECTIVE_ROWS: dict[str, tuple[str, Callable[[dict[str, Any]], TrainConfig]]] = {
-    "grpo": ("grpo", lambda o: GRPOConfig(**o)),
-    "cispo": ("grpo", lambda o: CISPOConfig(**o)),
-    "gspo": ("grpo", lambda o: GSPOConfig(**o)),
-    "is": ("grpo", lambda o: ImportanceSamplingConfig(**o)),
-    "sft": ("grpo", lambda o: SFTConfig(**o)),
-    "grpo+kl": ("grpo", lambda o: GRPOConfig(**o, kl_beta=0.05)),  # the loop adds the reference policy's forward
-    "dpo": ("pairs", lambda o: DPOConfig(**o)),  # chosen + rejected, and the reference forward
+# one line. DPO and the reward model train on the "pairs" batch: the grpo batch's shape as 4 preference pairs.
+OBJECTIVE_ROWS: dict[str, ObjectiveRow] = {
+    "grpo": ObjectiveRow("grpo", lambda o: GRPOConfig(**o)),
+    "cispo": ObjectiveRow("grpo", lambda o: CISPOConfig(**o)),
+    "gspo": ObjectiveRow("grpo", lambda o: GSPOConfig(**o)),
+    "is": ObjectiveRow("grpo", lambda o: ImportanceSamplingConfig(**o)),
+    "sft": ObjectiveRow("grpo", lambda o: SFTConfig(**o)),
+    "grpo+kl": ObjectiveRow("grpo", lambda o: GRPOConfig(**o, kl_beta=0.05)),  # + the reference forward, once
+    "dpo": ObjectiveRow("pairs", lambda o: DPOConfig(**o)),  # chosen + rejected, and the reference forward
+    "reward_model": ObjectiveRow("pairs", lambda o: RewardModelConfig(**o), reward_head=RewardHeadConfig()),
+    "ppo": ObjectiveRow("grpo", lambda o: PPOConfig(**o)),  # value head; reference + policy forwards, once
+    "ppo+rm": ObjectiveRow("grpo", lambda o: PPOConfig(**o, reward_model="bench-reward_model"),
+                           scored_by="reward_model"),  # + the reward model's scoring forward, once
 }
 
 
@@ -121,43 +150,74 @@ class ModelDims:
 
 @dataclass(frozen=True)
 class PlanWork:
-    """What one optimizer step's micro-batch plan runs through the model."""
+    """What some micro-batches run through the model."""
 
     positions: int  # decoder positions
     pairs: int  # attended (query, key) pairs
-    trained: int  # trained tokens: the LM head's positions
+    trained: int  # trained tokens: the LM head's positions (0 where no LM head runs)
 
 
-def plan_work(batch: list[TrainSequence], config: TrainConfig) -> PlanWork:
-    """Positions, attention pairs and trained tokens of one step over `batch`; padding is not counted."""
+def plan_work(sequences: list[TrainSequence], config: TrainConfig, *, share_prefixes: bool, full_rows: bool = False,
+              lm_head: bool = True) -> PlanWork:
+    """Positions, attention pairs and trained tokens of one pass over `sequences` as the trainer plans it
+    (`plan_step`); padding is not counted. `full_rows`: the decoder runs over a row's last token too (a
+    reward model's `decoder_states(last=True)`); `lm_head` off: no trained tokens (a reward model)."""
     positions = pairs = trained = 0
-    for plan in plan_step(batch, config.micro_batch_tokens, share_prefixes=config.share_prefixes):
+    for plan in plan_step(sequences, config.micro_batch_tokens, share_prefixes=share_prefixes):
         prefix = plan.prefix_length
         positions += prefix
         pairs += prefix * (prefix + 1) // 2
         for index in plan.members:
-            own = batch[index].num_tokens - 1 - prefix  # the last token is only a target
+            own = sequences[index].num_tokens - prefix - (0 if full_rows else 1)  # else the last is only a target
             positions += own
             pairs += own * prefix + own * (own + 1) // 2
-            trained += batch[index].num_trainable_tokens
+            trained += sequences[index].num_trainable_tokens if lm_head else 0
     return PlanWork(positions, pairs, trained)
 
 
-def step_flops(dims: ModelDims, batch: list[TrainSequence], config: TrainConfig) -> float:
-    """Model FLOPs of one optimizer step over `batch`, forward and backward (see the module docstring)."""
-    work = plan_work(batch, config)
-    attention = dims.layers * dims.hidden * work.pairs
-    return 4 * dims.decoder_params * work.positions + 16 * attention + 4 * dims.head_params * work.trained
+def score_work(sequences: list[TrainSequence]) -> PlanWork:
+    """A reward model's scoring of whole sequences (`loop.score_sequences`): every token, no shared prefix,
+    no LM head; padding is not counted."""
+    lengths = [s.num_tokens for s in sequences]
+    return PlanWork(sum(lengths), sum(n * (n + 1) // 2 for n in lengths), 0)
 
 
-def reference_flops(dims: ModelDims, batch: list[TrainSequence], config: TrainConfig) -> float:
-    """Model FLOPs of the job's reference pass (once per job, when the objective needs it): the same plan,
-    forward only, without gradient."""
-    if not build_objective(config).needs_reference:
-        return 0.0
-    work = plan_work(batch, config)
+def flops(dims: ModelDims, work: PlanWork, *, backward: bool) -> float:
+    """Model FLOPs of `work`: forward and backward (activation gradients only), or forward only."""
     attention = dims.layers * dims.hidden * work.pairs
+    if backward:
+        return 4 * dims.decoder_params * work.positions + 16 * attention + 4 * dims.head_params * work.trained
     return 2 * dims.decoder_params * work.positions + 4 * attention + 2 * dims.head_params * work.trained
+
+
+JOB_PASSES = ("reference", "policy", "reward")
+
+
+def job_passes(objective: Objective, batch: list[TrainSequence], *, scored: bool) -> frozenset[str]:
+    """The once-per-job passes the trainer runs for `objective` on `batch`: "reference" (its logprobs, the
+    adapter disabled), "policy" (its logprobs and values now), "reward" (the reward model's scores; only
+    when the job names a reward model). Asked of the objective itself: `needs_reference`, and its `prepare`
+    run on placeholder outputs while recording what it asks for (the loop runs each pass at most once)."""
+    asked = {"reference"} if objective.needs_reference else set()
+
+    def zeros() -> list[torch.Tensor]:
+        return [torch.zeros(max(0, s.num_tokens - 1)) for s in batch]
+
+    def reference() -> list[torch.Tensor]:
+        asked.add("reference")
+        return zeros()
+
+    def policy() -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        asked.add("policy")
+        return zeros(), zeros()
+
+    def reward() -> list[float]:
+        asked.add("reward")
+        return [0.0] * len(batch)
+
+    objective.prepare(JobPasses(sequences=batch, state={}, reference_logprobs=reference, policy_outputs=policy,
+                                reward_scores=reward if scored else None))  # fmt: skip
+    return frozenset(asked)
 
 
 def random_batch(vocab: int, seed: int = 0) -> list[TrainSequence]:
@@ -193,7 +253,8 @@ def _sequence(ids: list[int], prompt: int, index: int, group: int = 0) -> TrainS
     return TrainSequence(
         token_ids=ids, trainable=trainable,
         behaviour_logprobs=[float("nan") if t else 0.0 for t in trainable],  # unknown: on-policy ratio 1
-        advantage=1.0 if index % 2 == 0 else -1.0, group_index=group)  # fmt: skip
+        advantage=1.0 if index % 2 == 0 else -1.0, group_index=group,
+        reward=1.0 if index % 2 == 0 else 0.0)  # fmt: skip  # reward: PPO's (the other objectives ignore it)
 
 
 @dataclass(frozen=True)
@@ -204,11 +265,48 @@ class Workload:
     objective: str  # the row's objective label ("grpo+kl": GRPO with the KL term)
     batch: list[TrainSequence]
     config: TrainConfig
+    reward_head: RewardHeadConfig | None = None  # a reward model's adapter (`InitAdapter.reward_head`)
+    scored_by: str | None = None  # the row whose trained step scores this job (`Train.reward_model_dir`)
+    passes: frozenset[str] = field(init=False)  # the once-per-job passes (`job_passes`)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "passes", job_passes(self.build(), self.batch, scored=self.scored_by is not None))
+
+    def build(self) -> Objective:
+        return build_objective(self.config, reward_head=self.reward_head)
+
+    def steps(self) -> list[list[TrainSequence]]:
+        """Each optimizer step's sequences, as the trainer plans the job."""
+        return [[self.batch[i] for i in indices] for indices in plan_job(self.batch, self.config)]
+
+    def step_work(self, sequences: list[TrainSequence]) -> PlanWork:
+        objective = self.build()
+        return plan_work(sequences, self.config, share_prefixes=self.config.share_prefixes and objective.shares_prefixes,
+                         full_rows="reward" in objective.heads, lm_head=objective.needs_logprobs)  # fmt: skip
+
+    def trained_tokens(self, event: dict[str, Any], sequences: list[TrainSequence]) -> int:
+        """A step's trained tokens: what its event reports, except for a reward model, whose events count
+        sequences: there the answers' tokens of the step's `sequences` (what DPO trains on the same batch)."""
+        if isinstance(self.config, RewardModelConfig):
+            return sum(sum(s.trainable[1:]) for s in sequences)
+        return int(event["tokens"])
+
+    def job_flops(self, dims: ModelDims) -> float:
+        """Model FLOPs of the once-per-job passes (in the first step's time)."""
+        total = 0.0
+        for name in self.passes:
+            if name == "reward":
+                total += flops(dims, score_work(self.batch), backward=False)
+            else:  # reference and policy: forwards over the plan of the whole batch, LM head on trained tokens
+                total += flops(dims, plan_work(self.batch, self.config, share_prefixes=self.config.share_prefixes),
+                               backward=False)
+        return total
 
 
 def workloads(vocab: int, steps: int) -> dict[str, Workload]:
-    """The rows: the two batches and prefix sharing under GRPO, then every objective on the grpo batch."""
-    options: dict[str, Any] = {"learning_rate": 1e-5, "epochs": steps, "micro_batch_tokens": SEQUENCES * LENGTH}
+    """The rows: the two batches and prefix sharing under GRPO, then every objective on its batch."""
+    options: dict[str, Any] = {"learning_rate": 1e-5, "epochs": steps, "gradient_steps_per_epoch": 1,
+                               "micro_batch_tokens": SEQUENCES * LENGTH}  # fmt: skip
     grpo = GRPOConfig(**options)
     rows = {
         "random": Workload("random", "grpo", random_batch(vocab), grpo),
@@ -216,9 +314,11 @@ def workloads(vocab: int, steps: int) -> dict[str, Workload]:
         "grpo-unshared": Workload("grpo", "grpo", grpo_batch(vocab), grpo.model_copy(update={"share_prefixes": False})),
     }
     batches = {"grpo": grpo_batch, "pairs": pairs_batch}
-    for objective, (kind, make) in OBJECTIVE_ROWS.items():
+    for objective, row in OBJECTIVE_ROWS.items():
         if objective != "grpo":  # the "grpo" row above is that objective on that batch
-            rows[objective] = Workload(kind, objective, batches[kind](vocab), make(options))
+            assert row.scored_by is None or row.scored_by in rows, f"{objective}: its reward model row runs first"
+            rows[objective] = Workload(row.batch, objective, batches[row.batch](vocab), row.make(options),
+                                       reward_head=row.reward_head, scored_by=row.scored_by)
     return rows
 
 
@@ -232,24 +332,30 @@ async def trainer_throughput(model_dir: Path, dtype: str, rows: dict[str, Worklo
     try:
         for name, row in rows.items():
             batch, config = row.batch, row.config
+            assert len(row.steps()) == config.epochs * config.gradient_steps_per_epoch
             adapter = work / f"adapter-{dtype}-{name}"
-            await trainer.init_adapter(f"bench-{name}", LoraConfig(rank=8), adapter)
+            await trainer.init_adapter(f"bench-{name}", LoraConfig(rank=8), adapter, reward_head=row.reward_head)
             batch_path = work / f"batch-{dtype}-{name}.bin"
             write_batch(batch_path, batch)
+            scorer = None if row.scored_by is None else work / f"out-{dtype}-{row.scored_by}"  # its trained step
             step_events = []
             async for event in trainer.train(f"bench-{name}", adapter, work / f"out-{dtype}-{name}", batch_path,
-                                             config):
+                                             config, reward_model_dir=scorer):
                 if isinstance(event, protocol.Step):
                     step_events.append(event.step_event().model_dump())
             # The first step pays one-time costs (allocations, kernels) and is left out, except where it holds
-            # the job's reference pass (its time is in the first step): then every step counts.
-            measured = step_events if build_objective(config).needs_reference else step_events[1:] or step_events
+            # the job's once-per-job passes (their time is in the first step): then every step counts.
+            first = 0 if row.passes else 1 if len(step_events) > 1 else 0
+            measured = step_events[first:]
+            tokens = [row.trained_tokens(e, sequences) for e, sequences in zip(step_events, row.steps(), strict=True)]
             results[name] = {
                 "steps": step_events,
                 "measured_steps": len(measured),
-                "tokens_per_s": sum(e["tokens"] for e in measured) / sum(e["seconds"] for e in measured),
-                "seconds_per_step": statistics.fmean(e["seconds"] for e in measured),  # each step: the whole batch
-                "decoder_positions": measured[0].get("decoder_positions"),
+                "first_measured_step": first + 1,
+                "job_passes": sorted(row.passes, key=JOB_PASSES.index),
+                "tokens_per_s": sum(tokens[first:]) / sum(e["seconds"] for e in measured),
+                "seconds_per_step": statistics.fmean(e["seconds"] for e in measured),
+                "decoder_positions": measured[0].get("decoder_positions"),  # as the step reports them
             }
     finally:
         await trainer.stop()
@@ -326,22 +432,25 @@ def main() -> None:
           + ", ".join(f"{dtype} {gflops:.0f} GFLOP/s" for dtype, gflops in peak.items()))
 
     rows = workloads(vocab, steps)
-    print(f"\n{'dtype':<9} {'row':<14} {'batch':<7} {'objective':<9} {'trained tok/s':>13} {'s/step':>7} "
+    print(f"\n{'dtype':<9} {'row':<14} {'batch':<7} {'objective':<12} {'trained tok/s':>13} {'s/step':>7} "
           f"{'positions':>9} {'GFLOP/s':>8} {'of peak':>8}")
     for dtype in dtypes:
         results = asyncio.run(trainer_throughput(model_dir, dtype, rows, work))
         peak[dtype] = max(peak[dtype], matmul_peak_gflops(getattr(torch, dtype)))
         for name, run in results.items():
             row = rows[name]
+            measured = row.steps()[run["first_measured_step"] - 1 :]
+            step_work = [row.step_work(sequences) for sequences in measured]
+            job_flops = row.job_flops(dims) if run["first_measured_step"] == 1 else 0.0
             run.update(dtype=dtype, row=name, batch_kind=row.batch_kind, objective=row.objective,
                        share_prefixes=row.config.share_prefixes, kl_beta=getattr(row.config, "kl_beta", 0.0),
-                       flops_per_step=step_flops(dims, row.batch, row.config)
-                       + reference_flops(dims, row.batch, row.config) / run["measured_steps"],
-                       peak_gflops=peak[dtype])
+                       model_positions=step_work[0].positions, job_pass_flops=job_flops,
+                       flops_per_step=(sum(flops(dims, w, backward=True) for w in step_work) + job_flops) / len(measured),
+                       peak_gflops=peak[dtype])  # fmt: skip
             run["gflops"] = run["flops_per_step"] / run["seconds_per_step"] / 1e9
             run["fraction_of_peak"] = run["gflops"] / peak[dtype]
             report["runs"].append(run)
-            print(f"{dtype:<9} {name:<14} {row.batch_kind:<7} {row.objective:<9} {run['tokens_per_s']:>13.0f} "
+            print(f"{dtype:<9} {name:<14} {row.batch_kind:<7} {row.objective:<12} {run['tokens_per_s']:>13.0f} "
                   f"{run['seconds_per_step']:>7.2f} {run['decoder_positions']:>9} {run['gflops']:>8.0f} "
                   f"{run['fraction_of_peak']:>8.1%}")
         speedup = results["grpo"]["tokens_per_s"] / results["grpo-unshared"]["tokens_per_s"]

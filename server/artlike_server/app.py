@@ -31,7 +31,7 @@ from .jobs.graders_router import router as graders_router
 from .jobs.graders_service import GraderService
 from .jobs.intake import check_grade_source
 from .jobs.jobs_router import router as jobs_router
-from .jobs.rewards import ServerJudge, python_grader_runner
+from .jobs.rewards import ServerJudge, ServerScorer, python_grader_runner
 from .jobs.runner import ServerAccess
 from .jobs.sandbox import Sandbox, SandboxLimits
 from .jobs.service import JobService
@@ -99,7 +99,8 @@ def create_app(settings: ServerSettings, *, on_fatal: Callable[[BaseException], 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         judge = ServerJudge(self_url(settings), settings.api_key)
-        state = _build_state(settings, metrics, judge, ui_sessions)
+        scorer = ServerScorer(self_url(settings), settings.api_key)
+        state = _build_state(settings, metrics, judge, scorer, ui_sessions)
         app.state.artlike = state
         state.engine.add_on_ready(state.models.restore)
         metrics.track_engine(state.engine)
@@ -131,6 +132,7 @@ def create_app(settings: ServerSettings, *, on_fatal: Callable[[BaseException], 
                 state.tensorboard.close()
             await state.sandbox.close()
             await judge.aclose()
+            await scorer.aclose()
 
     metrics = Metrics()
     ui_sessions = UiSessions()  # shared by the key check (middleware) and the page's log-in route
@@ -170,12 +172,13 @@ async def begin_shutdown(app: FastAPI) -> None:
 
 
 def self_url(settings: ServerSettings) -> str:
-    """This server's own URL, for the parts that are its clients (managed jobs, the model judge)."""
+    """This server's own URL, for the parts that are its clients (managed jobs, the model judge and scorer)."""
     host = "127.0.0.1" if settings.host in {"", "0.0.0.0"} else "::1" if settings.host == "::" else settings.host
     return f"http://[{host}]:{settings.port}" if ":" in host else f"http://{host}:{settings.port}"
 
 
-def _build_state(settings: ServerSettings, metrics: Metrics, judge: ServerJudge, ui_sessions: UiSessions) -> AppState:
+def _build_state(settings: ServerSettings, metrics: Metrics, judge: ServerJudge, scorer: ServerScorer,
+                 ui_sessions: UiSessions) -> AppState:
     settings.log_dir.mkdir(parents=True, exist_ok=True)
     completion_log = CompletionLog(settings.data_dir / "completions.sqlite")
     completion_log.open()
@@ -203,8 +206,8 @@ def _build_state(settings: ServerSettings, metrics: Metrics, judge: ServerJudge,
     sandbox = Sandbox(Path(tempfile.mkdtemp(prefix="artlike-sandbox-")), hidden_paths=[settings.data_dir],
                       limits=sandbox_limits)
     jobs = JobService(JobStore(settings.data_dir / "jobs"), sandbox, ServerAccess(self_url(settings), settings.api_key),
-                      judge)
-    graders = GraderService(python_grader_runner(sandbox), judge, check_source=check_grade_source)
+                      judge, scorer)
+    graders = GraderService(python_grader_runner(sandbox), judge, check_source=check_grade_source, scorer=scorer)
     studio = StudioStore(settings.data_dir / "studio.sqlite")
     training.step_observers.append(studio.record_rewards)  # the trajectory browser's rewards
     continual = ContinualTrainer(studio, training, models, completion_log, engine_client)

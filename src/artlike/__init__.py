@@ -13,6 +13,9 @@
     groups = await art.gather_trajectory_groups(art.TrajectoryGroup(rollout(task) for _ in range(8)) for task in batch)
     result = await model.train(groups, learning_rate=1e-5)   # or: async for event in model.train(...)
 
+A reward model (`art.TrainableModel(..., kind="reward")`) learns from preference pairs or scored examples
+(`model.train_reward_model(...)`) and scores conversations: `await art.score(reward_model, trajectories)`.
+
 Sync twins carry a `_sync` suffix (`model.register_sync()`, `model.train_sync(...)`, ...).
 This package is the client: it never imports torch, vLLM or the server.
 """
@@ -36,6 +39,7 @@ from ._gather import gather_trajectory_groups
 from ._http import RetryPolicy
 from ._jobs import Jobs
 from ._model import TrainableModel
+from ._score import score, score_sync
 from ._session import TrainingSession
 from ._sft import best_of_groups
 from ._train import NoSignalWarning, TrainResult, TrainStream, UnknownEvent, parse_event
@@ -54,6 +58,11 @@ from .types import (
     KeepBest,
     LoraConfig,
     ModelInfo,
+    PPOConfig,
+    RewardHeadConfig,
+    RewardModelConfig,
+    RewardScore,
+    ScoredExample,
     SFTConfig,
     StartEvent,
     StatusEvent,
@@ -92,11 +101,16 @@ __all__ = [
     "NoSignalWarning",
     "NotFoundError",
     "OptimStepResult",
+    "PPOConfig",
     "PassResult",
     "PayloadTooLargeError",
     "RetryPolicy",
+    "RewardHeadConfig",
+    "RewardModelConfig",
+    "RewardScore",
     "SFTConfig",
     "SavedState",
+    "ScoredExample",
     "ServiceUnavailableError",
     "SessionInfo",
     "SessionSequence",
@@ -122,4 +136,6 @@ __all__ = [
     "gather_trajectory_groups",
     "parse_event",
     "preference_pairs",
+    "score",
+    "score_sync",
 ]

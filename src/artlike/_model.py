@@ -3,6 +3,9 @@
 Every network method is async; its sync twin has the same name with a `_sync` suffix
 (`register_sync`, `get_step_sync`, `list_steps_sync`, `delete_steps_sync`, `train_sync`, ...) for scripts
 and notebooks. `trajectory()` needs no network and works with `async with` and `with`.
+
+A model registered with `kind="reward"` is a reward model: a scalar head on the LoRA, trained with
+`train_reward_model(pairs=..., scored=...)` and asked with `score(inputs)`; it does not generate.
 """
 
 from __future__ import annotations
@@ -16,9 +19,10 @@ from typing import Any
 import httpx
 from pydantic import BaseModel
 
-from ._dpo import Pair, build_dpo_request
+from ._dpo import Pair, build_dpo_request, to_pair
 from ._errors import BadRequestError
 from ._http import DEFAULT_TIMEOUT, Connection, RetryPolicy
+from ._score import ScoreInput, score_with, score_with_sync
 from ._session import TrainingSession
 from ._sft import Example, build_sft_request
 from ._train import (
@@ -34,7 +38,12 @@ from ._trajectory import Trajectory, TrajectoryGroup
 from .types import (
     LoraConfig,
     ModelInfo,
+    ModelKind,
     RegisterModelRequest,
+    RewardHeadConfig,
+    RewardModelConfig,
+    RewardScore,
+    ScoredExample,
     StepInfo,
     StepRetention,
     TrainConfig,
@@ -63,6 +72,8 @@ class TrainableModel:
         model = art.TrainableModel("mail-agent", "Qwen/Qwen2.5-7B-Instruct", "http://gpu-box:8000")
         await model.register()            # step 0: a fresh LoRA, identical to the base model
 
+    `kind="reward"` registers a reward model instead of a policy (`reward_head`: its `RewardHeadConfig`,
+    default one objective with last-token pooling).
     `api_key` defaults to the ARTLIKE_API_KEY environment variable (read here, not at import).
     `transport`/`sync_transport` replace httpx's network transport (tests, in-process ASGI apps).
     """
@@ -75,6 +86,8 @@ class TrainableModel:
         *,
         lora: LoraConfig | Mapping[str, Any] | None = None,
         retention: StepRetention | Mapping[str, Any] | None = None,
+        kind: ModelKind = "policy",
+        reward_head: RewardHeadConfig | Mapping[str, Any] | None = None,
         api_key: str | None = None,
         timeout: float | httpx.Timeout = DEFAULT_TIMEOUT,
         retry: RetryPolicy | None = None,
@@ -85,6 +98,7 @@ class TrainableModel:
         self._registration = RegisterModelRequest(
             name=name, base_model=base_model, lora=LoraConfig.model_validate(lora if lora is not None else {}),
             retention=StepRetention.model_validate(retention) if retention is not None else None,
+            kind=kind, reward_head=RewardHeadConfig.model_validate(reward_head) if reward_head is not None else None,
         )
         self._connection = Connection(
             server,
@@ -108,6 +122,15 @@ class TrainableModel:
         return self._registration.lora
 
     @property
+    def kind(self) -> ModelKind:
+        """The model's kind: "policy" (served for chat, trained on rollouts) or "reward" (a scorer)."""
+        return self._registration.kind
+
+    @property
+    def reward_head(self) -> RewardHeadConfig | None:
+        return self._registration.reward_head
+
+    @property
     def server(self) -> str:
         return self._connection.base_url
 
@@ -117,7 +140,8 @@ class TrainableModel:
         return f"{self.server}/v1"
 
     def __repr__(self) -> str:
-        return f"TrainableModel(name={self.name!r}, base_model={self.base_model!r}, server={self.server!r})"
+        kind = ", kind='reward'" if self.kind == "reward" else ""
+        return f"TrainableModel(name={self.name!r}, base_model={self.base_model!r}, server={self.server!r}{kind})"
 
     # ------------------------------------------------------------------------------------ registry
 
@@ -194,6 +218,20 @@ class TrainableModel:
         """
         return Trajectory._recorded(self._connection, self.name, metadata)
 
+    # ------------------------------------------------------------------------------------- scoring
+
+    async def score(self, inputs: Iterable[ScoreInput], *, step: int | None = None) -> list[RewardScore]:
+        """This reward model's scores of `inputs` (`POST /v1/rewards`), one `RewardScore` per input in order:
+        recorded trajectories (their last recorded answer, token-exact), offline ones, chat message lists
+        ending with the answer, or wire dicts. `step`: that step instead of the one the alias serves."""
+        return await score_with(self._connection, self._reference(step), inputs)
+
+    def score_sync(self, inputs: Iterable[ScoreInput], *, step: int | None = None) -> list[RewardScore]:
+        return score_with_sync(self._connection, self._reference(step), inputs)
+
+    def _reference(self, step: int | None) -> str:
+        return self.name if step is None else f"{self.name}@{step}"
+
     # ------------------------------------------------------------------------------------ training
 
     def train(
@@ -209,12 +247,14 @@ class TrainableModel:
         """One training step on `groups`: `async for event in model.train(...)` or `await model.train(...)`.
 
         Options are the fields of the objective's config (`objective="cispo"`, `learning_rate=1e-5`, ...; see
-        `GRPOConfig`, `CISPOConfig`, `GSPOConfig`) or a whole `config=`; they are
+        `GRPOConfig`, `CISPOConfig`, `GSPOConfig`, `PPOConfig`) or a whole `config=`; they are
         validated here, before any request (pydantic ValidationError). Failed trajectories are left out.
         `idle_timeout`: seconds without any stream line (the server sends heartbeats) before giving up.
         A batch without signal (every group's rewards equal) trains nothing: the result has `trained=False`
         and the reason, a `NoSignalWarning` is issued and the served step stays, so a loop goes on;
         `strict=True` raises the server's `BadRequestError` (code "no_signal") instead.
+        With `objective="ppo", reward_model="rm"` (or "rm@N") a trajectory may leave `reward` unset: the reward
+        model scores it (a reward that is set is added to the score).
         """
         return self._stream(build_train_request(self.name, groups, _train_config(config, options)), progress,
                             idle_timeout, strict=strict)
@@ -295,6 +335,49 @@ class TrainableModel:
         """`train_dpo` for sync code."""
         dpo = _train_config(config, {"objective": "dpo", **options} if config is None else {})
         return self._run_sync(build_dpo_request(self.name, pairs, dpo), progress, on_event, idle_timeout)
+
+    def train_reward_model(
+        self,
+        *,
+        pairs: Iterable[Pair] = (),
+        scored: Iterable[ScoredExample | Mapping[str, Any]] = (),
+        config: TrainConfig | None = None,
+        progress: bool = True,
+        idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+        **options: Any,
+    ) -> TrainStream:
+        """Train this reward model (registered with `kind="reward"`) on preference `pairs` (as for `train_dpo`:
+        the Bradley–Terry loss on their scores) and/or `scored` examples (`ScoredExample`s or their dicts:
+        `{"messages"` or `"trajectory_id", "completion_id"?, "targets": [one per objective]}`). Options are
+        `RewardModelConfig` fields (`margin`, `label_smoothing`, `regression_weight`, `learning_rate`,
+        `epochs`, ...). Iterate or await it like `train`."""
+        return self._stream(self._reward_model_request(pairs, scored, config, options), progress, idle_timeout)
+
+    def train_reward_model_sync(
+        self,
+        *,
+        pairs: Iterable[Pair] = (),
+        scored: Iterable[ScoredExample | Mapping[str, Any]] = (),
+        config: TrainConfig | None = None,
+        progress: bool = True,
+        on_event: Callable[[AnyEvent], None] | None = None,
+        idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+        **options: Any,
+    ) -> TrainResult:
+        """`train_reward_model` for sync code."""
+        return self._run_sync(self._reward_model_request(pairs, scored, config, options), progress, on_event,
+                              idle_timeout)
+
+    def _reward_model_request(self, pairs: Iterable[Pair], scored: Iterable[ScoredExample | Mapping[str, Any]],
+                              config: TrainConfig | None, options: dict[str, Any]) -> TrainRequest:
+        rm = _train_config(config, {"objective": "reward_model", **options} if config is None else options)
+        if not isinstance(rm, RewardModelConfig):
+            raise ValueError(f"train_reward_model needs a reward model config, not objective {rm.objective!r}")
+        wire_pairs = [to_pair(pair) for pair in pairs]
+        wire_scored = [ScoredExample.model_validate(dict(s) if isinstance(s, Mapping) else s) for s in scored]
+        if not wire_pairs and not wire_scored:
+            raise ValueError("nothing to train on: no pairs and no scored examples")
+        return TrainRequest(model=self.name, config=rm, pairs=wire_pairs, scored=wire_scored)
 
     async def training_session(self, *, from_step: int | None = None, idle_timeout_s: float = 600.0,
                                **optimizer: Any) -> TrainingSession:

@@ -26,6 +26,7 @@ from .types import (
     STREAM_VERSION,
     DoneEvent,
     ErrorEvent,
+    PPOConfig,
     StartEvent,
     StatusEvent,
     StepEvent,
@@ -205,8 +206,10 @@ def build_train_request(model: str, groups: Iterable[TrajectoryGroup | Iterable[
     """The request body. Failed trajectories are left out; a group left empty is dropped (see `_gather`).
 
     Raises ValueError before any request when a group still has un-awaited rollouts, a trajectory has no
-    reward, or nothing is left to train on.
+    reward (allowed when a PPO config names a `reward_model`: it scores the trajectory), or nothing is left to
+    train on.
     """
+    scored_by_a_model = isinstance(config, PPOConfig) and config.reward_model is not None
     wire_groups: list[TrainGroup] = []
     failed = 0
     for group in groups:
@@ -219,7 +222,8 @@ def build_train_request(model: str, groups: Iterable[TrajectoryGroup | Iterable[
         usable = [trajectory for trajectory in members if not trajectory.failed]
         failed += len(members) - len(usable)
         if usable:
-            wire_groups.append(TrainGroup(trajectories=[trajectory._to_wire() for trajectory in usable]))
+            wire_groups.append(TrainGroup(trajectories=[trajectory._to_wire(reward_required=not scored_by_a_model)
+                                                        for trajectory in usable]))
     if not wire_groups:
         reason = f" (all {failed} trajectories failed)" if failed else ""
         raise ValueError(f"nothing to train on: no group has a trajectory that did not fail{reason}")

@@ -98,7 +98,7 @@ class Trajectory:
     ) -> None:
         self.messages_and_choices: list[MessageOrChoice] = list(messages_and_choices or [])
         self.tools = tools
-        self.reward = reward  # None until scored: training refuses an unscored trajectory
+        self.reward = reward  # None until scored: training refuses it, unless PPO's reward_model scores it
         self.metrics: dict[str, float] = dict(metrics or {})
         self.metadata: dict[str, Any] = dict(metadata or {})  # yours; never sent to the server
         self.exception: Exception | None = None
@@ -198,12 +198,14 @@ class Trajectory:
             raise RuntimeError("an offline trajectory has no id or base_url: create one with model.trajectory()")
         return self._recording
 
-    def _to_wire(self) -> TrajectoryRef | OfflineTrajectory:
-        """The training request's form of this trajectory; raises ValueError when it cannot train."""
+    def _to_wire(self, *, reward_required: bool = True) -> TrajectoryRef | OfflineTrajectory:
+        """The training request's form of this trajectory; raises ValueError when it cannot train.
+        `reward_required=False`: a reward model scores it (PPO with a `reward_model`), so None may go."""
         if self.exception is not None:
             raise ValueError(f"{self!r} failed ({self.exception!r}) and cannot be trained on")
-        if self.reward is None:
-            raise ValueError(f"{self!r} has no reward: set `t.reward` before training")
+        if self.reward is None and reward_required:
+            raise ValueError(f"{self!r} has no reward: set `t.reward` before training (or train with "
+                             "objective='ppo' and a reward_model that scores it)")
         if self._recording is not None:
             if self.messages_and_choices:
                 raise ValueError(

@@ -3,6 +3,7 @@
     POST  /v1/ratings                                  RatingRequest -> RatingList (201)
     GET   /v1/ratings                                  -> RatingList (or JSONL with format=jsonl)
     GET   /v1/ratings/pairs                            -> {"data": [RatedPair]} (or JSONL)
+    POST  /v1/ratings/train_reward_model               RewardModelFromRatings -> the /_train_model NDJSON stream
     GET   /v1/ratings/inbox                            -> {"data": [InboxItem]} (unrated completions)
     GET   /v1/trainable_models/{name}/continual        -> ContinualStatus
     PATCH /v1/trainable_models/{name}/continual        ContinualPolicyUpdate -> ContinualStatus
@@ -18,9 +19,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from .types import _Strict
+from .types import ModelName, RewardModelConfig, _Strict
 
 RatingKind = Literal["thumb", "scale", "ranking", "skip"]
 Split = Literal["auto", "train", "holdout"]
@@ -97,6 +98,24 @@ class RatedPair(BaseModel):
     chosen_completion_id: int
     rejected_completion_id: int
     margin: float  # reward(chosen) - reward(rejected), > 0
+
+
+class RewardModelFromRatings(_Strict):
+    """`POST /v1/ratings/train_reward_model`: one training step of a reward model on the train-split ratings
+    (held-out ones never train), optionally only those of the completions `policy` served.
+
+    `from`: "pairs" — every (better, worse) pair of rated answers of one prompt, as recorded pairs of those
+    completions (the Bradley–Terry loss); "scores" — each rated answer with its reward in [0, 1] as the
+    regression target (a reward model with one objective); "both" (default)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    model: ModelName = Field(description="The reward model to train (registered with kind 'reward').")
+    policy: str | None = Field(None, min_length=1, description="Only ratings of completions this model served "
+                                                              "(a trainable model's name or the base model id).")
+    source: Literal["pairs", "scores", "both"] = Field("both", alias="from")
+    config: RewardModelConfig = Field(default_factory=RewardModelConfig)
+    promote: bool = Field(True, description="False: commit the step as name@N without moving the alias.")
 
 
 class InboxItem(BaseModel):

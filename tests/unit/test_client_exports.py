@@ -16,11 +16,12 @@ from artlike._cli import INSTALL_SERVER_HINT, main
 EXPECTED_EXPORTS = {
     # the workflow
     "TrainableModel", "Trajectory", "TrajectoryGroup", "gather_trajectory_groups", "choice_to_message",
-    "RetryPolicy", "__version__", "best_of_groups", "preference_pairs",
+    "RetryPolicy", "__version__", "best_of_groups", "preference_pairs", "score", "score_sync",
     # low-level primitives
     "TrainingSession", "Jobs", "Job", "JobEvent", "Checkpoint", "AdamParams", "PassResult", "OptimStepResult", "SavedState", "SessionInfo", "SessionSequence",
     # wire types users read or build
     "LoraConfig", "TrainConfig", "GRPOConfig", "CISPOConfig", "GSPOConfig", "SFTConfig", "DPOConfig",
+    "PPOConfig", "RewardModelConfig", "RewardHeadConfig", "ScoredExample", "RewardScore",
     "ModelInfo", "StepInfo", "TrajectoryRecord", "StepRetention", "KeepBest",
     # the train stream
     "STREAM_VERSION", "TrainEvent", "StartEvent", "StatusEvent", "StepEvent", "DoneEvent", "ErrorEvent",

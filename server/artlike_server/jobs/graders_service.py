@@ -1,7 +1,8 @@
 """`graders/run` and `graders/validate`: try a grader on one sample before a job uses it.
 
 Graders run here (`artlike.graders`, our own torch-free code); a python grader's code runs in the sandbox
-through `python_runner`, and model graders ask this server's models through `judge`. The response is
+through `python_runner`, score_model / label_model graders ask this server's models through `judge`, and
+reward_model graders its reward models through `scorer`. The response is
 OpenAI's RunGraderResponse: the reward, the error flags, each sub-grader's score.
 """
 
@@ -17,7 +18,7 @@ from artlike.graders import GradeResult, PythonGrader, grade_async, parse_grader
 
 from ..errors import InvalidRequest, validation_error
 from .intake import python_graders
-from .rewards import Judge
+from .rewards import Judge, Scorer
 from .sandbox import CodeError
 
 PythonSourceRunner = Callable[[str, dict[str, Any], dict[str, Any]], Awaitable[float]]
@@ -29,9 +30,10 @@ ERROR_FLAGS = ("formula_parse_error", "sample_parse_error", "truncated_observati
 
 class GraderService:
     def __init__(self, python_runner: PythonSourceRunner, judge: Judge | None, *,
-                 check_source: Callable[[str], None]) -> None:
+                 check_source: Callable[[str], None], scorer: Scorer | None = None) -> None:
         self._python_runner = python_runner
         self._judge = judge
+        self._scorer = scorer
         self._check_source = check_source
 
     def validate(self, grader: Any) -> Any:
@@ -57,7 +59,8 @@ class GraderService:
         if item is not None and not isinstance(item, Mapping):
             raise InvalidRequest("item must be an object", param="item", code="invalid_value")
         started = time.monotonic()
-        result = await grade_async(parsed, model_sample, dict(item or {}), judge=self._judge, python=self._python)
+        result = await grade_async(parsed, model_sample, dict(item or {}), judge=self._judge, python=self._python,
+                                   scorer=self._scorer)
         return run_response(result, time.monotonic() - started)
 
     async def _python(self, grader: PythonGrader, sample: dict[str, Any], item: Mapping[str, Any]) -> float:

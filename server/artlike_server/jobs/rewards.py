@@ -3,7 +3,9 @@
 A reward that raises, times out, returns a non-number or NaN scores 0 and carries the reason (`Score.error`,
 with the user's traceback when there is one): the runner counts it and reports the first ones as events.
 Graders are our own torch-free code (`artlike.graders`), so they run here; a `python` grader nested in them
-and every user function (reward_fn, grade, next_turn, tools) run in the sandbox.
+and every user function (reward_fn, grade, next_turn, tools) run in the sandbox. Model graders are clients of
+this server's own HTTP API: score_model / label_model ask a model through chat completions (`ServerJudge`),
+reward_model asks a reward model through `POST /v1/rewards` (`ServerScorer`).
 """
 
 from __future__ import annotations
@@ -16,7 +18,15 @@ from typing import Any, Protocol
 import httpx
 import orjson
 
-from artlike.graders import JudgeUnavailable, PythonGrader, PythonGraderFailed, grade_async, parse_grader
+from artlike.graders import (
+    JudgeUnavailable,
+    PythonGrader,
+    PythonGraderFailed,
+    ScorerUnavailable,
+    grade_async,
+    parse_grader,
+)
+from artlike.types import RewardsResponse
 
 from .sandbox import CallResult, Sandbox
 from .spec import GraderReward, PythonReward, Reward
@@ -30,6 +40,10 @@ class Score:
 
 class Judge(Protocol):
     async def __call__(self, messages: list[dict[str, Any]], model: str) -> str: ...
+
+
+class Scorer(Protocol):
+    async def __call__(self, messages: list[dict[str, Any]], model: str) -> float: ...
 
 
 def text_of(content: Any) -> str:
@@ -77,13 +91,48 @@ class ServerJudge:
         except httpx.HTTPError as error:
             raise JudgeUnavailable(f"the judge {model!r} did not answer: {type(error).__name__}: {error}") from error
         if response.is_error:
-            message = response.json().get("error", {}).get("message", response.text) \
-                if response.headers.get("content-type", "").startswith("application/json") else response.text
-            raise JudgeUnavailable(f"the judge {model!r} answered {response.status_code}: {message}")
+            raise JudgeUnavailable(f"the judge {model!r} answered {response.status_code}: {error_message(response)}")
         return text_of(response.json()["choices"][0]["message"].get("content"))
 
     async def aclose(self) -> None:
         await self._http.aclose()
+
+
+class ServerScorer:
+    """`reward_model` graders ask one of this server's reward models through `POST /v1/rewards` (one
+    conversation per call); the score is the model's combined score. Any error answer (an unknown model, a
+    policy instead of a reward model, a conversation over the length limit, the trainer busy too long) or no
+    answer is `ScorerUnavailable`: that sample scores 0 with the reason."""
+
+    def __init__(self, base_url: str, api_key: str | None, *, timeout_s: float = 120.0,
+                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = httpx.AsyncClient(base_url=base_url, headers=headers, timeout=timeout_s, transport=transport)
+
+    async def __call__(self, messages: list[dict[str, Any]], model: str) -> float:
+        try:
+            response = await self._http.post("/v1/rewards", json={"model": model, "inputs": [messages]})
+        except httpx.HTTPError as error:
+            raise ScorerUnavailable(f"the reward model {model!r} did not answer: {type(error).__name__}: "
+                                    f"{error}") from error
+        if response.is_error:
+            raise ScorerUnavailable(f"the reward model {model!r} answered {response.status_code}: "
+                                    f"{error_message(response)}")
+        return RewardsResponse.model_validate_json(response.content).data[0].score
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+
+def error_message(response: httpx.Response) -> str:
+    """The message of an error answer: OpenAI's `error.message` when the body is one, else the body."""
+    if response.headers.get("content-type", "").startswith("application/json"):
+        body = response.json()
+        error = body.get("error") if isinstance(body, dict) else None
+        message = error.get("message") if isinstance(error, dict) else None
+        if isinstance(message, str):
+            return message
+    return response.text
 
 
 def python_grader_runner(sandbox: Sandbox) -> Callable[[str, dict[str, Any], dict[str, Any]], Awaitable[float]]:
@@ -104,10 +153,11 @@ def python_grader_runner(sandbox: Sandbox) -> Callable[[str, dict[str, Any], dic
 class JobReward:
     """The reward of one job, plus the other user functions its module may define (next_turn, tools)."""
 
-    def __init__(self, reward: Reward, sandbox: Sandbox, judge: Judge | None) -> None:
+    def __init__(self, reward: Reward, sandbox: Sandbox, judge: Judge | None, scorer: Scorer | None = None) -> None:
         self.reward = reward
         self._sandbox = sandbox
         self._judge = judge
+        self._scorer = scorer
         self._grader = parse_grader(reward.grader) if isinstance(reward, GraderReward) else None
 
     @property
@@ -132,7 +182,7 @@ class JobReward:
             return reward_value(result.value, reward.entry)
         assert self._grader is not None
         graded = await grade_async(self._grader, sample_of(completion), dict(item), judge=self._judge,
-                                   python=self._run_python_grader)
+                                   python=self._run_python_grader, scorer=self._scorer)
         if graded.error is not None:
             return Score(0.0, f"grader {graded.name}: {graded.error.kind}: {graded.error.message}")
         return Score(graded.score)

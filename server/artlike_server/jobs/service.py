@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ..errors import Conflict, InvalidRequest, NotFound
-from .rewards import JobReward, Judge
+from .rewards import JobReward, Judge, Scorer
 from .runner import JobFailed, JobRunner, ServerAccess, StopFlag
 from .sandbox import Sandbox
 from .spec import FINISHED, JobSpec
@@ -48,11 +48,13 @@ def new_job_id() -> str:
 
 
 class JobService:
-    def __init__(self, store: JobStore, sandbox: Sandbox, server: ServerAccess, judge: Judge | None) -> None:
+    def __init__(self, store: JobStore, sandbox: Sandbox, server: ServerAccess, judge: Judge | None,
+                 scorer: Scorer | None = None) -> None:
         self.store = store
         self.sandbox = sandbox
         self.server = server
         self.judge = judge
+        self.scorer = scorer  # reward_model graders
         self._running: dict[str, tuple[str, asyncio.Task[None], StopFlag]] = {}  # target model -> job
         self._changed: dict[str, asyncio.Event] = {}
         self._closed = False
@@ -202,7 +204,8 @@ class JobService:
         job = self.store.update(job_id, status="running", stop_request=None)
         model = job.spec.target_model
         self._event(job_id, "started" if job.iteration == 0 else f"running from iteration {job.iteration}")
-        reward = JobReward(job.spec.reward, self.sandbox, self.judge) if job.spec.reward is not None else None
+        reward = JobReward(job.spec.reward, self.sandbox, self.judge, self.scorer) if job.spec.reward is not None \
+            else None
         try:
             outcome = await JobRunner(self.store, job_id, self.server, reward, stop).run()
         except asyncio.CancelledError:

@@ -1,12 +1,14 @@
-"""HTTP routes of the studio's data: ratings, continual training, trajectory browsing (thin: the logic is in
-`ratings.py`, `continual.py` and `trajectories.py`)."""
+"""HTTP routes of the studio's data: ratings, continual training, a reward model from ratings, trajectory
+browsing (thin: the logic is in `ratings.py`, `continual.py`, `reward_training.py` and `trajectories.py`)."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 
 import orjson
 from fastapi import APIRouter, Query, Request, Response
+from fastapi.responses import StreamingResponse
 from pydantic import TypeAdapter, ValidationError
 
 from artlike.studio_types import (
@@ -14,12 +16,16 @@ from artlike.studio_types import (
     ContinualStatus,
     RatingList,
     RatingRequest,
+    RewardModelFromRatings,
     TrajectoryView,
 )
+from artlike.types import STREAM_VERSION
 
 from ..completion_queries import MAX_PAGE, parse_metadata_filter
 from ..errors import InvalidRequest, validation_error
 from ..state import get_state
+from ..training.job import RunningJob
+from .reward_training import train_reward_model
 
 router = APIRouter()
 _RATING = TypeAdapter(RatingRequest)
@@ -63,6 +69,25 @@ async def rating_pairs(request: Request, model: str | None = None,
     if format == "jsonl":
         return _jsonl([p.model_dump() for p in pairs])
     return {"object": "list", "data": [p.model_dump() for p in pairs]}
+
+
+@router.post("/v1/ratings/train_reward_model")
+async def train_reward_model_from_ratings(request: Request) -> StreamingResponse:
+    """Train a reward model on the train-split ratings (pairs and/or scores): the /_train_model NDJSON stream."""
+    try:
+        body = RewardModelFromRatings.model_validate_json(await request.body())
+    except ValidationError as error:
+        raise validation_error(error) from None
+    state = get_state(request)
+    job = await train_reward_model(body, state.studio, state.log, state.training)
+    return StreamingResponse(_ndjson(job), media_type="application/x-ndjson", headers={
+        "X-Artlike-Stream-Version": str(STREAM_VERSION), "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+async def _ndjson(job: RunningJob) -> AsyncIterator[bytes]:
+    # As /_train_model's: one line per event as it happens; the job runs on if the client goes away.
+    async for event in job.stream():
+        yield orjson.dumps(event.model_dump(mode="json")) + b"\n"
 
 
 @router.get("/v1/ratings/inbox")

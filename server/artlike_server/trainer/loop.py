@@ -401,7 +401,8 @@ def forward_backward(
                         prefix_length=micro_batch.prefix_length,
                         reference=None if references is None else [references[i] for i in members],
                         extras=None if extras is None else {k: [v[i] for i in members] for k, v in extras.items()})  # fmt: skip
-        totals.decoder_positions += batch.decoder_positions
+        # A reward head reads the last token's state too: the decoder runs over all T positions of each row.
+        totals.decoder_positions += batch.decoder_positions + ("reward" in objective.heads) * batch.input_ids.shape[0]
         with torch.set_grad_enabled(backward):
             policy = _forward(model, batch, objective, heads or {}, chunk_tokens)
             logprobs, entropy = policy.logprobs, policy.entropy

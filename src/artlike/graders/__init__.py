@@ -2,7 +2,8 @@
 
 Configs are OpenAI's reinforcement fine-tuning grader JSON, verbatim (string_check, text_similarity,
 multi, python, score_model, label_model), plus SeekrFlow's math_accuracy and format graders and its
-weighted `RewardComponents`:
+weighted `RewardComponents`, and artlike's reward_model (a trained reward model's score; the caller injects
+the `scorer`, as score_model's `judge`):
 
     >>> from artlike.graders import grade
     >>> grade({"type": "string_check", "name": "exact", "input": "{{sample.output_text}}",
@@ -22,12 +23,13 @@ from ._errors import (
     MissingDependencyError,
     PythonGraderFailed,
     ScoreParseError,
+    ScorerUnavailable,
     TemplateError,
     UnsupportedMetricError,
 )
 from ._formula import Formula, compile_formula
 from ._grade import AnyGrader, grade, grade_async, normalize_sample, parse_grader
-from ._model_graders import Judge, PythonRunner
+from ._model_graders import Judge, PythonRunner, Scorer
 from ._reward import RewardComponents
 from ._template import render
 from ._types import (
@@ -40,6 +42,7 @@ from ._types import (
     MathAccuracyGrader,
     MultiGrader,
     PythonGrader,
+    RewardModelGrader,
     ScoreModelGrader,
     StringCheckGrader,
     SubGrader,
@@ -68,8 +71,11 @@ __all__ = [
     "PythonGraderFailed",
     "PythonRunner",
     "RewardComponents",
+    "RewardModelGrader",
     "ScoreModelGrader",
     "ScoreParseError",
+    "Scorer",
+    "ScorerUnavailable",
     "StringCheckGrader",
     "SubGrader",
     "TemplateError",

@@ -7,8 +7,10 @@
     │   ├── FormulaError         a `calculate_output` that does not parse or evaluate
     │   ├── ScoreParseError      a judge model's answer without a usable score or label
     │   ├── PythonGraderFailed   a python grader's code failed where it ran (the sandbox)
-    │   └── JudgeUnavailable     a model grader's judge could not be asked
-    ├── GraderNotRunnableHere    python graders: they need the server's sandbox (never exec'd here)
+    │   ├── JudgeUnavailable     a model grader's judge could not be asked
+    │   └── ScorerUnavailable    a reward_model grader's reward model could not score
+    ├── GraderNotRunnableHere    python graders: they need the server's sandbox (never exec'd here);
+    │                            model graders without their judge or scorer
     ├── UnsupportedMetricError   a text_similarity metric this library cannot compute
     └── MissingDependencyError   the `graders` extra is not installed (also an ImportError)
 """
@@ -69,8 +71,15 @@ class JudgeUnavailable(GradingFailed):
     kind: ErrorKind = "model_grader_server_error"
 
 
+class ScorerUnavailable(GradingFailed):
+    """A reward_model grader's reward model could not score (its server answered with an error or not at all)."""
+
+    kind: ErrorKind = "model_grader_server_error"
+
+
 class GraderNotRunnableHere(GraderError):
-    """This grader runs untrusted code; only the server's sandbox may run it, never this process."""
+    """This grader needs what this process was not given: the server's sandbox (python graders, never run
+    here), a `judge` (score_model, label_model) or a `scorer` (reward_model)."""
 
 
 class UnsupportedMetricError(GraderError, ValueError):

@@ -1,7 +1,8 @@
 """`grade()`: one grader config, one model sample, one dataset item -> a GradeResult.
 
-The core is async (a score_model's judge may be); `grade()` drives it without an event loop, which works
-because nothing in it suspends unless an async judge does, and `grade()` refuses async judges.
+The core is async (a score_model's judge or a reward_model's scorer may be); `grade()` drives it without an
+event loop, which works because nothing in it suspends unless an async judge or scorer does, and `grade()`
+refuses async ones.
 """
 
 from __future__ import annotations
@@ -10,16 +11,24 @@ import inspect
 import json
 import math
 import re
-from collections.abc import Coroutine, Mapping
-from typing import Any
+from collections.abc import Awaitable, Coroutine, Mapping
+from typing import Any, TypeVar
 
 from pydantic import TypeAdapter
 
-from ._errors import FormulaError, GraderNotRunnableHere, GradingFailed, PythonGraderFailed
+from ._errors import FormulaError, GraderNotRunnableHere, GradingFailed, PythonGraderFailed, ScoreParseError
 from ._format import format_reward
 from ._formula import compile_formula
 from ._math_accuracy import final_answer, math_equal
-from ._model_graders import Judge, PythonRunner, parse_label, parse_score, render_messages
+from ._model_graders import (
+    Judge,
+    PythonRunner,
+    Scorer,
+    parse_label,
+    parse_score,
+    render_messages,
+    scored_conversation,
+)
 from ._reward import RewardComponents
 from ._string_check import string_check
 from ._template import lookup, render, sample_from_text
@@ -33,11 +42,14 @@ from ._types import (
     MathAccuracyGrader,
     MultiGrader,
     PythonGrader,
+    RewardModelGrader,
     ScoreModelGrader,
     StringCheckGrader,
     SubGrader,
     TextSimilarityGrader,
 )
+
+T = TypeVar("T")
 
 AnyGrader = Grader | RewardComponents
 _GRADER: TypeAdapter[Grader] = TypeAdapter(Grader)
@@ -68,19 +80,37 @@ def _passed(score: float, threshold: float | None) -> bool | None:
     return None if threshold is None else score >= threshold
 
 
+async def _settled(value: T | Awaitable[T], sync: bool, what: str) -> T:
+    """A callback's result, awaited when it is awaitable (refused when grading runs without a loop)."""
+    if inspect.isawaitable(value):
+        if sync:
+            if inspect.iscoroutine(value):
+                value.close()
+            raise TypeError(f"the {what} is async: call grade_async()")
+        return await value
+    return value
+
+
 async def _call_judge(judge: Judge | None, messages: list[dict[str, Any]], model: str, sync: bool) -> str:
     if judge is None:
         raise GraderNotRunnableHere("model graders need a judge: grade(..., judge=callable(messages, model))")
-    answer = judge(messages, model)
-    if inspect.isawaitable(answer):
-        if sync:
-            if inspect.iscoroutine(answer):
-                answer.close()
-            raise TypeError("the judge is async: call grade_async()")
-        answer = await answer
+    answer = await _settled(judge(messages, model), sync, "judge")
     if not isinstance(answer, str):
         raise TypeError(f"the judge must return the model's text, not {type(answer).__name__}")
     return answer
+
+
+async def _call_scorer(scorer: Scorer | None, messages: list[dict[str, Any]], model: str, sync: bool) -> float:
+    if scorer is None:
+        raise GraderNotRunnableHere(
+            f"reward_model graders need a scorer of reward model {model!r}: grade(..., scorer=callable(messages, "
+            "model) -> float) (the server's jobs and graders/run use its POST /v1/rewards)")
+    score = await _settled(scorer(messages, model), sync, "scorer")
+    if isinstance(score, bool) or not isinstance(score, int | float):
+        raise TypeError(f"the scorer must return the reward model's score as a number, not {type(score).__name__}")
+    if not math.isfinite(score):
+        raise ScoreParseError(f"the reward model {model!r} scored {score!r}, not a finite number")
+    return float(score)
 
 
 def _variable_names(graders: dict[str, SubGrader] | list[SubGrader] | SubGrader) -> dict[str, SubGrader]:
@@ -97,8 +127,9 @@ def _variable_names(graders: dict[str, SubGrader] | list[SubGrader] | SubGrader)
 
 
 class _Grading:
-    def __init__(self, judge: Judge | None, sync: bool, python: PythonRunner | None = None) -> None:
-        self.judge, self.sync, self.python = judge, sync, python
+    def __init__(self, judge: Judge | None, sync: bool, python: PythonRunner | None = None,
+                 scorer: Scorer | None = None) -> None:
+        self.judge, self.sync, self.python, self.scorer = judge, sync, python, scorer
 
     async def run(self, grader: AnyGrader, sample: dict[str, Any], item: Mapping[str, Any]) -> GradeResult:
         name, kind = ("reward_components", "reward_components") if isinstance(grader, RewardComponents) \
@@ -139,6 +170,9 @@ class _Grading:
             score = parse_score(answer, g.range)
             return result.model_copy(update={"score": score, "passed": _passed(score, g.pass_threshold),
                                              "metadata": {"judge_answer": answer}})
+        if isinstance(g, RewardModelGrader):
+            score = await _call_scorer(self.scorer, scored_conversation(g, sample, item), g.model, self.sync)
+            return result.model_copy(update={"score": score, "passed": _passed(score, g.pass_threshold)})
         if isinstance(g, MultiGrader):
             return await self._multi(g, sample, item)
         return await self._reward_components(g, sample, item)
@@ -147,13 +181,7 @@ class _Grading:
         if self.python is None:
             raise GraderNotRunnableHere(
                 f"python grader {g.name!r} runs untrusted code: only the server's sandbox runs it")
-        score = self.python(g, sample, item)
-        if inspect.isawaitable(score):
-            if self.sync:
-                if inspect.iscoroutine(score):
-                    score.close()
-                raise TypeError("the python runner is async: call grade_async()")
-            score = await score
+        score = await _settled(self.python(g, sample, item), self.sync, "python runner")
         if isinstance(score, bool) or not isinstance(score, int | float) or not math.isfinite(score):
             raise PythonGraderFailed(f"python grader {g.name!r} returned {score!r}, not a finite number")
         return float(score)
@@ -229,12 +257,15 @@ def grade(
     *,
     judge: Judge | None = None,
     python: PythonRunner | None = None,
+    scorer: Scorer | None = None,
 ) -> GradeResult:
     """Grade one sample. Per-sample failures (a missing template key, a bad formula, a judge answer with no
-    score) come back as `result.error` with score 0; python graders need `python=` (the server's sandbox
-    runs them) and raise GraderNotRunnableHere without it."""
+    score, a reward model that could not score) come back as `result.error` with score 0; python graders
+    need `python=` (the server's sandbox runs them), score_model and label_model a `judge=`, reward_model a
+    `scorer=`, and each raises GraderNotRunnableHere without it."""
     g = parse_grader(grader) if isinstance(grader, Mapping) else grader
-    return _drive(_Grading(judge, sync=True, python=python).run(g, normalize_sample(sample), item or {}))
+    return _drive(_Grading(judge, sync=True, python=python, scorer=scorer).run(g, normalize_sample(sample),
+                                                                              item or {}))
 
 
 async def grade_async(
@@ -244,7 +275,9 @@ async def grade_async(
     *,
     judge: Judge | None = None,
     python: PythonRunner | None = None,
+    scorer: Scorer | None = None,
 ) -> GradeResult:
-    """`grade()` for an async judge or python runner (sync ones work too)."""
+    """`grade()` for an async judge, scorer or python runner (sync ones work too)."""
     g = parse_grader(grader) if isinstance(grader, Mapping) else grader
-    return await _Grading(judge, sync=False, python=python).run(g, normalize_sample(sample), item or {})
+    return await _Grading(judge, sync=False, python=python, scorer=scorer).run(g, normalize_sample(sample),
+                                                                              item or {})

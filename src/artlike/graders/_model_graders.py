@@ -1,7 +1,8 @@
-"""score_model and label_model: render the judge's messages, and read a score or label from its answer.
+"""score_model, label_model and reward_model: render the judge's messages and read a score or label from its
+answer; build the conversation a reward model scores.
 
-The LLM call itself is the caller's `judge(messages, model) -> str` (sync or async); this module never
-talks to a network.
+The LLM call itself is the caller's `judge(messages, model) -> str`, the reward model's the caller's
+`scorer(messages, model) -> float` (sync or async); this module never talks to a network.
 
     >>> parse_score('{"result": 0.7}', (0.0, 1.0)), parse_score("Score: 8/10", (0.0, 10.0))
     (0.7, 8.0)
@@ -16,12 +17,16 @@ import re
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from ._errors import ScoreParseError
+from ._errors import ScoreParseError, TemplateError
 from ._template import render
-from ._types import JudgeMessage, PythonGrader
+from ._types import JudgeMessage, PythonGrader, RewardModelGrader
 
 Judge = Callable[[list[dict[str, Any]], str], "str | Awaitable[str]"]
 """`judge(messages, model)`: the judge model's text answer to OpenAI-shape chat messages."""
+
+Scorer = Callable[[list[dict[str, Any]], str], "float | Awaitable[float]"]
+"""`scorer(messages, model)`: reward model `model`'s combined score of a conversation (OpenAI-shape chat
+messages ending with the assistant's answer); raise `ScorerUnavailable` when it cannot be asked."""
 
 PythonRunner = Callable[["PythonGrader", dict[str, Any], Mapping[str, Any]], "float | Awaitable[float]"]
 """`python(grader, sample, item)`: run a python grader's `grade(sample, item)` somewhere safe (the server's
@@ -52,6 +57,33 @@ def render_messages(
             rendered = [_render_part(p, sample, item) for p in content]
         out.append({**message.model_dump(exclude_none=True), "content": rendered})
     return out
+
+
+def scored_conversation(
+    grader: RewardModelGrader, sample: Mapping[str, Any], item: Mapping[str, Any]
+) -> list[dict[str, Any]]:
+    """What a reward_model grader scores: its prompt (`input` rendered, or the item's `messages` / `prompt`)
+    and the sample as the assistant's answer.
+
+    >>> g = RewardModelGrader(model="rm")
+    >>> scored_conversation(g, {"output_text": "4"}, {"prompt": "2+2?"})
+    [{'role': 'user', 'content': '2+2?'}, {'role': 'assistant', 'content': '4'}]
+    """
+    if grader.input is not None:
+        prompt = render_messages(grader.input, sample, item)
+    elif isinstance(item.get("messages"), list):
+        prompt = [dict(m) for m in item["messages"] if isinstance(m, Mapping)]
+        if len(prompt) != len(item["messages"]):
+            raise TemplateError("item.messages", "every message must be an object")
+    elif isinstance(item.get("prompt"), str):
+        prompt = [{"role": "user", "content": item["prompt"]}]
+    else:
+        raise TemplateError("item.messages", "the item has no 'messages' (a list) or 'prompt' (a string) to score "
+                                             "the answer after: give the reward_model grader an `input`")
+    answer: dict[str, Any] = {"role": "assistant", "content": render("{{sample.output_text}}", sample, item)}
+    if sample.get("output_tools"):
+        answer["tool_calls"] = list(sample["output_tools"])
+    return [*prompt, answer]
 
 
 def _json_field(answer: str, keys: tuple[str, ...]) -> Any:

@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
+from ..types import MODEL_REFERENCE_PATTERN
 from ._errors import ErrorKind
 
 DEFAULT_INPUT = "{{sample.output_text}}"
@@ -130,9 +131,28 @@ class LabelModelGrader(_GraderBase):
         return self
 
 
+class RewardModelGrader(_GraderBase):
+    """artlike's: the score a reward model (a model registered with kind "reward", served by `POST
+    /v1/rewards`) gives the conversation that ends with the sample.
+
+    What it scores, as score_model builds what it judges: the prompt is `input` (messages with
+    `{{item.*}}`/`{{sample.*}}` templates) or, by default, the item's own prompt: its `messages` (OpenAI's
+    chat rows), else its `prompt` as one user message (MotteRL's rows); then the sample as the assistant's
+    answer (`output_text`, and its `output_tools` as `tool_calls` when it made any). A multi-turn episode is
+    scored on its final answer after the row's prompt, like `{{sample.output_text}}` in a score_model. The
+    row's `tools` are not sent. The score is the reward model's combined score (Σ wₖ·sₖ), on its own scale:
+    not clamped, not normalised."""
+
+    type: Literal["reward_model"] = "reward_model"
+    model: str = Field(pattern=MODEL_REFERENCE_PATTERN, description="A reward model: `name` or `name@N`.")
+    input: list[JudgeMessage] | None = Field(
+        None, description="The prompt to score the answer after (default: the item's `messages` or `prompt`).")
+    pass_threshold: float | None = None
+
+
 SubGrader = Annotated[
     StringCheckGrader | TextSimilarityGrader | MathAccuracyGrader | FormatGrader | PythonGrader
-    | ScoreModelGrader | LabelModelGrader,
+    | ScoreModelGrader | LabelModelGrader | RewardModelGrader,
     Field(discriminator="type"),
 ]
 """What a multi grader may contain: every grader but another multi (as OpenAI)."""
@@ -149,7 +169,7 @@ class MultiGrader(_GraderBase):
 
 Grader = Annotated[
     StringCheckGrader | TextSimilarityGrader | MathAccuracyGrader | FormatGrader | PythonGrader
-    | ScoreModelGrader | LabelModelGrader | MultiGrader,
+    | ScoreModelGrader | LabelModelGrader | RewardModelGrader | MultiGrader,
     Field(discriminator="type"),
 ]
 
@@ -161,7 +181,7 @@ class GradeError(BaseModel):
 
 class GradeResult(BaseModel):
     """One grader's verdict on one sample. `score` is in [0, 1] for every grader but score_model (its
-    `range`) and multi (whatever `calculate_output` computes)."""
+    `range`), reward_model (the reward model's scale) and multi (whatever `calculate_output` computes)."""
 
     name: str
     type: str

@@ -76,12 +76,13 @@ def reward_model_loss(
     regression_weight: float = 1.0,
     center_rewards_coefficient: float | None = None,
     objective_names: Sequence[str] = (),
+    tokens: torch.Tensor | None = None,
 ) -> LossOutput:
     """The reward-model loss of a micro-batch of B sequences (see the module docstring).
 
     `scores` [B, K] carries gradient; `pairs` [P, 2] (chosen row, rejected row); `targets` [B, K] with NaN
     where a row has no target (rows of pairs are all NaN). `normalizer`: the optimizer step's pairs plus
-    known targets."""
+    known targets. `tokens`: the micro-batch's answer tokens, reported as the step's tokens (default: B)."""
     zero = scores.new_zeros(())
     norm = max(normalizer, 1.0)
     loss = zero
@@ -103,9 +104,11 @@ def reward_model_loss(
             loss = loss + regression_weight * squared.sum() / norm
             metrics["mse"] = (squared.detach().sum(), known.sum())
             for k, name in enumerate(objective_names):
-                metrics[f"mse_{name}"] = (squared[k].detach(), known[k])
+                if float(known[k]) > 0:  # an objective without a known target has no error to report (not 0)
+                    metrics[f"mse_{name}"] = (squared[k].detach(), known[k])
     return LossOutput(loss=loss, policy_loss=loss.detach(), kl=zero, clipped=zero,
-                      tokens=scores.new_tensor(float(scores.shape[0])), mismatch_sum=zero, mismatch_tokens=zero,
+                      tokens=scores.new_tensor(float(scores.shape[0])) if tokens is None else tokens.to(scores.dtype),
+                      mismatch_sum=zero, mismatch_tokens=zero,
                       metrics=metrics)
 
 
@@ -136,4 +139,5 @@ class RewardModel(BaseObjective):
             normalizer=normalizer, margin=c.margin,
             label_smoothing=c.label_smoothing, regression_weight=c.regression_weight,
             center_rewards_coefficient=c.center_rewards_coefficient, objective_names=self.head.names,
+            tokens=batch.mask.sum(),
         )  # fmt: skip

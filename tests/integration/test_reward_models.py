@@ -1,0 +1,261 @@
+"""Reward models and PPO on the real server: a reward model learns a synthetic preference (answers with a
+digit beat answers without), scores it through `/v1/rewards`, the client, a job grader and PEFT itself;
+multi-objective targets; ratings train one; PPO against it raises the score of fresh samples while the
+adaptive KL coefficient moves toward its target, and scoring is answered while PPO trains.
+Uses the session fixture `server`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import statistics
+from collections.abc import Iterator
+from typing import Any
+from uuid import uuid4
+
+import httpx
+import pytest
+
+import artlike as art
+
+pytestmark = pytest.mark.integration
+
+THINGS = ["apples", "birds", "chairs", "books", "stars", "boats", "trees", "cats", "lamps", "coins", "clouds",
+          "rocks", "shoes", "keys", "cups", "maps", "pens", "hats", "bells", "seeds", "rings", "kites", "drums", "nets"]
+TRAIN_THINGS, HELD_OUT_THINGS = THINGS[:16], THINGS[16:]
+
+
+def digit_pair(rng: random.Random, thing: str) -> dict[str, Any]:
+    """A preference for the answer that gives a number."""
+    return {"prompt": [{"role": "user", "content": f"How many {thing} are there?"}],
+            "chosen": f"There are {rng.randint(2, 99)} {thing} here.", "rejected": f"There are many {thing} here."}
+
+
+def conversation(pair: dict[str, Any], side: str) -> list[dict[str, Any]]:
+    return [*pair["prompt"], {"role": "assistant", "content": pair[side]}]
+
+
+def train(http: httpx.Client, body: dict[str, Any], on_step: Any = None) -> list[dict[str, Any]]:
+    """Run a /_train_model job to its end; returns its step events (and checks it ended with `done`)."""
+    steps: list[dict[str, Any]] = []
+    with http.stream("POST", "/_train_model", json=body) as response:
+        if response.status_code != 200:
+            response.read()
+            raise AssertionError(f"{response.status_code}: {response.text}")
+        events = [json.loads(line) for line in _lines(response, steps, on_step)]
+    assert events[-1]["type"] == "done", events[-1]
+    return steps
+
+
+def _lines(response: httpx.Response, steps: list[dict[str, Any]], on_step: Any) -> Iterator[str]:
+    for line in response.iter_lines():
+        event = json.loads(line)
+        if event["type"] == "step":
+            steps.append(event)
+            if on_step is not None:
+                on_step(event)
+        yield line
+
+
+def register(http: httpx.Client, server: Any, prefix: str, **options: Any) -> str:
+    name = f"{prefix}-{uuid4().hex[:6]}"
+    response = http.post("/v1/trainable_models", json={"name": name, "base_model": server.model_id, **options})
+    assert response.status_code == 201, response.text
+    return name
+
+
+def scores(http: httpx.Client, model: str, inputs: list[Any]) -> list[float]:
+    response = http.post("/v1/rewards", json={"model": model, "inputs": inputs})
+    assert response.status_code == 200, response.text
+    return [item["score"] for item in response.json()["data"]]
+
+
+@pytest.fixture(scope="module")
+def http(server: Any) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server.base_url, headers=server.headers, timeout=300) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def digit_reward_model(http: httpx.Client, server: Any) -> str:
+    """A reward model trained on 64 pairs (16 subjects × 4): step 1 prefers answers with a number."""
+    name = register(http, server, "rm-digits", kind="reward")
+    rng = random.Random(0)
+    pairs = [digit_pair(rng, thing) for thing in TRAIN_THINGS for _ in range(4)]
+    steps = train(http, {"model": name, "pairs": pairs, "config": {
+        "objective": "reward_model", "epochs": 2, "gradient_steps_per_epoch": 4, "learning_rate": 3e-4}})
+    assert [s["objective"] for s in steps] == ["reward_model"] * 8
+    assert steps[-1]["metrics"]["accuracy"] == 1.0 and steps[-1]["metrics"]["bt_loss"] < steps[0]["metrics"]["bt_loss"]
+    return f"{name}@1"
+
+
+def test_a_reward_model_learns_a_preference_and_scores_it_everywhere(http: httpx.Client, server: Any,
+                                                                       digit_reward_model: str) -> None:
+    name = digit_reward_model.split("@")[0]
+    info = http.get(f"/v1/trainable_models/{name}").json()
+    assert info["kind"] == "reward" and info["reward_head"]["pooling"] == "last" and info["latest_step"] == 1
+
+    # Held-out subjects, never trained on: at least 90% of the pairs are ordered right.
+    rng = random.Random(1)
+    held_out = [digit_pair(rng, thing) for thing in HELD_OUT_THINGS for _ in range(3)]
+    values = scores(http, digit_reward_model, [conversation(p, side) for p in held_out for side in ("chosen", "rejected")])
+    accuracy = statistics.fmean(values[2 * i] > values[2 * i + 1] for i in range(len(held_out)))
+    assert accuracy >= 0.9, accuracy
+    before = scores(http, f"{name}@0", [conversation(held_out[0], "chosen")])  # the untrained head scores too
+    assert before[0] != values[0]
+
+    # The client: TrainableModel-free, by name on the server; the same numbers.
+    client_scores = art.score_sync(digit_reward_model, [conversation(held_out[0], "chosen")], server=server.base_url,
+                                   api_key=server.api_key)
+    assert client_scores[0].score == pytest.approx(values[0], abs=1e-4)
+    assert list(client_scores[0].objectives) == ["o0"]
+
+    # A job grader on the same reward model: the digit answer scores higher.
+    graded = []
+    for answer in (held_out[0]["chosen"], held_out[0]["rejected"]):
+        response = http.post("/v1/fine_tuning/alpha/graders/run", json={
+            "grader": {"type": "reward_model", "name": "rm", "model": digit_reward_model},
+            "item": {"messages": held_out[0]["prompt"]}, "model_sample": answer})
+        assert response.status_code == 200, response.text
+        graded.append(response.json()["reward"])
+    assert graded[0] == pytest.approx(values[0], abs=1e-3) and graded[0] > graded[1]
+
+    # A reward model scores; it does not generate, and /v1/models lists only what can.
+    refused = http.post("/v1/chat/completions", json={"model": name, "messages": held_out[0]["prompt"]})
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "reward_model_not_generative"
+    assert name not in {m["id"] for m in http.get("/v1/models").json()["data"]}
+    bad = http.post("/v1/rewards", json={"model": digit_reward_model, "inputs": [held_out[0]["prompt"]]})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "inputs[0]"  # no answer to score
+
+
+def test_a_saved_reward_model_step_loads_with_peft_and_scores_the_same(http: httpx.Client, server: Any,
+                                                                         digit_reward_model: str) -> None:
+    """The step directory is a PEFT SEQ_CLS adapter (score head in modules_to_save) on the base model."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    name, step = digit_reward_model.split("@")
+    step_dir = server.data_dir / "models" / name / "steps" / step
+    config = json.loads((step_dir / "adapter_config.json").read_text())
+    assert config["task_type"] == "SEQ_CLS" and config["modules_to_save"] == ["score"]
+    base = AutoModelForSequenceClassification.from_pretrained(config["base_model_name_or_path"], num_labels=1,
+                                                              dtype=torch.float32)
+    model = PeftModel.from_pretrained(base, str(step_dir)).eval()
+    model.config.pad_token_id = None  # batch size 1: Hugging Face then pools the last token, as the server does
+    tokenizer = AutoTokenizer.from_pretrained(config["base_model_name_or_path"])
+    pair = digit_pair(random.Random(2), "kites")
+    served = scores(http, digit_reward_model, [conversation(pair, "chosen")])[0]
+    ids = tokenizer.apply_chat_template(pair["prompt"], add_generation_prompt=True, tokenize=True, return_dict=False)
+    ids = [*ids, *tokenizer.encode(pair["chosen"], add_special_tokens=False), tokenizer.eos_token_id]
+    with torch.no_grad():
+        local = float(model(input_ids=torch.tensor([ids])).logits[0, 0])
+    assert local == pytest.approx(served, abs=1e-3)
+
+
+def test_a_multi_objective_reward_model_trains_on_masked_targets(http: httpx.Client, server: Any) -> None:
+    head = {"num_objectives": 2, "objective_names": ["digits", "brevity"], "objective_weights": [0.75, 0.25]}
+    name = register(http, server, "rm-multi", kind="reward", reward_head=head)
+    rng = random.Random(3)
+    scored = []
+    for thing in TRAIN_THINGS[:8]:
+        pair = digit_pair(rng, thing)
+        scored.append({"messages": conversation(pair, "chosen"), "targets": [1.0, None]})
+        scored.append({"messages": conversation(pair, "rejected"), "targets": [0.0, 0.5]})
+    mismatched = http.post("/_train_model", json={"model": name, "config": {"objective": "reward_model"},
+                                                  "scored": [{**scored[0], "targets": [1.0]}]})
+    assert mismatched.status_code == 400 and mismatched.json()["error"]["code"] == "invalid_targets"
+    steps = train(http, {"model": name, "scored": scored, "config": {
+        "objective": "reward_model", "gradient_steps_per_epoch": 2, "learning_rate": 3e-4}})
+    assert {"mse", "mse_digits", "mse_brevity"} <= set(steps[-1]["metrics"])
+    response = http.post("/v1/rewards", json={"model": name, "inputs": [scored[0]["messages"]]})
+    item = response.json()["data"][0]
+    assert set(item["objectives"]) == {"digits", "brevity"} and response.json()["model"] == f"{name}@1"
+    assert item["score"] == pytest.approx(0.75 * item["objectives"]["digits"] + 0.25 * item["objectives"]["brevity"],
+                                          abs=1e-5)
+    policy_objective = http.post("/_train_model", json={"model": name, "groups": [{"trajectories": [
+        {"trajectory_id": "x", "reward": 1.0}]}]})
+    assert policy_objective.status_code == 400 and policy_objective.json()["error"]["code"] == "wrong_model_kind"
+
+
+def test_ratings_train_a_reward_model(http: httpx.Client, server: Any) -> None:
+    name = register(http, server, "rm-ratings", kind="reward")
+    rated = []
+    for thing in ("owls", "bees"):
+        trajectory = f"rm-rated-{uuid4().hex[:8]}"
+        response = http.post(f"/t/{trajectory}/v1/chat/completions", json={
+            "model": server.model_id, "messages": [{"role": "user", "content": f"How many {thing} are there?"}],
+            "max_tokens": 8, "n": 2, "temperature": 1.0, "seed": 7})
+        assert response.status_code == 200, response.text
+        ids = [c["id"] for c in http.get(f"/v1/trajectories/{trajectory}").json()["completions"]]
+        rated += ids
+        for completion_id, value in zip(ids, ("up", "down"), strict=True):
+            assert http.post("/v1/ratings", json={"kind": "thumb", "completion_id": completion_id,
+                                                   "value": value, "split": "train"}).status_code == 201
+    with http.stream("POST", "/v1/ratings/train_reward_model", json={"model": name, "config": {"epochs": 1}}) as response:
+        assert response.status_code == 200
+        events = [json.loads(line) for line in response.iter_lines()]
+    start = next(e for e in events if e["type"] == "start")
+    assert start["sequences"] >= len(rated) and events[-1]["type"] == "done", events[-1]
+
+
+def test_ppo_against_the_reward_model_raises_its_score_and_adapts_the_kl_coefficient(
+        http: httpx.Client, server: Any, digit_reward_model: str) -> None:
+    policy = register(http, server, "ppo-digits")
+    prompts = [f"How many {thing} are there?" for thing in TRAIN_THINGS[:8]]
+
+    missing = http.post("/_train_model", json={"model": policy, "config": {"objective": "ppo"},
+                                               "groups": [{"trajectories": [{"trajectory_id": "none-yet"}]}]})
+    assert missing.status_code == 400 and missing.json()["error"]["code"] == "missing_reward"
+    assert "reward_model" in missing.json()["error"]["message"]
+
+    def sample(n: int) -> tuple[list[str], float]:
+        """n fresh answers to each prompt (one trajectory per prompt); their mean reward-model score."""
+        async def one(client: httpx.AsyncClient, prompt: str) -> str:
+            trajectory = f"ppo-{uuid4().hex[:10]}"
+            response = await client.post(f"/t/{trajectory}/v1/chat/completions", json={
+                "model": policy, "messages": [{"role": "user", "content": prompt}], "max_tokens": 24,
+                "temperature": 1.0, "n": n})
+            assert response.status_code == 200, response.text
+            return trajectory
+
+        async def all_prompts() -> list[str]:
+            async with httpx.AsyncClient(base_url=server.base_url, headers=server.headers, timeout=300) as client:
+                return list(await asyncio.gather(*(one(client, p) for p in prompts)))
+
+        trajectories = asyncio.run(all_prompts())
+        ids = [c["id"] for t in trajectories for c in http.get(f"/v1/trajectories/{t}").json()["completions"]]
+        return trajectories, statistics.fmean(scores(http, digit_reward_model, [{"completion_id": i} for i in ids]))
+
+    config = {"objective": "ppo", "reward_model": digit_reward_model, "learning_rate": 1e-4, "kl_horizon": 100}
+    trajectories, before = sample(8)
+    jobs = []
+    for iteration in range(3):
+        if iteration:
+            trajectories, _ = sample(4)
+        scored_while_training: list[bool] = []
+
+        def score_now(step: dict[str, Any], answered: list[bool] = scored_while_training,
+                      previous: int = iteration) -> None:
+            if step["gradient_step"] == 1:  # answered between two micro-batches: the job is still running
+                scores(http, digit_reward_model, [conversation(digit_pair(random.Random(4), "cups"), "chosen")])
+                answered.append(http.get(f"/v1/trainable_models/{policy}").json()["newest_step"] == previous)
+
+        steps = train(http, {"model": policy, "config": config,
+                             "groups": [{"trajectories": [{"trajectory_id": t}]} for t in trajectories]}, score_now)
+        assert len(steps) == 8 and scored_while_training == [True]  # 4 epochs × 2 minibatches
+        jobs.append(steps[0]["metrics"])
+    _, after = sample(8)
+    assert after > before + 0.1, (before, after)
+
+    first, *later = jobs
+    assert first["kl_coef"] == pytest.approx(0.05) and first["kl_old_ref"] == pytest.approx(0.0, abs=1e-6)
+    for job, following in zip(jobs, later, strict=False):
+        assert following["kl_coef"] == pytest.approx(job["next_kl_coef"], rel=1e-6)  # carried with the step
+    for job in jobs:  # toward the target: down while KL is below it, up above it
+        assert (job["next_kl_coef"] > job["kl_coef"]) == (job["kl_old_ref"] > 0.01), job
+    assert first["next_kl_coef"] < first["kl_coef"]
+    step_dir = server.data_dir / "models" / policy / "steps" / "3"
+    assert (step_dir / "value_head.safetensors").is_file()
+    assert json.loads((step_dir / "trainer_state.json").read_text())["kl_coef"] == pytest.approx(jobs[-1]["next_kl_coef"])
