@@ -285,10 +285,8 @@ class Workload:
                          full_rows="reward" in objective.heads, lm_head=objective.needs_logprobs)  # fmt: skip
 
     def trained_tokens(self, event: dict[str, Any], sequences: list[TrainSequence]) -> int:
-        """A step's trained tokens: what its event reports, except for a reward model, whose events count
-        sequences: there the answers' tokens of the step's `sequences` (what DPO trains on the same batch)."""
-        if isinstance(self.config, RewardModelConfig):
-            return sum(sum(s.trainable[1:]) for s in sequences)
+        """A step's trained tokens, as its event reports them (a reward model's: its answers' tokens, what DPO
+        trains on the same batch)."""
         return int(event["tokens"])
 
     def job_flops(self, dims: ModelDims) -> float:

@@ -34,6 +34,9 @@ def step_scalars(entry: dict[str, Any]) -> Iterator[tuple[str, float]]:
     for key, value in (entry.get("metrics") or {}).items():
         if isinstance(value, int | float):
             yield f"metrics/{key}", float(value)
+    for key, value in (entry.get("objective_metrics") or {}).items():  # e.g. PPO's score_mean, kl_coef
+        if isinstance(value, int | float):
+            yield f"objective/{key}", float(value)
 
 
 class TensorBoardLog:

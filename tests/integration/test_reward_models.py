@@ -1,8 +1,10 @@
-"""Reward models and PPO on the real server: a reward model learns a synthetic preference (answers with a
-digit beat answers without), scores it through `/v1/rewards`, the client, a job grader and PEFT itself;
-multi-objective targets; ratings train one; PPO against it raises the score of fresh samples while the
-adaptive KL coefficient moves toward its target, and scoring is answered while PPO trains.
-Uses the session fixture `server`."""
+"""Reward models and PPO on the real server: a reward model learns a synthetic preference (an answer that
+says yes beats one that says no), scores it through `/v1/rewards`, the client, a job grader and PEFT itself;
+multi-objective targets; ratings train one; PPO against it raises the score of fresh samples on held-out
+questions while the adaptive KL coefficient moves toward its target, and scoring is answered while PPO
+trains. The task is test_learning.py's (yes/no questions, 8 tokens): the decision is the first token, so
+three small PPO jobs move it (measured on 2 CPU cores: the held-out mean score 0.05 → 0.47, about two
+minutes). Uses the session fixture `server`."""
 
 from __future__ import annotations
 
@@ -21,15 +23,20 @@ import artlike as art
 
 pytestmark = pytest.mark.integration
 
-THINGS = ["apples", "birds", "chairs", "books", "stars", "boats", "trees", "cats", "lamps", "coins", "clouds",
-          "rocks", "shoes", "keys", "cups", "maps", "pens", "hats", "bells", "seeds", "rings", "kites", "drums", "nets"]
-TRAIN_THINGS, HELD_OUT_THINGS = THINGS[:16], THINGS[16:]
+INSTRUCTION = "Answer with yes or no. "
+QUESTIONS = ["Is water wet?", "Can cats fly?", "Is the moon made of cheese?", "Do fish swim?", "Is fire cold?",
+             "Are apples fruit?", "Is ice hot?", "Do birds have wings?", "Is snow white?", "Can cars swim?",
+             "Is salt sweet?", "Do trees grow?", "Is glass soft?", "Can horses run?", "Is rain dry?",
+             "Do bees make honey?", "Is grass green?", "Can dogs talk?", "Is the sun a star?", "Do rocks eat?",
+             "Is milk blue?", "Can fish climb trees?", "Is iron heavy?", "Do clocks sleep?"]
+TRAIN_QUESTIONS, HELD_OUT = QUESTIONS[:16], QUESTIONS[16:]
+ANSWERS = [("Yes.", "No."), ("Yes, it is.", "No, it is not."), ("Yes, of course.", "No, not at all.")]
 
 
-def digit_pair(rng: random.Random, thing: str) -> dict[str, Any]:
-    """A preference for the answer that gives a number."""
-    return {"prompt": [{"role": "user", "content": f"How many {thing} are there?"}],
-            "chosen": f"There are {rng.randint(2, 99)} {thing} here.", "rejected": f"There are many {thing} here."}
+def yes_pair(rng: random.Random, question: str) -> dict[str, Any]:
+    """A preference for the answer that says yes."""
+    chosen, rejected = rng.choice(ANSWERS)
+    return {"prompt": [{"role": "user", "content": INSTRUCTION + question}], "chosen": chosen, "rejected": rejected}
 
 
 def conversation(pair: dict[str, Any], side: str) -> list[dict[str, Any]]:
@@ -78,35 +85,35 @@ def http(server: Any) -> Iterator[httpx.Client]:
 
 
 @pytest.fixture(scope="module")
-def digit_reward_model(http: httpx.Client, server: Any) -> str:
-    """A reward model trained on 64 pairs (16 subjects × 4): step 1 prefers answers with a number."""
-    name = register(http, server, "rm-digits", kind="reward")
+def yes_reward_model(http: httpx.Client, server: Any) -> str:
+    """A reward model trained on 48 pairs (16 questions × 3): step 1 prefers answers that say yes."""
+    name = register(http, server, "rm-yes", kind="reward")
     rng = random.Random(0)
-    pairs = [digit_pair(rng, thing) for thing in TRAIN_THINGS for _ in range(4)]
+    pairs = [yes_pair(rng, question) for question in TRAIN_QUESTIONS for _ in range(3)]
     steps = train(http, {"model": name, "pairs": pairs, "config": {
-        "objective": "reward_model", "epochs": 2, "gradient_steps_per_epoch": 4, "learning_rate": 3e-4}})
-    assert [s["objective"] for s in steps] == ["reward_model"] * 8
+        "objective": "reward_model", "epochs": 2, "gradient_steps_per_epoch": 3, "learning_rate": 3e-4}})
+    assert [s["objective"] for s in steps] == ["reward_model"] * 6
     assert steps[-1]["metrics"]["accuracy"] == 1.0 and steps[-1]["metrics"]["bt_loss"] < steps[0]["metrics"]["bt_loss"]
     return f"{name}@1"
 
 
 def test_a_reward_model_learns_a_preference_and_scores_it_everywhere(http: httpx.Client, server: Any,
-                                                                       digit_reward_model: str) -> None:
-    name = digit_reward_model.split("@")[0]
+                                                                       yes_reward_model: str) -> None:
+    name = yes_reward_model.split("@")[0]
     info = http.get(f"/v1/trainable_models/{name}").json()
     assert info["kind"] == "reward" and info["reward_head"]["pooling"] == "last" and info["latest_step"] == 1
 
-    # Held-out subjects, never trained on: at least 90% of the pairs are ordered right.
-    rng = random.Random(1)
-    held_out = [digit_pair(rng, thing) for thing in HELD_OUT_THINGS for _ in range(3)]
-    values = scores(http, digit_reward_model, [conversation(p, side) for p in held_out for side in ("chosen", "rejected")])
+    # Held-out questions, never trained on: at least 90% of the pairs are ordered right.
+    held_out = [{"prompt": [{"role": "user", "content": INSTRUCTION + q}], "chosen": chosen, "rejected": rejected}
+                for q in HELD_OUT for chosen, rejected in ANSWERS]
+    values = scores(http, yes_reward_model, [conversation(p, side) for p in held_out for side in ("chosen", "rejected")])
     accuracy = statistics.fmean(values[2 * i] > values[2 * i + 1] for i in range(len(held_out)))
     assert accuracy >= 0.9, accuracy
     before = scores(http, f"{name}@0", [conversation(held_out[0], "chosen")])  # the untrained head scores too
     assert before[0] != values[0]
 
     # The client: TrainableModel-free, by name on the server; the same numbers.
-    client_scores = art.score_sync(digit_reward_model, [conversation(held_out[0], "chosen")], server=server.base_url,
+    client_scores = art.score_sync(yes_reward_model, [conversation(held_out[0], "chosen")], server=server.base_url,
                                    api_key=server.api_key)
     assert client_scores[0].score == pytest.approx(values[0], abs=1e-4)
     assert list(client_scores[0].objectives) == ["o0"]
@@ -115,7 +122,7 @@ def test_a_reward_model_learns_a_preference_and_scores_it_everywhere(http: httpx
     graded = []
     for answer in (held_out[0]["chosen"], held_out[0]["rejected"]):
         response = http.post("/v1/fine_tuning/alpha/graders/run", json={
-            "grader": {"type": "reward_model", "name": "rm", "model": digit_reward_model},
+            "grader": {"type": "reward_model", "name": "rm", "model": yes_reward_model},
             "item": {"messages": held_out[0]["prompt"]}, "model_sample": answer})
         assert response.status_code == 200, response.text
         graded.append(response.json()["reward"])
@@ -125,18 +132,18 @@ def test_a_reward_model_learns_a_preference_and_scores_it_everywhere(http: httpx
     refused = http.post("/v1/chat/completions", json={"model": name, "messages": held_out[0]["prompt"]})
     assert refused.status_code == 400 and refused.json()["error"]["code"] == "reward_model_not_generative"
     assert name not in {m["id"] for m in http.get("/v1/models").json()["data"]}
-    bad = http.post("/v1/rewards", json={"model": digit_reward_model, "inputs": [held_out[0]["prompt"]]})
+    bad = http.post("/v1/rewards", json={"model": yes_reward_model, "inputs": [held_out[0]["prompt"]]})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "inputs[0]"  # no answer to score
 
 
 def test_a_saved_reward_model_step_loads_with_peft_and_scores_the_same(http: httpx.Client, server: Any,
-                                                                         digit_reward_model: str) -> None:
+                                                                         yes_reward_model: str) -> None:
     """The step directory is a PEFT SEQ_CLS adapter (score head in modules_to_save) on the base model."""
     import torch
     from peft import PeftModel
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    name, step = digit_reward_model.split("@")
+    name, step = yes_reward_model.split("@")
     step_dir = server.data_dir / "models" / name / "steps" / step
     config = json.loads((step_dir / "adapter_config.json").read_text())
     assert config["task_type"] == "SEQ_CLS" and config["modules_to_save"] == ["score"]
@@ -145,8 +152,8 @@ def test_a_saved_reward_model_step_loads_with_peft_and_scores_the_same(http: htt
     model = PeftModel.from_pretrained(base, str(step_dir)).eval()
     model.config.pad_token_id = None  # batch size 1: Hugging Face then pools the last token, as the server does
     tokenizer = AutoTokenizer.from_pretrained(config["base_model_name_or_path"])
-    pair = digit_pair(random.Random(2), "kites")
-    served = scores(http, digit_reward_model, [conversation(pair, "chosen")])[0]
+    pair = yes_pair(random.Random(2), HELD_OUT[0])
+    served = scores(http, yes_reward_model, [conversation(pair, "chosen")])[0]
     ids = tokenizer.apply_chat_template(pair["prompt"], add_generation_prompt=True, tokenize=True, return_dict=False)
     ids = [*ids, *tokenizer.encode(pair["chosen"], add_special_tokens=False), tokenizer.eos_token_id]
     with torch.no_grad():
@@ -159,8 +166,8 @@ def test_a_multi_objective_reward_model_trains_on_masked_targets(http: httpx.Cli
     name = register(http, server, "rm-multi", kind="reward", reward_head=head)
     rng = random.Random(3)
     scored = []
-    for thing in TRAIN_THINGS[:8]:
-        pair = digit_pair(rng, thing)
+    for question in TRAIN_QUESTIONS[:8]:
+        pair = yes_pair(rng, question)
         scored.append({"messages": conversation(pair, "chosen"), "targets": [1.0, None]})
         scored.append({"messages": conversation(pair, "rejected"), "targets": [0.0, 0.5]})
     mismatched = http.post("/_train_model", json={"model": name, "config": {"objective": "reward_model"},
@@ -182,10 +189,10 @@ def test_a_multi_objective_reward_model_trains_on_masked_targets(http: httpx.Cli
 def test_ratings_train_a_reward_model(http: httpx.Client, server: Any) -> None:
     name = register(http, server, "rm-ratings", kind="reward")
     rated = []
-    for thing in ("owls", "bees"):
+    for question in HELD_OUT[:2]:
         trajectory = f"rm-rated-{uuid4().hex[:8]}"
         response = http.post(f"/t/{trajectory}/v1/chat/completions", json={
-            "model": server.model_id, "messages": [{"role": "user", "content": f"How many {thing} are there?"}],
+            "model": server.model_id, "messages": [{"role": "user", "content": INSTRUCTION + question}],
             "max_tokens": 8, "n": 2, "temperature": 1.0, "seed": 7})
         assert response.status_code == 200, response.text
         ids = [c["id"] for c in http.get(f"/v1/trajectories/{trajectory}").json()["completions"]]
@@ -201,53 +208,52 @@ def test_ratings_train_a_reward_model(http: httpx.Client, server: Any) -> None:
 
 
 def test_ppo_against_the_reward_model_raises_its_score_and_adapts_the_kl_coefficient(
-        http: httpx.Client, server: Any, digit_reward_model: str) -> None:
-    policy = register(http, server, "ppo-digits")
-    prompts = [f"How many {thing} are there?" for thing in TRAIN_THINGS[:8]]
+        http: httpx.Client, server: Any, yes_reward_model: str) -> None:
+    policy = register(http, server, "ppo-yes")
 
     missing = http.post("/_train_model", json={"model": policy, "config": {"objective": "ppo"},
                                                "groups": [{"trajectories": [{"trajectory_id": "none-yet"}]}]})
     assert missing.status_code == 400 and missing.json()["error"]["code"] == "missing_reward"
     assert "reward_model" in missing.json()["error"]["message"]
 
-    def sample(n: int) -> tuple[list[str], float]:
-        """n fresh answers to each prompt (one trajectory per prompt); their mean reward-model score."""
-        async def one(client: httpx.AsyncClient, prompt: str) -> str:
+    def sample(model: str, questions: list[str], n: int) -> tuple[list[str], float]:
+        """n fresh answers to each question (one trajectory per question); their mean reward-model score."""
+        async def one(client: httpx.AsyncClient, question: str) -> str:
             trajectory = f"ppo-{uuid4().hex[:10]}"
             response = await client.post(f"/t/{trajectory}/v1/chat/completions", json={
-                "model": policy, "messages": [{"role": "user", "content": prompt}], "max_tokens": 24,
+                "model": model, "messages": [{"role": "user", "content": INSTRUCTION + question}], "max_tokens": 8,
                 "temperature": 1.0, "n": n})
             assert response.status_code == 200, response.text
             return trajectory
 
-        async def all_prompts() -> list[str]:
+        async def every_question() -> list[str]:
             async with httpx.AsyncClient(base_url=server.base_url, headers=server.headers, timeout=300) as client:
-                return list(await asyncio.gather(*(one(client, p) for p in prompts)))
+                return list(await asyncio.gather(*(one(client, q) for q in questions)))
 
-        trajectories = asyncio.run(all_prompts())
+        trajectories = asyncio.run(every_question())
         ids = [c["id"] for t in trajectories for c in http.get(f"/v1/trajectories/{t}").json()["completions"]]
-        return trajectories, statistics.fmean(scores(http, digit_reward_model, [{"completion_id": i} for i in ids]))
+        return trajectories, statistics.fmean(scores(http, yes_reward_model, [{"completion_id": i} for i in ids]))
 
-    config = {"objective": "ppo", "reward_model": digit_reward_model, "learning_rate": 1e-4, "kl_horizon": 100}
-    trajectories, before = sample(8)
+    _, before = sample(f"{policy}@0", HELD_OUT, 16)
+    config = {"objective": "ppo", "reward_model": yes_reward_model, "learning_rate": 5e-4, "kl_horizon": 100}
     jobs = []
     for iteration in range(3):
-        if iteration:
-            trajectories, _ = sample(4)
+        trajectories, _ = sample(policy, TRAIN_QUESTIONS[:8], 4)
         scored_while_training: list[bool] = []
 
         def score_now(step: dict[str, Any], answered: list[bool] = scored_while_training,
                       previous: int = iteration) -> None:
             if step["gradient_step"] == 1:  # answered between two micro-batches: the job is still running
-                scores(http, digit_reward_model, [conversation(digit_pair(random.Random(4), "cups"), "chosen")])
+                scores(http, yes_reward_model, [conversation(yes_pair(random.Random(4), HELD_OUT[1]), "chosen")])
                 answered.append(http.get(f"/v1/trainable_models/{policy}").json()["newest_step"] == previous)
 
         steps = train(http, {"model": policy, "config": config,
                              "groups": [{"trajectories": [{"trajectory_id": t}]} for t in trajectories]}, score_now)
         assert len(steps) == 8 and scored_while_training == [True]  # 4 epochs × 2 minibatches
         jobs.append(steps[0]["metrics"])
-    _, after = sample(8)
-    assert after > before + 0.1, (before, after)
+    _, after = sample(policy, HELD_OUT, 16)
+    # Measured: +0.41 (the reward model's yes/no margin is ~1.5); 128 samples each put the noise at ~0.09.
+    assert after > before + 0.15, (before, after, [job["score_mean"] for job in jobs])
 
     first, *later = jobs
     assert first["kl_coef"] == pytest.approx(0.05) and first["kl_old_ref"] == pytest.approx(0.0, abs=1e-6)

@@ -10,14 +10,15 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 LINE = {"step": 2, "time": 1700000000.0, "reward": {"mean": 0.25, "std": 0.1}, "loss": {"mean": -0.5},
         "kl": {"mean": 0.01}, "clip_fraction": {"mean": 0.0}, "groups_skipped": 1, "trainable_tokens": 300,
-        "train_seconds": 3.0, "metrics": {"accuracy": 0.75}, "config": {"learning_rate": 1e-5}}
+        "train_seconds": 3.0, "metrics": {"accuracy": 0.75}, "objective_metrics": {"kl_coef": 0.05},
+        "config": {"learning_rate": 1e-5}}
 
 
 def test_step_scalars_of_a_history_line() -> None:
     scalars = dict(step_scalars(LINE))
     assert scalars == {"reward": 0.25, "reward/std": 0.1, "loss": -0.5, "kl": 0.01, "clip_fraction": 0.0,
                        "groups_skipped": 1.0, "trainable_tokens": 300.0, "train_seconds": 3.0,
-                       "tokens_per_second": 100.0, "metrics/accuracy": 0.75}
+                       "tokens_per_second": 100.0, "metrics/accuracy": 0.75, "objective/kl_coef": 0.05}
 
 
 def test_steps_are_written_per_model_and_alias_lines_are_skipped(tmp_path: Path) -> None:

@@ -656,6 +656,7 @@ def _history_entry(p: PreparedJob, step: int, steps: list[StepEvent], train_seco
         "clip_fraction": _stats([s.clip_fraction for s in steps]),
         "logprob_mismatch": steps[0].logprob_mismatch if steps else None,
         "metrics": p.metrics,
+        "objective_metrics": steps[-1].metrics if steps else {},  # the last step's (PPO's scores, a reward model's accuracy)
         "config": p.config.model_dump(),
         "train_seconds": round(train_seconds, 3),
         "swap_seconds": round(swap_seconds, 4),
