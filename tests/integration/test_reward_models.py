@@ -3,13 +3,14 @@ says yes beats one that says no), scores it through `/v1/rewards`, the client, a
 multi-objective targets; ratings train one; PPO against it raises the score of fresh samples on held-out
 questions while the adaptive KL coefficient moves toward its target, and scoring is answered while PPO
 trains. The task is test_learning.py's (yes/no questions, 8 tokens): the decision is the first token, so
-three small PPO jobs move it (measured on 2 CPU cores: the held-out mean score 0.05 → 0.47, about two
-minutes). Uses the session fixture `server`."""
+four small PPO jobs move it (measured on 2 CPU cores: the held-out mean score of fresh samples 0.18 → 0.67,
+the probability of a yes 0.24 → 0.89; about 2.5 minutes). Uses the session fixture `server`."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 import random
 import statistics
 from collections.abc import Iterator
@@ -234,11 +235,24 @@ def test_ppo_against_the_reward_model_raises_its_score_and_adapts_the_kl_coeffic
         ids = [c["id"] for t in trajectories for c in http.get(f"/v1/trajectories/{t}").json()["completions"]]
         return trajectories, statistics.fmean(scores(http, yes_reward_model, [{"completion_id": i} for i in ids]))
 
+    def yes_probability(model: str) -> float:
+        """The mean probability, over the held-out questions, that the answer starts with yes (no sampling)."""
+        total = 0.0
+        for question in HELD_OUT:
+            response = http.post("/v1/chat/completions", json={
+                "model": model, "messages": [{"role": "user", "content": INSTRUCTION + question}], "max_tokens": 1,
+                "temperature": 0.0, "logprobs": True, "top_logprobs": 20})
+            assert response.status_code == 200, response.text
+            top = response.json()["choices"][0]["logprobs"]["content"][0]["top_logprobs"]
+            total += sum(math.exp(t["logprob"]) for t in top if t["token"].strip().lower().startswith("yes"))
+        return total / len(HELD_OUT)
+
     _, before = sample(f"{policy}@0", HELD_OUT, 16)
-    config = {"objective": "ppo", "reward_model": yes_reward_model, "learning_rate": 5e-4, "kl_horizon": 100}
+    config = {"objective": "ppo", "reward_model": yes_reward_model, "learning_rate": 5e-4, "epochs": 2,
+              "kl_horizon": 100}
     jobs = []
-    for iteration in range(3):
-        trajectories, _ = sample(policy, TRAIN_QUESTIONS[:8], 4)
+    for iteration in range(4):
+        trajectories, _ = sample(policy, TRAIN_QUESTIONS[:8], 8)
         scored_while_training: list[bool] = []
 
         def score_now(step: dict[str, Any], answered: list[bool] = scored_while_training,
@@ -249,11 +263,14 @@ def test_ppo_against_the_reward_model_raises_its_score_and_adapts_the_kl_coeffic
 
         steps = train(http, {"model": policy, "config": config,
                              "groups": [{"trajectories": [{"trajectory_id": t}]} for t in trajectories]}, score_now)
-        assert len(steps) == 8 and scored_while_training == [True]  # 4 epochs × 2 minibatches
+        assert len(steps) == 4 and scored_while_training == [True]  # 2 epochs × 2 minibatches
         jobs.append(steps[0]["metrics"])
     _, after = sample(policy, HELD_OUT, 16)
-    # Measured: +0.41 (the reward model's yes/no margin is ~1.5); 128 samples each put the noise at ~0.09.
-    assert after > before + 0.15, (before, after, [job["score_mean"] for job in jobs])
+    # Measured: +0.33 and +0.37 over four jobs (the reward model's yes/no margin is ~1.5); 128 samples each
+    # put the noise at ~0.09. The policy's own probability of a yes is read without sampling.
+    assert after > before + 0.1, (before, after, [job["score_mean"] for job in jobs])
+    yes_before, yes_after = yes_probability(f"{policy}@0"), yes_probability(policy)
+    assert yes_after > yes_before + 0.2, (yes_before, yes_after)  # measured 0.24 -> 0.89
 
     first, *later = jobs
     assert first["kl_coef"] == pytest.approx(0.05) and first["kl_old_ref"] == pytest.approx(0.0, abs=1e-6)
@@ -262,6 +279,6 @@ def test_ppo_against_the_reward_model_raises_its_score_and_adapts_the_kl_coeffic
     for job in jobs:  # toward the target: down while KL is below it, up above it
         assert (job["next_kl_coef"] > job["kl_coef"]) == (job["kl_old_ref"] > 0.01), job
     assert first["next_kl_coef"] < first["kl_coef"]
-    step_dir = server.data_dir / "models" / policy / "steps" / "3"
+    step_dir = server.data_dir / "models" / policy / "steps" / str(len(jobs))
     assert (step_dir / "value_head.safetensors").is_file()
     assert json.loads((step_dir / "trainer_state.json").read_text())["kl_coef"] == pytest.approx(jobs[-1]["next_kl_coef"])

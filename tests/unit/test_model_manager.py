@@ -10,7 +10,7 @@ from artlike_server.errors import Conflict, InvalidRequest, NotFound
 from artlike_server.models.manager import ModelManager, ServedModel, parse_model_reference
 from artlike_server.models.store import ModelStore
 
-from artlike.types import KeepBest, LoraConfig, StepRetention
+from artlike.types import KeepBest, LoraConfig, RewardHeadConfig, StepRetention
 
 
 class FakeEngine:
@@ -357,3 +357,41 @@ async def test_rollback_and_held_back_steps_survive_a_restart(tmp_path: Path) ->
     with pytest.raises(NotFound):
         await restarted.set_alias("m", 9, reason="no such step")
     assert store.committed_steps("m") == [0, 1, 2, 3]  # alias lines never look like steps
+
+
+async def test_a_reward_model_never_reaches_the_engine_and_only_scores(tmp_path: Path) -> None:
+    store = ModelStore(tmp_path)
+    engine = FakeEngine()
+    manager = ModelManager(store, engine, "base")  # type: ignore[arg-type]
+
+    async def write_step0(staging: Path) -> None:
+        (staging / "adapter_config.json").write_text("{}")
+
+    head = RewardHeadConfig(num_objectives=2)
+    model, created = await manager.register("rm", "base", LoraConfig(), None, write_step0, kind="reward",
+                                            reward_head=head)
+    assert created and model.kind == "reward" and store.require("rm").reward_head == head
+    staging = store.new_staging_dir("rm")
+    (staging / "adapter_config.json").write_text("{}")
+    committed = await manager.commit_step("rm", staging, history_entry)
+    assert committed.step == 1 and manager.latest_step("rm") == 1 and engine.calls == []
+    assert manager.resolve_reward_model("rm") == ServedModel("rm@1", "rm", 1)
+    assert manager.resolve_reward_model("rm@0") == ServedModel("rm@0", "rm", 0)
+    with pytest.raises(InvalidRequest) as chat:
+        await manager.resolve("rm")
+    assert chat.value.code == "reward_model_not_generative"
+    assert await manager.served_model_ids() == ["base"]
+    with pytest.raises(Conflict):  # the same name as a policy
+        await manager.register("rm", "base", LoraConfig(), None, write_step0)
+
+    restarted = ModelManager(store, engine, "base")  # type: ignore[arg-type]
+    await restarted.restore()
+    assert restarted.latest_step("rm") == 1 and restarted.is_reward_model("rm") and engine.calls == []
+    await restarted.set_alias("rm", 0, reason="rollback")
+    assert restarted.resolve_reward_model("rm") == ServedModel("rm@0", "rm", 0) and engine.calls == []
+    add_step(store, "p", 0)
+    store.create("p", "base", LoraConfig())
+    await restarted.restore()
+    with pytest.raises(InvalidRequest) as policy:
+        restarted.resolve_reward_model("p")
+    assert policy.value.code == "not_a_reward_model"

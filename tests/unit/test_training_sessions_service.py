@@ -20,7 +20,7 @@ from artlike_server.training.sessions import TrainingSessions
 from artlike_server.training.trainer_client import TrainerError
 
 from artlike.session_types import ForwardRequest, OpenSessionRequest, OptimStepRequest
-from artlike.types import LoraConfig
+from artlike.types import LoraConfig, RewardHeadConfig
 
 
 class StandInTrainer:
@@ -130,3 +130,11 @@ async def test_idle_sessions_end(sessions: tuple[TrainingSessions, StandInTraine
     await service.reap_idle()
     with pytest.raises(NotFound):
         service.get(info.id)
+
+
+async def test_a_reward_model_has_no_training_session(sessions: tuple[TrainingSessions, StandInTrainer]) -> None:
+    service, trainer = sessions
+    service.store.create("rm", "base", LoraConfig(), kind="reward", reward_head=RewardHeadConfig())
+    with pytest.raises(InvalidRequest) as refused:
+        await service.open(OpenSessionRequest(model="rm"))
+    assert refused.value.code == "wrong_model_kind" and trainer.commands == []

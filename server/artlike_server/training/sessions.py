@@ -95,7 +95,9 @@ class TrainingSessions:
     # ------------------------------------------------------------------------------- lifecycle
 
     async def open(self, request: OpenSessionRequest) -> SessionInfo:
-        self.store.require(request.model)
+        if self.store.require(request.model).kind == "reward":  # the primitives' losses are a policy's
+            raise InvalidRequest(f"{request.model!r} is a reward model; training sessions train policies (train a "
+                                 "reward model with objective 'reward_model')", param="model", code="wrong_model_kind")
         step = request.from_step if request.from_step is not None else self.models.latest_step(request.model)
         if step is None or step not in self.store.committed_steps(request.model):
             raise NotFound(f"model {request.model!r} has no step {step}", param="from_step", code="step_not_found")
