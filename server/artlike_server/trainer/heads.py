@@ -22,6 +22,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from artlike.types import RewardHeadConfig
+from artlike_server.trainer.objectives.reward_model import combined
 
 SCORE_KEY = "base_model.model.score.weight"  # where PEFT keeps a SEQ_CLS model's `modules_to_save` head
 REWARD_HEAD_FILE = "reward_head.json"
@@ -91,7 +92,7 @@ class RewardHead(nn.Module):
 
     def combined(self, scores: torch.Tensor) -> torch.Tensor:
         """Σₖ wₖ·sₖ. [B, K] -> [B]"""
-        return scores @ torch.tensor(self.config.weights, dtype=scores.dtype, device=scores.device)
+        return combined(scores, self.config.weights)
 
     def state(self) -> dict[str, torch.Tensor]:
         """The head's entry of a PEFT SEQ_CLS adapter's weights."""
