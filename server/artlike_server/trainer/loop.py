@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from functools import partial
+from functools import cache, partial
 from typing import Any
 
 import torch
@@ -574,19 +574,15 @@ def _job_passes(
     **options: Any,
 ) -> JobPasses:
     """The once-per-job passes an objective may ask for; each runs when asked (and at most once)."""
-    cache: dict[str, Any] = {}
-
+    @cache
     def reference_pass() -> list[torch.Tensor]:
         if reference is None:
             raise ValueError("this job has no reference policy")
-        if "reference" not in cache:
-            cache["reference"] = reference_logprobs(model, sequences, reference, **options)
-        return cache["reference"]  # type: ignore[no-any-return]
+        return reference_logprobs(model, sequences, reference, **options)
 
+    @cache
     def policy_pass() -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        if "policy" not in cache:
-            cache["policy"] = policy_outputs(model, sequences, _unchanged, value_head=heads.get("value"), **options)
-        return cache["policy"]  # type: ignore[no-any-return]
+        return policy_outputs(model, sequences, _unchanged, value_head=heads.get("value"), **options)
 
     return JobPasses(sequences=sequences, state=state, reference_logprobs=reference_pass,
                      policy_outputs=policy_pass, reward_scores=reward_scores)

@@ -24,7 +24,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO, cast
 
@@ -48,6 +48,7 @@ from artlike_server.trainer.loop import (
 )
 from artlike_server.trainer.objectives import build_objective
 from artlike_server.trainer.sessions import SessionError, Sessions
+from artlike_server.training.sequences import TrainSequence
 
 logger = logging.getLogger("artlike.trainer")
 
@@ -227,7 +228,8 @@ class Worker:
                 logger.exception("score %s failed", command_id)
                 self._events.emit(protocol.Failed(id=command_id, kind=type(exc).__name__, message=str(exc) or repr(exc)))
 
-    def _reward_scores(self, reward_model_dir: str | None, sequences: list[Any]) -> Any:
+    def _reward_scores(self, reward_model_dir: str | None,
+                       sequences: list[TrainSequence]) -> Callable[[], list[float]] | None:
         """The reward model's combined score of each sequence, when the job names one (PPO)."""
         if reward_model_dir is None:
             return None
