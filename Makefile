@@ -34,6 +34,7 @@ bench: setup
 	$(PY) -m bench.soak
 	$(PY) -m bench.job_learning
 	$(PY) -m bench.feedback_loop
+	$(PY) -m bench.rl_step --core-split
 
 # The measured CPU run of examples/email_agent/README.md (~28 min on 2 cores).
 EMAIL_AGENT_ARGS ?= --kinds subject --steps 8 --questions-per-step 2 --group-size 4 --learning-rate 1e-4 \

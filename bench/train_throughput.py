@@ -3,9 +3,9 @@
     python -m bench.train_throughput [--quick] [--skip-swap]
 
 1. Peak: the best of several 2048³ matmuls on this process's threads, per dtype — the machine's measured
-   ceiling, not a datasheet number. bf16 runs only where the CPU has native bf16 (AVX-512 BF16 or AMX;
-   `artlike_server.hardware`): elsewhere it is emulated (0.2 GFLOP/s vs 72 fp32 measured on an AVX2 EPYC),
-   the trainer's "auto" picks fp32 there, and the bench records why bf16 was skipped.
+   ceiling, not a datasheet number. The dtype the trainer's "auto" picks (the cached dtype probe,
+   `artlike_server.dtype_probe`, as `artlike serve` runs it) goes first; bf16 is skipped where the probe found
+   it emulated (0.2 GFLOP/s vs 72 fp32 measured on an AVX2 EPYC), and the bench records why.
 2. Trainer: the real trainer worker (the same subprocess and protocol the server uses) trains fixed batches
    for several optimizer steps (LoRA r=8 on all linear layers); each step reports its trained tokens,
    seconds and decoder positions. Two batches, 8 sequences × 256 tokens each:
@@ -67,7 +67,8 @@ import httpx
 import orjson
 import torch
 from artlike_server.default_model import ensure_default_model
-from artlike_server.hardware import cpu_has_native_bf16, cpu_model
+from artlike_server.dtype_probe import probe
+from artlike_server.hardware import choose_dtypes, cpu_has_native_bf16, cpu_model
 from artlike_server.launcher import ServerProcess
 from artlike_server.trainer import protocol
 from artlike_server.trainer.batch_file import write_batch
@@ -414,17 +415,24 @@ def main() -> None:
     vocab = AutoConfig.from_pretrained(model_dir).vocab_size
     work = Path(tempfile.mkdtemp(prefix="artlike-train-bench-"))
 
-    dtypes = ["bfloat16", "float32"] if cpu_has_native_bf16() else ["float32"]
+    dtype_probe = probe()  # the trainer's "auto", decided as `artlike serve` decides it (cached per machine)
+    auto = choose_dtypes({"trainer": "auto"}, "cpu", run_probe=lambda: dtype_probe)["trainer"]
+    print(f"trainer dtype auto: {auto.describe()}")
+    emulated = bool(dtype_probe.get("bf16_emulated")) if dtype_probe else not cpu_has_native_bf16()
+    dtypes = [auto.dtype, *(d for d in ("bfloat16", "float32") if d != auto.dtype)]
+    if emulated:
+        dtypes.remove("bfloat16")
     if args.quick:
         dtypes = dtypes[:1]  # the dtype the trainer's "auto" picks
     # The peak is measured before and after each trainer run and the highest value kept: on a shared VM a
     # single measurement taken in a slow moment inflates the fraction (one run showed "65%" that way).
     peak = {dtype: matmul_peak_gflops(getattr(torch, dtype)) for dtype in dtypes}
     report: dict[str, Any] = {"batch": [SEQUENCES, LENGTH], "peak_gflops": peak, "runs": []}
-    if "bfloat16" not in dtypes:
-        emulated = matmul_peak_gflops(torch.bfloat16, size=512, repeats=2)
-        report["bfloat16_skipped"] = (f"no native bf16 on this CPU (no avx512_bf16/amx): a 512³ bf16 matmul runs "
-                                      f"at {emulated:.2f} GFLOP/s; the trainer's auto dtype is float32 here")
+    report["trainer_dtype_auto"] = {"dtype": auto.dtype, "source": auto.source, "why": auto.why}
+    if emulated:
+        slow = matmul_peak_gflops(torch.bfloat16, size=512, repeats=2)
+        report["bfloat16_skipped"] = (f"bf16 is emulated on this CPU: a 512³ bf16 matmul runs at {slow:.2f} "
+                                      f"GFLOP/s; the trainer's auto dtype is float32 here")
         print(f"bf16 skipped: {report['bfloat16_skipped']}")
     print(f"measured matmul peak (2048³, {torch.get_num_threads()} threads): "
           + ", ".join(f"{dtype} {gflops:.0f} GFLOP/s" for dtype, gflops in peak.items()))
@@ -461,7 +469,9 @@ def main() -> None:
               f"{swap['swap_seconds_server']:.3f} s); last step → first token of {swap['new_model']} "
               f"{swap['last_step_to_first_token_s']:.3f} s")
     report["machine"] = {"platform": platform.platform(), "cpus": os.cpu_count(), "torch": torch.__version__,
-                         "cpu": cpu_model(), "native_bf16": cpu_has_native_bf16()}
+                         "cpu": cpu_model(), "native_bf16": cpu_has_native_bf16(),
+                         "dtype_probe": dtype_probe and {k: dtype_probe.get(k) for k in ("trainer", "engine",
+                                                                                          "speedup", "gflops")}}
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(report, indent=2, default=str))
     print(f"\nwritten {args.output}")

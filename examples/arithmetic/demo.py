@@ -3,8 +3,10 @@
     python -m examples.arithmetic.demo [--steps 12] [--server URL]
 
 Without --server it starts `artlike serve` itself (fresh data dir), registers a model, evaluates it
-greedily on held-out problems, runs RL steps (rollouts through the OpenAI client → rewards → train →
-hot-swap), then evaluates again and prints a step table and a before/after table. Results go to JSON.
+greedily on held-out problems, trains with `art.PipelineTrainer` (rollouts through the OpenAI client →
+rewards → train → hot-swap, the next step's rollouts running while a step trains), then evaluates again and
+prints a step table (with each step's staleness and times) and a before/after table. Results go to JSON in
+the run's data dir (`--output` to choose).
 """
 
 from __future__ import annotations
@@ -28,9 +30,6 @@ from .task import Problem, problems, reward
 
 MAX_TOKENS = 16
 
-
-def _mean(values: list[float]) -> float:
-    return sum(values) / len(values) if values else 0.0
 
 
 async def rollout(model: art.TrainableModel, problem: Problem) -> art.Trajectory:
@@ -58,46 +57,41 @@ async def evaluate(base_url: str, model: str, eval_set: list[Problem], api_key: 
     return {key: sum(r[key] for r in results) / len(results) for key in ("correct", "formatted")}
 
 
+def _print_row(report: art.PipelineStep) -> None:
+    print(f"{report.step:>4} {report.reward_mean:>7.3f} {report.metrics.get('correct', 0.0):>8.1%} "
+          f"{report.metrics.get('formatted', 0.0):>7.1%} {report.loss or 0.0:>8.4f} {report.staleness_mean:>6.2f} "
+          f"{report.rollout_seconds:>9.1f} {report.train_seconds:>8.1f} {report.step_seconds:>7.1f}"
+          + ("" if report.trained else f"  not trained: {report.reason}"))
+
+
 async def run(args: argparse.Namespace, base_url: str) -> dict[str, Any]:
     model = art.TrainableModel(name=args.name, base_model=DEFAULT_MODEL_ID, server=base_url,
                                lora=art.LoraConfig(rank=args.lora_rank, alpha=2 * args.lora_rank))
     await model.register()
     eval_set = problems(seed=10_000, count=args.eval_size)
-    train_set = problems(seed=args.seed, count=args.steps * args.groups)
+    train_set = problems(seed=args.seed, count=(args.steps + args.max_steps_off_policy + 4) * args.groups)
 
     print(f"evaluating step {await model.get_step()} on {len(eval_set)} held-out problems (greedy)...")
     before = await evaluate(base_url, model.name, eval_set, None)
     print(f"  before: accuracy {before['correct']:.1%}, answer format {before['formatted']:.1%}")
 
-    rows: list[dict[str, Any]] = []
-    print(f"\n{'step':>4} {'reward':>7} {'correct':>8} {'format':>7} {'loss':>8} {'rollout s':>9} {'train s':>8}")
-    for step in range(args.steps):
-        batch = train_set[step * args.groups:(step + 1) * args.groups]
-        started = time.perf_counter()
-        groups = await art.gather_trajectory_groups(
-            (art.TrajectoryGroup(rollout(model, p) for _ in range(args.group_size)) for p in batch),
-            pbar_desc=f"rollouts {step + 1}/{args.steps}")
-        rollout_seconds = time.perf_counter() - started
-        trajectories = [t for g in groups for t in g.trajectories]
-        mean_reward = _mean([t.reward for t in trajectories])
-        started = time.perf_counter()
-        result = await model.train(groups, learning_rate=args.learning_rate, progress=False)
-        train_seconds = time.perf_counter() - started
-        loss = sum(s.loss for s in result.metrics) / max(1, len(result.metrics))
-        row = {"step": result.step, "reward": mean_reward,
-               "correct": _mean([t.metrics["correct"] for t in trajectories]),
-               "formatted": _mean([t.metrics["formatted"] for t in trajectories]), "loss": loss, "rollout_seconds": rollout_seconds,
-               "train_seconds": train_seconds}
-        rows.append(row)
-        print(f"{row['step']:>4} {mean_reward:>7.3f} {row['correct']:>8.1%} {row['formatted']:>7.1%} "
-              f"{loss:>8.4f} {rollout_seconds:>9.1f} {train_seconds:>8.1f}")
+    # Rollouts of the next step run while a step trains (max_steps_off_policy=1); `stale` is how many steps
+    # behind the trained policy the step's samples were drawn, corrected by the importance ratio.
+    trainer = art.PipelineTrainer(
+        model, lambda problem: rollout(model, problem), train_set, group_size=args.group_size,
+        groups_per_step=args.groups, max_steps_off_policy=args.max_steps_off_policy,
+        learning_rate=args.learning_rate, on_step=_print_row, progress=False)
+    print(f"\n{'step':>4} {'reward':>7} {'correct':>8} {'format':>7} {'loss':>8} {'stale':>6} {'rollout s':>9} "
+          f"{'train s':>8} {'step s':>7}")
+    result = await trainer.run(num_steps=args.steps)
 
     after = await evaluate(base_url, model.name, eval_set, None)
     print(f"\nheld-out greedy evaluation ({len(eval_set)} problems)")
     print(f"{'':>10} {'accuracy':>9} {'format':>7}")
     print(f"{'before':>10} {before['correct']:>9.1%} {before['formatted']:>7.1%}")
     print(f"{'after':>10} {after['correct']:>9.1%} {after['formatted']:>7.1%}")
-    return {"args": vars(args), "before": before, "after": after, "steps": rows}
+    print(f"engine busy {result.engine_busy_fraction:.0%} of the run, trainer busy {result.trainer_busy_fraction:.0%}")
+    return {"args": vars(args), "before": before, "after": after, "pipeline": result.model_dump(mode="json")}
 
 
 def main() -> None:
@@ -111,7 +105,9 @@ def main() -> None:
     parser.add_argument("--lora-rank", type=int, default=8)
     parser.add_argument("--eval-size", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--output", type=Path, default=Path("examples/arithmetic/results.json"))
+    parser.add_argument("--max-steps-off-policy", type=int, default=1,
+                        help="0: the sequential loop; 1: sample the next step while one trains")
+    parser.add_argument("--output", type=Path, help="results JSON (default: results.json in the run's data dir)")
     args = parser.parse_args()
 
     started = time.perf_counter()
@@ -123,9 +119,10 @@ def main() -> None:
             print(f"server ready at {base_url} after {time.perf_counter() - started:.0f}s (data in {data_dir})")
         results = asyncio.run(run(args, base_url))
     results["total_seconds"] = time.perf_counter() - started
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(results, indent=2, default=str))
-    print(f"\ntotal {results['total_seconds'] / 60:.1f} min; results in {args.output}")
+    output = args.output or data_dir / "results.json"  # outside the source tree unless asked
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(results, indent=2, default=str))
+    print(f"\ntotal {results['total_seconds'] / 60:.1f} min; results in {output}")
 
 
 if __name__ == "__main__":

@@ -87,6 +87,7 @@ def engine_config(settings: ServerSettings, port: int) -> EngineConfig:
         log_backups=settings.log_file_backups,
         startup_timeout_s=settings.engine_startup_timeout_s,
         device=settings.device,  # type: ignore[arg-type]
+        cpu_ids=settings.engine_cpus,
     )
 
 
@@ -189,7 +190,7 @@ def _build_state(settings: ServerSettings, metrics: Metrics, judge: ServerJudge,
     models = ModelManager(store, engine_client, settings.served_model_name,
                           max_loaded=settings.max_loaded_adapters, on_swap=metrics.adapter_swapped)
     trainer = TrainerProcess(settings.model_path, dtype=settings.trainer_dtype,
-                             gradient_checkpointing=settings.gradient_checkpointing,
+                             gradient_checkpointing=settings.gradient_checkpointing, cpus=settings.trainer_cpus,
                              log_path=settings.log_dir / "trainer.log", log_max_bytes=settings.log_file_max_bytes,
                              log_backups=settings.log_file_backups)
     chat_template = settings.chat_template.read_text() if settings.chat_template else None
@@ -301,9 +302,11 @@ async def health(request: Request) -> Response:
     if is_authorized(request.scope):
         body |= {
             "engine": {"state": str(engine_state), "restarts": state.engine.restarts, "pid": state.engine.pid,
-                       "dtype": state.settings.engine_dtype},
+                       "dtype": state.settings.engine_dtype,
+                       "dtype_source": state.settings.engine_dtype_source},  # explicit, probe, flags or cuda
             "trainer": {"running": state.trainer.is_running, "pid": state.trainer.pid,
-                        "dtype": state.settings.trainer_dtype},
+                        "dtype": state.settings.trainer_dtype,
+                        "dtype_source": state.settings.trainer_dtype_source},
             "models": len(state.models.served_models),  # in memory: /health is polled often
             "training": state.training.active(),
             "training_sessions": state.sessions.open_models(),

@@ -15,10 +15,10 @@ import uvicorn
 
 from .data_dir_lock import DataDirInUse, DataDirLock
 from .default_model import DEFAULT_MODEL_ID, ensure_default_model
-from .engine.launch import detect_device
+from .engine.launch import detect_device, parse_cpu_list
 from .engine.templates import resolve_chat_template
 from .engine.tool_calling import choose_tool_calling
-from .hardware import DTYPE_CHOICES, resolve_dtype
+from .hardware import DTYPE_CHOICES, DtypeChoice, Role, choose_dtypes
 from .settings import ServerSettings
 
 _MIB = 1024 * 1024
@@ -45,10 +45,11 @@ def serve(
         "the port can then generate, train and delete models.")] = False,
     device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
     dtype: Annotated[str, typer.Option(
-        help="Engine dtype: auto, bfloat16, float32. auto: bfloat16 on CUDA and on CPUs with native bf16 "
-             "(AVX-512 BF16, AMX), float32 on other CPUs (bf16 is emulated there, ~100x slower).")] = "auto",
+        help="Engine dtype: auto, bfloat16, float32. auto: bfloat16 on CUDA; on a CPU the faster of the two "
+             "in a measured probe of the engine's GEMMs (bf16 needs >= 1.15x; ~3 s once per machine, cached: "
+             "python -m artlike_server.dtype_probe), or the CPU flags where the probe cannot run.")] = "auto",
     trainer_dtype: Annotated[str, typer.Option(help="Trainer dtype: auto, bfloat16, float32 (auto as for "
-                                               "--dtype).")] = "auto",
+                                               "--dtype, measured on the trainer's GEMMs).")] = "auto",
     max_loaded_adapters: Annotated[int, typer.Option(help="Latest K steps kept loaded in the engine.")] = 4,
     max_lora_rank: int = 64,
     max_model_len: int = 4096,
@@ -69,6 +70,11 @@ def serve(
         help="Reject per-request `seed` with a 400. Default: only on CPU with chunked prefill turned back on "
              "through --engine-arg, where a seeded request whose prefill is split crashes vLLM-CPU.")] = None,
     gradient_checkpointing: bool = False,
+    engine_cpus: Annotated[str | None, typer.Option(
+        help="CPU only: the cores the engine's threads run on, e.g. 0 or 0-5 (default: all; docs/pipeline.md "
+             "measures a split against sharing).")] = None,
+    trainer_cpus: Annotated[str | None, typer.Option(
+        help="CPU only: the cores the trainer runs on, e.g. 1 or 6-7 (default: all).")] = None,
     max_recorded_choices: Annotated[int, typer.Option(
         min=1, help="Largest `n` of one request through a trajectory URL (each choice is a log row).")] = 16,
     max_train_records: Annotated[int, typer.Option(
@@ -112,6 +118,9 @@ def serve(
     for option, value in (("--dtype", dtype), ("--trainer-dtype", trainer_dtype)):
         if value not in DTYPE_CHOICES:
             raise typer.BadParameter(f"must be one of {', '.join(DTYPE_CHOICES)}, not {value!r}", param_hint=option)
+    cpus = {option: _cpu_list(value, option) for option, value in
+            (("--engine-cpus", engine_cpus), ("--trainer-cpus", trainer_cpus))}
+    dtypes = _choose_dtypes(dtype, trainer_dtype, resolved_device)
     if model is None:
         typer.echo("artlike: preparing the embedded default model (first run converts it once)...", err=True)
         model_path = ensure_default_model()
@@ -140,7 +149,8 @@ def serve(
         api_key=api_key or None,
         reject_seed=_seed_is_unsafe(resolved_device, engine_arg or []) if reject_seed is None else reject_seed,
         device=resolved_device,
-        engine_dtype=resolve_dtype(dtype, resolved_device),
+        engine_dtype=dtypes["engine"].dtype,
+        engine_dtype_source=dtypes["engine"].source,
         engine_port=engine_port,
         engine_api_key=engine_api_key or None,
         max_loaded_adapters=max_loaded_adapters,
@@ -150,7 +160,10 @@ def serve(
         chat_template=template,
         tool_call_parser=tools.parser,
         engine_args=tuple(engine_arg or ()),
-        trainer_dtype=resolve_dtype(trainer_dtype, resolved_device),
+        engine_cpus=cpus["--engine-cpus"],
+        trainer_cpus=cpus["--trainer-cpus"],
+        trainer_dtype=dtypes["trainer"].dtype,
+        trainer_dtype_source=dtypes["trainer"].source,
         gradient_checkpointing=gradient_checkpointing,
         max_recorded_choices=max_recorded_choices,
         max_train_records=max_train_records,
@@ -169,6 +182,14 @@ def serve(
     raise typer.Exit(run(settings, log_level=log_level))
 
 
+def _choose_dtypes(engine: str, trainer: str, device: str) -> dict[Role, DtypeChoice]:
+    """Each role's dtype, said in the log; "auto" on a CPU runs the dtype probe (cached per machine)."""
+    choices = choose_dtypes({"engine": engine, "trainer": trainer}, device)
+    for role, choice in choices.items():
+        typer.echo(f"artlike: {role} dtype {choice.describe()}", err=True)
+    return choices
+
+
 def is_loopback_host(host: str) -> bool:
     """Whether `host` binds loopback only. A name counts only if every address it resolves to is loopback
     (an unresolvable name is not loopback: refusing is the safe answer)."""
@@ -181,6 +202,21 @@ def is_loopback_host(host: str) -> bool:
     except OSError:
         return False
     return bool(addresses) and all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addresses)
+
+
+def _cpu_list(value: str | None, option: str) -> tuple[int, ...] | None:
+    """A --engine-cpus / --trainer-cpus value as core ids this process may run on (None when not given)."""
+    if value is None:
+        return None
+    try:
+        ids = parse_cpu_list(value)
+    except ValueError as error:
+        raise typer.BadParameter(str(error), param_hint=option) from error
+    usable = os.sched_getaffinity(0)
+    if not set(ids) <= usable:
+        raise typer.BadParameter(f"cores {sorted(set(ids) - usable)} are not available to this process "
+                                 f"(usable: {sorted(usable)})", param_hint=option)
+    return ids
 
 
 def _seed_is_unsafe(device: str, engine_args: list[str]) -> bool:

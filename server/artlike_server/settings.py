@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .hardware import Dtype
+from .hardware import Dtype, Source
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,7 @@ class ServerSettings:
     # engine
     device: str = "cpu"
     engine_dtype: Dtype = "float32"  # the CLI resolves "auto" to what this machine runs fast (hardware.py)
+    engine_dtype_source: Source = "explicit"  # how: explicit, probe (measured), flags (fallback) or cuda
     engine_port: int | None = None
     engine_api_key: str | None = None  # None: a random key per engine start (see engine/supervisor.py)
     max_loaded_adapters: int = 4
@@ -44,6 +45,9 @@ class ServerSettings:
     tool_call_parser: str | None = None
     engine_args: tuple[str, ...] = field(default_factory=tuple)
     engine_startup_timeout_s: float = 600.0
+    # CPU: the cores the engine's and the trainer's threads run on (None: all of this process's)
+    engine_cpus: tuple[int, ...] | None = None
+    trainer_cpus: tuple[int, ...] | None = None
     # managed jobs: user reward code runs in a pool of sandboxed workers (jobs/sandbox.py)
     reward_timeout_s: float = 10.0
     reward_workers: int = 2
@@ -52,6 +56,7 @@ class ServerSettings:
     tensorboard_dir: Path | None = None
     # trainer
     trainer_dtype: Dtype = "float32"
+    trainer_dtype_source: Source = "explicit"
     gradient_checkpointing: bool = False
 
     @property

@@ -37,6 +37,9 @@ def step_scalars(entry: dict[str, Any]) -> Iterator[tuple[str, float]]:
     for key, value in (entry.get("objective_metrics") or {}).items():  # e.g. PPO's score_mean, kl_coef
         if isinstance(value, int | float):
             yield f"objective/{key}", float(value)
+    for key, value in (entry.get("eval") or {}).items():  # an evaluation line (`"event": "eval"`)
+        if isinstance(value, int | float):
+            yield f"eval/{key}", float(value)
 
 
 class TensorBoardLog:

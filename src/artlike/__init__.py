@@ -30,6 +30,7 @@ from ._errors import (
     BadRequestError,
     ConflictError,
     InternalServerError,
+    JudgeError,
     NotFoundError,
     PayloadTooLargeError,
     ServiceUnavailableError,
@@ -38,7 +39,9 @@ from ._errors import (
 from ._gather import gather_trajectory_groups
 from ._http import RetryPolicy
 from ._jobs import Jobs
+from ._judge import Judge, judge_group, judge_group_sync, judge_groups, judge_groups_sync
 from ._model import TrainableModel
+from ._pipeline import PipelineResult, PipelineStep, PipelineTrainer
 from ._score import score, score_sync
 from ._session import TrainingSession
 from ._sft import best_of_groups
@@ -95,6 +98,8 @@ __all__ = [
     "Job",
     "JobEvent",
     "Jobs",
+    "Judge",
+    "JudgeError",
     "KeepBest",
     "LoraConfig",
     "ModelInfo",
@@ -104,6 +109,9 @@ __all__ = [
     "PPOConfig",
     "PassResult",
     "PayloadTooLargeError",
+    "PipelineResult",
+    "PipelineStep",
+    "PipelineTrainer",
     "RetryPolicy",
     "RewardHeadConfig",
     "RewardModelConfig",
@@ -134,6 +142,10 @@ __all__ = [
     "best_of_groups",
     "choice_to_message",
     "gather_trajectory_groups",
+    "judge_group",
+    "judge_group_sync",
+    "judge_groups",
+    "judge_groups_sync",
     "parse_event",
     "preference_pairs",
     "score",

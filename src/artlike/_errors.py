@@ -12,8 +12,10 @@
     │   └── InternalServerError       other 5xx: a server bug, named in the message
     ├── APIConnectionError            no usable answer: connection refused or dropped
     │   └── APITimeoutError           no answer (or no stream line) within the timeout
-    └── TrainingError                 the train stream failed: an `error` line (code, message,
-                                      served_step), or a stream that broke the protocol
+    ├── TrainingError                 the train stream failed: an `error` line (code, message,
+    │                                 served_step), or a stream that broke the protocol
+    └── JudgeError                    judging a group failed (code, raw): the judge's request failed,
+                                      its answer was not the scores asked for, or a trajectory was unreadable
 
 Statuses map to classes by status code only (never by message text). Transient statuses (502, 503, 504)
 and connection failures are retried with backoff before any of these is raised (see `RetryPolicy`).
@@ -37,6 +39,7 @@ __all__ = [
     "BadRequestError",
     "ConflictError",
     "InternalServerError",
+    "JudgeError",
     "NotFoundError",
     "PayloadTooLargeError",
     "ServiceUnavailableError",
@@ -132,6 +135,29 @@ class TrainingError(ArtlikeError):
     def __str__(self) -> str:
         served = f"; step {self.served_step} is still served" if self.served_step is not None else ""
         return f"{self.message} (code={self.code!r}{served})"
+
+
+class JudgeError(ArtlikeError):
+    """An LLM judge could not score a group (`art.judge_group`); never turned into a reward of 0.
+
+    `code`: "api_error" (the judge's request failed after the openai client's retries), "invalid_output"
+    (not the JSON asked for: unparseable, cut off, a score missing or outside [0, 1]; `raw` holds the
+    answer), "trajectory_unavailable" (the server could not show a recorded trajectory), "judge_unavailable"
+    (401/403/404: a wrong key or an unknown model, which would fail every group, so it is always raised).
+    `retryable`: whether asking again may help; `attempts`: how many times it was asked.
+    """
+
+    def __init__(self, message: str, *, code: str, raw: str | None = None, retryable: bool = True) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+        self.raw = raw
+        self.retryable = retryable and code in ("api_error", "invalid_output")
+        self.attempts = 1
+
+    def __str__(self) -> str:
+        attempts = f", {self.attempts} attempts" if self.attempts > 1 else ""
+        return f"{self.message} (code={self.code!r}{attempts})"
 
 
 _ERRORS_BY_STATUS: dict[int, type[APIError]] = {

@@ -36,6 +36,7 @@ from ._train import (
 )
 from ._trajectory import Trajectory, TrajectoryGroup
 from .types import (
+    EvaluationRequest,
     LoraConfig,
     ModelInfo,
     ModelKind,
@@ -202,6 +203,19 @@ class TrainableModel:
         body = UpdateModelRequest(retention=StepRetention.model_validate(retention)).model_dump(mode="json")
         response = self._connection.request_sync("PATCH", self._path(), json=body, idempotent=True)
         return ModelInfo.model_validate_json(response.content)
+
+    async def log_evaluation(self, step: int, metrics: Mapping[str, float], *, split: str = "validation"
+                             ) -> dict[str, Any]:
+        """Record step `step`'s scores on held-out data in the model's history (`"event": "eval"`): TensorBoard
+        shows them as `eval/*`, and a retention `keep_best` on `"eval.<metric>"` keeps the best evaluated steps."""
+        body = EvaluationRequest(step=step, metrics=dict(metrics), split=split).model_dump(mode="json")
+        response = await self._connection.request("POST", self._path("/evaluations"), json=body)
+        return dict(response.json())
+
+    def log_evaluation_sync(self, step: int, metrics: Mapping[str, float], *, split: str = "validation"
+                            ) -> dict[str, Any]:
+        body = EvaluationRequest(step=step, metrics=dict(metrics), split=split).model_dump(mode="json")
+        return dict(self._connection.request_sync("POST", self._path("/evaluations"), json=body).json())
 
     def _path(self, suffix: str = "") -> str:
         return f"/v1/trainable_models/{self.name}{suffix}"

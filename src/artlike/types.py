@@ -154,6 +154,18 @@ class SetAliasRequest(_Strict):
     reason: str | None = Field(None, max_length=500, description="Recorded in the history line.")
 
 
+class EvaluationRequest(_Strict):
+    """`POST /v1/trainable_models/{name}/evaluations`: record how a committed step scored on held-out data.
+
+    Appended to the history as `{"event": "eval", "step", "split", "eval": {metrics}}`; a `keep_best` rule on
+    `"eval.<metric>"` then keeps the best evaluated steps (the pipeline trainer's checkpoint retention)."""
+
+    step: int = Field(ge=0)
+    metrics: dict[Annotated[str, Field(min_length=1, max_length=100)], FiniteFloat] = Field(min_length=1,
+                                                                                              max_length=256)
+    split: str = Field("validation", min_length=1, max_length=100)
+
+
 class StepInfo(BaseModel):
     step: int
     served_name: str  # "name@N": the exact vLLM model name of this step

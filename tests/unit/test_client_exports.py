@@ -17,6 +17,8 @@ EXPECTED_EXPORTS = {
     # the workflow
     "TrainableModel", "Trajectory", "TrajectoryGroup", "gather_trajectory_groups", "choice_to_message",
     "RetryPolicy", "__version__", "best_of_groups", "preference_pairs", "score", "score_sync",
+    "Judge", "judge_group", "judge_group_sync", "judge_groups", "judge_groups_sync",
+    "PipelineTrainer", "PipelineStep", "PipelineResult",
     # low-level primitives
     "TrainingSession", "Jobs", "Job", "JobEvent", "Checkpoint", "AdamParams", "PassResult", "OptimStepResult", "SavedState", "SessionInfo", "SessionSequence",
     # wire types users read or build
@@ -29,7 +31,7 @@ EXPECTED_EXPORTS = {
     # errors
     "ArtlikeError", "APIError", "BadRequestError", "AuthenticationError", "NotFoundError", "ConflictError",
     "PayloadTooLargeError", "ServiceUnavailableError", "InternalServerError", "APIConnectionError",
-    "APITimeoutError", "TrainingError",
+    "APITimeoutError", "TrainingError", "JudgeError",
 }
 # The client must install and import without the server stack. openai is heavy (~2 s) and only needed
 # once a rollout builds a client, so it is imported lazily too.

@@ -17,6 +17,7 @@ from artlike_server.engine.launch import (
     detect_device,
     format_cpu_list,
     free_port,
+    parse_cpu_list,
 )
 from artlike_server.engine.templates import TEMPLATES_DIR, builtin_chat_template, resolve_chat_template
 
@@ -150,6 +151,21 @@ def test_format_cpu_list(ids: list[int], expected: str) -> None:
 def test_format_cpu_list_rejects_nothing() -> None:
     with pytest.raises(ValueError):
         format_cpu_list([])
+
+
+@pytest.mark.parametrize("text", ["0", "0-1", "0-3", "0-2,5,7-8", "4,6"])
+def test_parse_cpu_list_inverts_format(text: str) -> None:
+    assert format_cpu_list(parse_cpu_list(text)) == text
+
+
+@pytest.mark.parametrize("text", ["", "a", "1-", "3-1", "0,,1", "-1"])
+def test_parse_cpu_list_rejects_what_is_not_a_list(text: str) -> None:
+    with pytest.raises(ValueError, match="not a CPU list"):
+        parse_cpu_list(text)
+
+
+def test_env_binds_the_engine_to_its_configured_cores() -> None:
+    assert build_env(replace(CONFIG, cpu_ids=(0,)), {}, api_key=KEY)["VLLM_CPU_OMP_THREADS_BIND"] == "0"
 
 
 def test_detect_device_override() -> None:

@@ -70,7 +70,8 @@ def health_client(api_key: str | None) -> httpx.AsyncClient:
     app.state.artlike = SimpleNamespace(
         engine=SimpleNamespace(state=EngineState.READY, restarts=0, pid=1234, retry_after=lambda: 0.0),
         trainer=SimpleNamespace(is_running=True, pid=5678),
-        settings=SimpleNamespace(engine_dtype="float32", trainer_dtype="float32"),
+        settings=SimpleNamespace(engine_dtype="float32", trainer_dtype="float32", engine_dtype_source="explicit",
+                                 trainer_dtype_source="probe"),
         models=SimpleNamespace(served_models={"secret-model@3": None}),
         training=SimpleNamespace(active=lambda: ["secret-model"]),
         sessions=SimpleNamespace(open_models=lambda: {"other-model": "ts_1"}),

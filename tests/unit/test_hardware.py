@@ -1,9 +1,20 @@
-"""The dtype rule shared by the engine and the trainer (`artlike_server.hardware`)."""
+"""How the engine's and the trainer's dtypes are decided (`artlike_server.hardware`): explicit, the measured
+probe for each role, or the CPU-flags rule where the probe cannot run."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
-from artlike_server.hardware import cpu_flags, cpu_has_native_bf16, cpu_model, resolve_dtype
+from artlike_server.hardware import (
+    DtypeChoice,
+    choose_dtypes,
+    cpu_flags,
+    cpu_has_native_bf16,
+    cpu_model,
+    decide_dtype,
+    resolve_dtype,
+)
 
 # Abridged /proc/cpuinfo of the two kinds of machine this project has run on.
 EPYC_AVX2 = """processor\t: 0
@@ -48,3 +59,50 @@ def test_cpu_model_reads_the_first_model_name() -> None:
     cpuinfo = "processor\t: 0\nmodel name\t: AMD EPYC 7B13\nflags\t\t: fpu avx2\n\nprocessor\t: 1\nmodel name\t: other\n"
     assert cpu_model(cpuinfo) == "AMD EPYC 7B13"
     assert cpu_model("processor\t: 0\n") == "unknown"
+
+
+# A `dtype_probe.probe()` answer in which the roles differ (made up: bf16 winning the engine's small,
+# memory-bound decode GEMMs by its halved bytes while losing the trainer's large ones).
+PROBED = {"engine": "bfloat16", "trainer": "float32", "speedup": {"engine": 1.3, "trainer": 0.52},
+          "bf16_emulated": False, "cached": True}
+
+
+def test_auto_on_a_cpu_follows_the_probe_for_each_role_over_the_flags() -> None:
+    engine = decide_dtype("auto", "cpu", role="engine", probe=PROBED, cpuinfo=EPYC_AVX2)
+    trainer = decide_dtype("auto", "cpu", role="trainer", probe=PROBED, cpuinfo=SAPPHIRE_RAPIDS)
+    assert (engine.dtype, engine.source) == ("bfloat16", "probe")  # though the flags say no bf16
+    assert (trainer.dtype, trainer.source) == ("float32", "probe")  # though the flags say AMX
+    assert "0.52x" in trainer.why and "cached" in trainer.why
+    assert resolve_dtype("auto", "cpu", role="trainer", probe=PROBED, cpuinfo=SAPPHIRE_RAPIDS) == "float32"
+
+
+def test_without_a_probe_result_auto_falls_back_to_the_flags_and_says_so() -> None:
+    for probe in (None, {}, {"engine": "fp8"}):
+        choice = decide_dtype("auto", "cpu", role="engine", probe=probe, cpuinfo=SAPPHIRE_RAPIDS)
+        assert (choice.dtype, choice.source) == ("bfloat16", "flags")
+    assert decide_dtype("auto", "cpu", cpuinfo=EPYC_AVX2).describe().startswith("float32 (flags: ")
+
+
+def test_explicit_and_cuda_choices_say_where_they_came_from() -> None:
+    assert decide_dtype("float32", "cpu", role="trainer", probe=PROBED) == DtypeChoice("float32", "explicit", "requested")
+    assert decide_dtype("auto", "cuda", probe=PROBED).source == "cuda"
+
+
+def test_choose_dtypes_runs_the_probe_once_and_only_for_auto_on_a_cpu() -> None:
+    calls: list[int] = []
+
+    def run_probe() -> dict[str, Any]:
+        calls.append(1)
+        return PROBED
+
+    both = choose_dtypes({"engine": "auto", "trainer": "auto"}, "cpu", run_probe=run_probe)
+    assert ({r: c.dtype for r, c in both.items()}, len(calls)) == ({"engine": "bfloat16", "trainer": "float32"}, 1)
+    mixed = choose_dtypes({"engine": "float32", "trainer": "auto"}, "cpu", run_probe=run_probe)
+    assert (mixed["engine"].source, mixed["trainer"].source, len(calls)) == ("explicit", "probe", 2)
+    choose_dtypes({"engine": "bfloat16", "trainer": "float32"}, "cpu", run_probe=run_probe)
+    choose_dtypes({"engine": "auto", "trainer": "auto"}, "cuda", run_probe=run_probe)
+    assert len(calls) == 2
+    failed = choose_dtypes({"engine": "auto", "trainer": "auto"}, "cpu", run_probe=lambda: None)
+    assert {c.source for c in failed.values()} == {"flags"}
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        choose_dtypes({"engine": "fp8", "trainer": "auto"}, "cpu", run_probe=run_probe)

@@ -252,6 +252,26 @@ async def test_retention_after_a_commit_keeps_the_policys_steps(tmp_path: Path) 
     assert store.steps("m") == [0, 3, 4]  # 4 latest, 3 still the best
 
 
+async def test_evaluations_are_history_lines_that_retention_can_keep_the_best_of(tmp_path: Path) -> None:
+    store = make_store(tmp_path, 5)
+    manager = ModelManager(store, FakeEngine(), "base")  # type: ignore[arg-type]
+    await manager.restore()
+    await manager.set_retention("m", StepRetention(keep_last=2))
+    assert store.steps("m") == [0, 3, 4]
+    entry = await manager.record_evaluation("m", 3, {"accuracy": 0.9}, "validation")
+    assert entry["event"] == "eval" and entry["step"] == 3 and entry["eval"] == {"accuracy": 0.9}
+    await manager.record_evaluation("m", 4, {"accuracy": 0.4}, "validation")
+    await manager.set_retention("m", StepRetention(keep_last=1, keep_best=KeepBest(metric="eval.accuracy")))
+    assert store.steps("m") == [0, 3, 4]  # 4 latest, 3 the best evaluated
+    assert [line["step"] for line in store.read_history("m") if line.get("event") == "eval"] == [3, 4]
+    assert store.committed_steps("m") == [0, 3, 4]
+    with pytest.raises(NotFound) as caught:
+        await manager.record_evaluation("m", 1, {"accuracy": 1.0}, "validation")  # deleted by retention
+    assert caught.value.code == "step_not_found"
+    with pytest.raises(NotFound):
+        await manager.record_evaluation("nobody", 0, {"accuracy": 1.0}, "validation")
+
+
 # ------------------------------------------------------------------------------------ leases and deletes
 
 

@@ -49,6 +49,7 @@ class EngineConfig:
     tool_call_parser: str | None = None  # e.g. "hermes"; turns on automatic tool choice
     extra_args: tuple[str, ...] = ()  # appended verbatim; a repeated flag overrides ours
     extra_env: tuple[tuple[str, str], ...] = ()  # applied last to the child's environment
+    cpu_ids: tuple[int, ...] | None = None  # CPU: the cores its OpenMP threads bind to (None: this process's)
     startup_timeout_s: float = 300.0
     log_max_bytes: int = 64 * 1024 * 1024  # log_path rotates at this size (see artlike_server.logfiles)
     log_backups: int = 3
@@ -115,7 +116,7 @@ def build_env(
 
     `api_key` is the key every engine route but /health requires (in the environment, not on the
     command line, which any local user can read in /proc). `cpu_ids` are the cores OpenMP threads bind
-    to on CPU (default: this process's CPU affinity). An operator's own VLLM_CPU_OMP_THREADS_BIND in
+    to on CPU (default: `config.cpu_ids`, else this process's CPU affinity). An operator's own VLLM_CPU_OMP_THREADS_BIND in
     `base_env` wins.
     """
     env = dict(base_env)
@@ -128,10 +129,29 @@ def build_env(
         # vLLM-CPU lets this legacy variable override --kv-cache-memory-bytes; one source of truth.
         env.pop("VLLM_CPU_KVCACHE_SPACE", None)
     if config.device == "cpu" and "VLLM_CPU_OMP_THREADS_BIND" not in env:
+        cpu_ids = cpu_ids if cpu_ids is not None else config.cpu_ids
         ids = sorted(os.sched_getaffinity(0) if cpu_ids is None else cpu_ids)
         env["VLLM_CPU_OMP_THREADS_BIND"] = format_cpu_list(ids)
     env.update(config.extra_env)
     return env
+
+
+def parse_cpu_list(text: str) -> tuple[int, ...]:
+    """The CPU ids of a list in the syntax vLLM and taskset read: "0-2,5" -> (0, 1, 2, 5).
+
+    >>> parse_cpu_list("0-2,5,7-8")
+    (0, 1, 2, 5, 7, 8)
+    """
+    ids: set[int] = set()
+    for part in text.replace(" ", "").split(","):
+        first, dash, last = part.partition("-")
+        if not first.isdigit() or (dash and not last.isdigit()):
+            raise ValueError(f"not a CPU list: {text!r} (e.g. 0-3,6)")
+        low, high = int(first), int(last) if dash else int(first)
+        if high < low:
+            raise ValueError(f"not a CPU list: {text!r} ({part} runs backwards)")
+        ids.update(range(low, high + 1))
+    return tuple(sorted(ids))
 
 
 def format_cpu_list(cpu_ids: Iterable[int]) -> str:

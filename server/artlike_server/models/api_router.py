@@ -9,7 +9,14 @@ from typing import Any
 import httpx
 from fastapi import APIRouter, Query, Request, Response
 
-from artlike.types import ModelInfo, RegisterModelRequest, SetAliasRequest, StepInfo, UpdateModelRequest
+from artlike.types import (
+    EvaluationRequest,
+    ModelInfo,
+    RegisterModelRequest,
+    SetAliasRequest,
+    StepInfo,
+    UpdateModelRequest,
+)
 
 from ..engine.client import EngineRequestError
 from ..errors import Conflict, InvalidRequest, ServiceUnavailable
@@ -137,6 +144,14 @@ async def get_history(name: str, request: Request) -> dict[str, list[dict[str, A
     state = get_state(request)
     state.store.require(name)
     return {"data": await asyncio.to_thread(state.store.read_history, name)}
+
+
+@router.post("/v1/trainable_models/{name}/evaluations")
+async def record_evaluation(name: str, body: EvaluationRequest, request: Request) -> dict[str, Any]:
+    """Record a committed step's scores on held-out data as a history line (`"event": "eval"`); retention
+    rules on `"eval.<metric>"` keep the best evaluated steps. Returns the line."""
+    state = get_state(request)
+    return await state.models.record_evaluation(name, body.step, body.metrics, body.split)
 
 
 @router.get("/v1/trainable_models/{name}/steps")

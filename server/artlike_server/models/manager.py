@@ -367,6 +367,20 @@ class ModelManager:
             self._observe(name, entry)
             return seconds
 
+    async def record_evaluation(self, name: str, step: int, metrics: dict[str, float], split: str) -> dict[str, Any]:
+        """Append an evaluation of committed step `step` to the history (`"event": "eval"`), then apply the
+        retention policy again: a `keep_best` rule on `"eval.<metric>"` keeps the best evaluated steps."""
+        async with self._model_lock(name):
+            self.store.require(name)
+            if step not in self.store.committed_steps(name):
+                raise NotFound(f"model {name!r} has no committed step {step} to evaluate", param="step",
+                               code="step_not_found")
+            entry = {"event": "eval", "step": step, "split": split, "eval": dict(metrics), "time": time.time()}
+            self.store.append_history(name, entry)
+            self._observe(name, entry)
+            await self._apply_retention(name)
+            return entry
+
     def _observe(self, name: str, entry: dict[str, Any]) -> None:
         for observer in self.history_observers:
             try:

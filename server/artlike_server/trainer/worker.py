@@ -8,7 +8,7 @@ once (transformers, SDPA attention; unsloth's loader on CUDA when it is installe
 name gets its own LoRA adapter and AdamW state in the one PEFT model. A failing command answers an `error`
 event and the worker carries on; only a crash ends it.
 
-Precision: base weights in bf16 where the hardware has fast bf16 (CUDA, or a CPU with AVX512-BF16/AMX),
+Precision: base weights in bf16 where it runs fast (CUDA, or a CPU where `dtype_probe` measured so),
 LoRA weights in the base dtype with fp32 master copies that AdamW (fp32 state) updates (see `precision`),
 logprobs in fp32 (see `logprobs`).
 """
@@ -34,7 +34,8 @@ from pydantic import TypeAdapter
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from artlike.types import RewardModelConfig
-from artlike_server.hardware import DTYPE_CHOICES, resolve_dtype
+from artlike_server import dtype_probe
+from artlike_server.hardware import DTYPE_CHOICES, decide_dtype
 from artlike_server.trainer import protocol
 from artlike_server.trainer.adapters import AdapterSlots, check_writable, peft_lora_config
 from artlike_server.trainer.batch_file import read_batch
@@ -75,11 +76,16 @@ def choose_device(requested: str) -> torch.device:
     return torch.device(requested)
 
 
-def choose_dtype(requested: str, device: torch.device) -> torch.dtype:
-    """The engine's rule (`hardware.resolve_dtype`), plus the GPU's own bf16 check (older GPUs have none)."""
+def choose_dtype(requested: str, device: torch.device, threads: int | None = None) -> torch.dtype:
+    """`hardware.decide_dtype` for the trainer role, plus the GPU's own bf16 check (older GPUs have none).
+    The server always passes an explicit dtype; "auto" on a CPU (the worker run by hand) runs the cached
+    dtype probe in a subprocess, as the server does."""
     if requested == "auto" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
         return torch.float32
-    return {"bfloat16": torch.bfloat16, "float32": torch.float32}[resolve_dtype(requested, device.type)]
+    probe = dtype_probe.probe(threads=threads) if requested == "auto" and device.type != "cuda" else None
+    choice = decide_dtype(requested, device.type, role="trainer", probe=probe)
+    logger.info("trainer dtype %s", choice.describe())
+    return {"bfloat16": torch.bfloat16, "float32": torch.float32}[choice.dtype]
 
 
 def vocab_size(model: Any) -> int:
@@ -316,6 +322,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     parser.add_argument("--gradient-checkpointing", action="store_true")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: usable cores)")
+    parser.add_argument("--cpus", default=None, help="run on these cores only, e.g. 1 or 2-3 (default: all usable)")
     return parser.parse_args(argv)
 
 
@@ -334,10 +341,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     events = EventWriter(_protocol_stream())
     started = time.perf_counter()
+    if args.cpus:  # before torch starts its thread pool, so its threads inherit the affinity
+        os.sched_setaffinity(0, [int(cpu) for cpu in args.cpus.split(",")])
     threads = args.threads or len(os.sched_getaffinity(0))
     torch.set_num_threads(threads)
     device = choose_device(args.device)
-    dtype = choose_dtype(args.dtype, device)
+    dtype = choose_dtype(args.dtype, device, threads)
     backend = "unsloth" if unsloth_available(device) else "peft"
     model = (
         load_with_unsloth(args.base_model, dtype)

@@ -81,6 +81,7 @@ class TrainerProcess:
         device: Literal["auto", "cpu", "cuda"] = "auto",
         gradient_checkpointing: bool = False,
         threads: int | None = None,
+        cpus: tuple[int, ...] | None = None,
         log_path: Path | None = None,
         log_max_bytes: int = 64 * 1024 * 1024,
         log_backups: int = 3,
@@ -91,7 +92,8 @@ class TrainerProcess:
         heartbeat_interval: float = 10.0,
         idle_timeout: float = 900.0,
     ) -> None:
-        """Limits, in seconds: `start_timeout` for loading the base model; `command_timeout` for ping,
+        """`cpus`: the cores the worker runs on (its affinity; threads default to their count).
+        Limits, in seconds: `start_timeout` for loading the base model; `command_timeout` for ping,
         init_adapter and shutdown; `idle_timeout` for the worker's silence during training (it reports every
         micro-batch) before it is declared hung and killed."""
         self._argv = [
@@ -99,6 +101,7 @@ class TrainerProcess:
             "--base-model", str(base_model), "--dtype", dtype, "--device", device,
             *(["--gradient-checkpointing"] if gradient_checkpointing else []),
             *(["--threads", str(threads)] if threads else []),
+            *(["--cpus", ",".join(map(str, cpus))] if cpus else []),
         ]  # fmt: skip
         self._env = dict(env) if env is not None else dict(os.environ)
         # libgomp's default spin-waiting makes torch 50-100x slower when the cores are shared (vLLM, other

@@ -1,0 +1,94 @@
+"""`art.PipelineTrainer` on the real server: rollouts of the next step sample while a step trains, staleness
+stays within the bound, the policy still learns, evaluations land in the history, retention keeps the best
+evaluated step and the newest, and the saved state resumes.
+
+The task is tests/integration/test_learning.py's yes/no questions (reward 1 for an answer starting with
+"yes"), which the default model learns in about three steps; rollouts go through the official `openai`
+client on trajectory URLs.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+import artlike as art
+
+from .test_learning import INSTRUCTION, LEARNING_RATE, MAX_TOKENS, TRAIN, held_out_reward, reward
+
+pytestmark = pytest.mark.integration
+
+NAME = "pipeliner"
+STEPS = 3
+
+
+async def test_pipeline_samples_while_training_and_learns(server: Any, tmp_path: Path) -> None:
+    model = art.TrainableModel(NAME, server.model_id, server.base_url, api_key=server.api_key, lora={"rank": 8})
+    await model.register()
+
+    async def rollout(question: str) -> art.Trajectory:
+        async with model.trajectory(metadata={"question": question}) as t:
+            client = t.async_openai_client(timeout=300)
+            completion = await client.chat.completions.create(
+                model=t.model, messages=[{"role": "user", "content": INSTRUCTION + question}],
+                max_tokens=MAX_TOKENS, temperature=1.0)
+            t.reward = reward(completion.choices[0].message.content or "")
+        return t
+
+    async def evaluate(step: int) -> dict[str, float]:
+        return {"reward": await held_out_reward(server, f"{NAME}@{step}")}
+
+    trained: list[art.Trajectory] = []
+
+    async def keep(group: art.TrajectoryGroup) -> art.TrajectoryGroup:
+        trained.extend(group.trajectories)
+        return group
+
+    state = tmp_path / "pipeline.json"
+    trainer = art.PipelineTrainer(
+        model, rollout, TRAIN * 4, group_size=8, groups_per_step=4, max_steps_off_policy=1, score_group=keep,
+        evaluate=evaluate, eval_every=STEPS, keep_last=1, state_path=state, progress=False,
+        learning_rate=LEARNING_RATE)
+    result = await trainer.run(num_steps=STEPS)
+    print([step.model_dump(exclude={"metrics"}) for step in result.steps], result.evaluations)
+
+    assert result.stopped == "num_steps" and len(result.steps) == STEPS
+    assert all(step.staleness_max <= 1 for step in result.steps)
+    # 8 groups start at step 0; the second four train from step 1: one step off policy.
+    assert result.steps[1].staleness_max == 1
+    assert all(step.logprob_mismatch is not None for step in result.steps if step.trained)
+    assert 0 < result.engine_busy_fraction <= 1 and 0 < result.trainer_busy_fraction <= 1
+
+    # Every rollout called the latest served step: the step the server recorded is the one served when
+    # the rollout began (or the next, when a swap landed in between).
+    for trajectory in trained[:8]:
+        record = await trajectory.get_record()
+        recorded_step = record.completions[0].step or 0
+        assert trajectory.metadata["policy_step"] <= recorded_step <= trajectory.metadata["policy_step"] + 1
+
+    before, after = result.evaluations[0]["reward"], result.evaluations[result.final_step]["reward"]
+    assert after >= before + 0.3 and after >= 0.6, result.evaluations
+    assert result.best_step == result.final_step
+
+    async with httpx.AsyncClient(base_url=server.base_url, headers=server.headers, timeout=60) as http:
+        history = (await http.get(f"/v1/trainable_models/{NAME}/history")).json()["data"]
+        evals = {line["step"]: line["eval"] for line in history if line.get("event") == "eval"}
+        assert evals == {0: {"reward": before}, result.final_step: {"reward": after}}
+        bad = await http.post(f"/v1/trainable_models/{NAME}/evaluations", json={"step": 99, "metrics": {"r": 1}})
+        assert bad.status_code == 404 and bad.json()["error"]["code"] == "step_not_found"
+        bad = await http.post(f"/v1/trainable_models/{NAME}/evaluations", json={"step": 1, "metrics": {}})
+        assert bad.status_code == 400
+    # keep_last=1 plus the best evaluated step (here the latest) and step 0: the steps between are gone.
+    assert [step.step for step in await model.list_steps()] == [0, result.final_step]
+
+    saved = json.loads(state.read_text())
+    assert saved["steps_done"] == STEPS and saved["served_step"] == result.final_step
+    again = await art.PipelineTrainer(model, rollout, TRAIN * 4, group_size=8, groups_per_step=4,
+                                      evaluate=evaluate, eval_every=STEPS, state_path=state,
+                                      progress=False).run(num_steps=STEPS)
+    assert again.stopped == "num_steps" and len(again.steps) == STEPS  # resumed: nothing left to do
+    assert await model.get_step() == result.final_step
