@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from artlike_server.default_model import DEFAULT_MODEL_ID
+from artlike_server.engine.launch import detect_device
 from artlike_server.launcher import ServerProcess
 from openai import AsyncOpenAI
 
@@ -105,10 +106,14 @@ def main() -> None:
     parser.add_argument("--lora-rank", type=int, default=8)
     parser.add_argument("--eval-size", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--max-steps-off-policy", type=int, default=1,
-                        help="0: the sequential loop; 1: sample the next step while one trains")
+    parser.add_argument("--max-steps-off-policy", type=int, default=None,
+                        help="0: the sequential loop; 1: sample the next step while one trains. Default: 1 on a "
+                             "GPU, 0 on a CPU, where the engine and the trainer share the same cores and overlapping "
+                             "them measured 1.9x slower per step (bench/README.md, rl_step)")
     parser.add_argument("--output", type=Path, help="results JSON (default: results.json in the run's data dir)")
     args = parser.parse_args()
+    if args.max_steps_off_policy is None:
+        args.max_steps_off_policy = 1 if detect_device() == "cuda" else 0
 
     started = time.perf_counter()
     data_dir = Path(tempfile.mkdtemp(prefix="artlike-demo-"))

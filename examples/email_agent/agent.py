@@ -156,11 +156,13 @@ async def run_agent(
     temperature: float = 1.0,
     max_tokens: int = DEFAULT_MAX_TOKENS,
     first_turn_tool_choice: str | dict[str, Any] | None = None,
+    tool_choice: str | None = None,
 ) -> AgentResult:
     """Run the agent on one question. API errors (connection, 4xx/5xx) propagate; model mistakes do not.
 
     `first_turn_tool_choice` ("required" or {"type": "function", "function": {"name": ...}}) forces a tool
-    call on the first turn through the server's structured output; later turns use "auto".
+    call on the first turn through the server's structured output; later turns use `tool_choice` ("auto"
+    when None; "required": every reply is a valid call of one of the tools, by structured output).
     """
     result = AgentResult(messages=initial_messages(question))
     while result.final_answer is None and result.turns < max_turns:
@@ -168,6 +170,8 @@ async def run_agent(
                                    "temperature": temperature, "max_tokens": max_tokens}
         if result.turns == 0 and first_turn_tool_choice is not None:
             request["tool_choice"] = first_turn_tool_choice
+        elif tool_choice is not None:
+            request["tool_choice"] = tool_choice
         response = await client.chat.completions.create(**request)
         result.turns += 1
         if response.usage is not None:

@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import hashlib
 import os
+import random
 import statistics
 import sys
 from collections.abc import Mapping, Sequence
@@ -63,6 +64,49 @@ class EvalSummary:
     accuracy_by_kind: dict[str, float]
 
 
+@dataclass(frozen=True)
+class PairedDifference:
+    """after − before of a per-question score, with a bootstrap 95% interval over questions."""
+
+    before: float
+    after: float
+    difference: float
+    low: float
+    high: float
+    questions: int
+
+    def __str__(self) -> str:
+        return (f"{self.before:.1%} -> {self.after:.1%}: {self.difference:+.1%} "
+                f"(95% CI {self.low:+.1%} .. {self.high:+.1%}, {self.questions} questions)")
+
+
+def paired_bootstrap(before: Sequence[float], after: Sequence[float], *, resamples: int = 10_000,
+                     seed: int = 0) -> PairedDifference:
+    """Resample questions with replacement (the same ones for both columns, so each question is its own
+    control) and take the 2.5th and 97.5th percentiles of the mean difference.
+
+    >>> d = paired_bootstrap([0, 0, 0, 1] * 16, [1, 1, 0, 1] * 16)
+    >>> round(d.difference, 3), d.low > 0
+    (0.5, True)
+    """
+    if len(before) != len(after) or not before:
+        raise ValueError(f"need the same questions before and after, got {len(before)} and {len(after)}")
+    rng = random.Random(seed)
+    deltas = [b - a for a, b in zip(before, after, strict=True)]
+    n = len(deltas)
+    means = sorted(sum(deltas[rng.randrange(n)] for _ in range(n)) / n for _ in range(resamples))
+    return PairedDifference(before=statistics.fmean(before), after=statistics.fmean(after),
+                            difference=statistics.fmean(deltas), low=means[int(0.025 * resamples)],
+                            high=means[int(0.975 * resamples) - 1], questions=n)
+
+
+def accuracy_difference(before: Sequence[Episode], after: Sequence[Episode]) -> PairedDifference:
+    """Answer accuracy after − before over the questions both evaluations answered without an API error."""
+    by_question = {e.question_id: e for e in before if e.error is None}
+    pairs = [(by_question[e.question_id], e) for e in after if e.error is None and e.question_id in by_question]
+    return paired_bootstrap([b.metrics["answer_correct"] for b, _ in pairs], [a.metrics["answer_correct"] for _, a in pairs])
+
+
 def select_questions(
     corpus: Corpus, split: Split, limit: int | None = None, kinds: tuple[QuestionKind, ...] | None = None
 ) -> list[Question]:
@@ -84,6 +128,7 @@ async def evaluate(
     max_tokens: int = DEFAULT_MAX_TOKENS,
     judge: AsyncJudge | None = None,
     progress: bool = True,
+    tool_choice: str | None = None,
 ) -> list[Episode]:
     """One episode per question, `concurrency` at a time. An API error ends only its own episode."""
     semaphore = asyncio.Semaphore(concurrency)
@@ -94,7 +139,8 @@ async def evaluate(
             with EmailTools(db_path, question.inbox) as tools:
                 try:
                     result = await run_agent(client, model, question, tools, max_turns=max_turns,
-                                             temperature=temperature, max_tokens=max_tokens)
+                                             temperature=temperature, max_tokens=max_tokens,
+                                             tool_choice=tool_choice)
                 except openai.APIError as error:
                     bar.update()
                     return Episode(question.id, question.kind, question.answer, None, (), 0.0, {}, [],
@@ -193,6 +239,8 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-turns", type=int, default=DEFAULT_MAX_TURNS)
     parser.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, help="per model turn")
     parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--tool-choice", choices=("auto", "required"), default="auto",
+                        help="required: every reply is a valid tool call (the server's structured output)")
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help="corpus seed")
     parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
     parser.add_argument("--output", type=Path, help="write the summary and every episode (with messages) as JSON")
@@ -206,7 +254,8 @@ async def _main(args: argparse.Namespace) -> int:
     client = openai.AsyncOpenAI(base_url=args.base_url, api_key=args.api_key)
     episodes = await evaluate(client, args.model, questions, data.db_path, concurrency=args.concurrency,
                               max_turns=args.max_turns, temperature=args.temperature, max_tokens=args.max_tokens,
-                              judge=judge_from_arguments(args))
+                              judge=judge_from_arguments(args),
+                              tool_choice=None if args.tool_choice == "auto" else args.tool_choice)
     summary = summarise(args.model, episodes)
     print(format_table({args.model: summary}))
     for episode in episodes:

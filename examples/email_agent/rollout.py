@@ -31,13 +31,15 @@ async def rollout(
     judge: AsyncJudge | None = None,
     weights: RewardWeights = DEFAULT_WEIGHTS,
     first_turn_tool_choice: str | dict[str, Any] | None = None,
+    tool_choice: str | None = None,
 ) -> art.Trajectory:
     """Sets `t.reward` to the total reward and `t.metrics` to every reward component and agent counter."""
     with EmailTools(db_path, question.inbox) as tools:
         async with model.trajectory() as t:
             result = await run_agent(
                 t.async_openai_client(), model.name, question, tools, max_turns=max_turns,
-                temperature=temperature, max_tokens=max_tokens, first_turn_tool_choice=first_turn_tool_choice)
+                temperature=temperature, max_tokens=max_tokens, first_turn_tool_choice=first_turn_tool_choice,
+                tool_choice=tool_choice)
             breakdown = await grade_result(question, result, max_turns, judge, weights)
             t.reward = breakdown.total
             t.metrics = {**result.metrics(), **breakdown.metrics()}

@@ -35,7 +35,9 @@ import artlike as art
 from examples.email_agent.agent import DEFAULT_MAX_TOKENS, DEFAULT_MAX_TURNS
 from examples.email_agent.data import DEFAULT_DATA_DIR, DEFAULT_SEED, iter_questions, load_or_build
 from examples.email_agent.evaluate import (
+    Episode,
     EvalSummary,
+    accuracy_difference,
     add_judge_arguments,
     evaluate,
     format_table,
@@ -66,19 +68,40 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     model.add_argument("--name", default="email-agent", help="trainable model name (an existing one resumes)")
     model.add_argument("--base-model", default=DEFAULT_BASE_MODEL, help="the base model the server serves")
     model.add_argument("--lora-rank", type=int, default=8)
-    training = parser.add_argument_group("training")
+    warm = parser.add_argument_group("warm start: SFT on the agent's own successful episodes (rejection sampling)")
+    warm.add_argument("--warm-start-questions", type=int, default=0,
+                      help="training questions to sample for the warm start (0: no warm start)")
+    warm.add_argument("--warm-start-samples", type=int, default=4, help="episodes per warm-start question")
+    warm.add_argument("--warm-start-kinds", default=None,
+                      help="question kinds of the warm start (default: the first curriculum phase's)")
+    warm.add_argument("--warm-start-temperature", type=float, default=0.7)
+    warm.add_argument("--warm-start-min-reward", type=float, default=0.5,
+                      help="keep each question's best episode when its reward reaches this (a correct answer)")
+    warm.add_argument("--warm-start-epochs", type=int, default=2)
+    warm.add_argument("--warm-start-learning-rate", type=float, default=1e-4)
+    training = parser.add_argument_group("RL (GRPO through art.PipelineTrainer)")
     training.add_argument("--steps", type=int, default=10)
+    training.add_argument("--train-minutes", type=float, default=None,
+                          help="stop the RL phase after this many minutes (the step in progress finishes)")
     training.add_argument("--questions-per-step", type=int, default=4)
     training.add_argument("--group-size", type=int, default=4, help="rollouts per question (GRPO group)")
     training.add_argument("--learning-rate", type=float, default=5e-5)
+    training.add_argument("--max-steps-off-policy", type=int, default=1,
+                          help="0: the sequential loop; 1: the next step's rollouts sample while a step trains")
     # 0.7, not 1.0: at 1.0 the 135M model wrote a parseable first tool call 12 times in 32, at 0.7 25 times.
     training.add_argument("--temperature", type=float, default=0.7, help="rollout sampling temperature")
     training.add_argument("--kinds", default="subject,body,thread", help="question kinds to train on")
+    training.add_argument("--curriculum", default=None, metavar="KINDS@STEPS,...",
+                          help="phases of question kinds, easiest first, e.g. subject@6,subject+body@6 "
+                               "(the last phase runs until the end; default: --kinds throughout)")
     training.add_argument("--max-exceptions", type=float, default=0.1, help="fraction of rollouts allowed to fail")
     agent = parser.add_argument_group("agent and evaluation")
     agent.add_argument("--max-turns", type=int, default=DEFAULT_MAX_TURNS)
     agent.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, help="per model turn")
-    agent.add_argument("--eval-limit", type=int, default=40, help="test questions to evaluate (0: skip eval)")
+    agent.add_argument("--tool-choice", choices=("auto", "required"), default="auto",
+                       help="required: every reply is a valid call of one of the tools (the server's structured "
+                            "output), in training and evaluation alike")
+    agent.add_argument("--eval-limit", type=int, default=64, help="test questions to evaluate (0: skip eval)")
     agent.add_argument("--eval-kinds", default=None,
                        help="question kinds to evaluate on (default: the --kinds trained on)")
     agent.add_argument("--eval-concurrency", type=int, default=8)
@@ -117,14 +140,43 @@ async def served(args: argparse.Namespace) -> AsyncIterator[None]:
 # -------------------------------------------------------------------------------------------- train
 
 
-def _batches(questions: list[Question], size: int, seed: int) -> Iterator[list[Question]]:
-    """Endless batches: every question once per epoch, in a seeded order."""
-    rng = random.Random(seed)
+def _shuffled(questions: list[Question], rng: random.Random) -> Iterator[Question]:
+    """Endless: every question once per epoch, in a seeded order."""
     while True:
         order = list(questions)
         rng.shuffle(order)
-        for start in range(0, len(order) - size + 1, size):
-            yield order[start:start + size]
+        yield from order
+
+
+def curriculum(phases: Sequence[tuple[tuple[QuestionKind, ...], int | None]], questions: Sequence[Question],
+               per_step: int, seed: int) -> Iterator[Question]:
+    """Training questions phase by phase: `steps × per_step` questions of the phase's kinds (the last phase
+    has no end). Each group is one question, so a phase of N steps is N × per_step groups.
+
+    >>> import itertools
+    >>> qs = [Question(id=f"{k}{i}", inbox="a", question="?", answer="x", answer_aliases=(), source_ids=("m",),
+    ...                kind=k, split="train") for k in ("subject", "body") for i in range(3)]
+    >>> [q.kind for q in itertools.islice(curriculum([(("subject",), 1), (("body",), None)], qs, 2, 0), 5)]
+    ['subject', 'subject', 'body', 'body', 'body']
+    """
+    rng = random.Random(seed)
+    for kinds, steps in phases:
+        pool = [q for q in questions if q.kind in kinds]
+        if not pool:
+            raise SystemExit(f"no training questions of kinds {sorted(kinds)}")
+        chosen = _shuffled(pool, rng)
+        yield from (next(chosen) for _ in range(steps * per_step)) if steps is not None else chosen
+
+
+def parse_curriculum(text: str | None, kinds: str) -> list[tuple[tuple[QuestionKind, ...], int | None]]:
+    """ "subject@6,subject+body@6" -> [(("subject",), 6), (("subject", "body"), None)]: the last phase never ends."""
+    if not text:
+        return [(_kinds(kinds), None)]
+    phases: list[tuple[tuple[QuestionKind, ...], int | None]] = []
+    for part in text.split(","):
+        names, _, steps = part.partition("@")
+        phases.append((_kinds(names.replace("+", ",")), int(steps) if steps else None))
+    return [*phases[:-1], (phases[-1][0], None)]
 
 
 def _kinds(comma_separated: str) -> tuple[QuestionKind, ...]:
@@ -135,18 +187,49 @@ def _mean(values: Sequence[float]) -> float:
     return statistics.fmean(values) if values else float("nan")
 
 
+async def warm_start(model: art.TrainableModel, questions: Sequence[Question], args: argparse.Namespace,
+                     db_path: Path, judge: Any) -> dict[str, Any]:
+    """Rejection sampling: roll out each question `--warm-start-samples` times, keep each question's best
+    episode when it answered correctly, and fine-tune on those episodes' exact sampled tokens (all turns)."""
+    started = time.monotonic()
+    groups = await art.gather_trajectory_groups(
+        (art.TrajectoryGroup(rollout(model, q, db_path, max_turns=args.max_turns, temperature=args.warm_start_temperature,
+                                     max_tokens=args.max_tokens, judge=judge, tool_choice=_tool_choice(args))
+                             for _ in range(args.warm_start_samples)) for q in questions),
+        max_exceptions=args.max_exceptions, min_group_size=1, pbar_desc="warm-start rollouts")
+    episodes = [t for g in groups for t in g]
+    chosen = art.best_of_groups(groups, top_k=1, min_reward=args.warm_start_min_reward)
+    record: dict[str, Any] = {
+        "questions": len(questions), "episodes": len(episodes), "kept": len(chosen),
+        "sampled_accuracy": _mean([t.metrics.get("answer_correct", 0.0) for t in episodes]),
+        "rollout_seconds": time.monotonic() - started}
+    print(f"warm start: {len(chosen)} of {len(questions)} questions had a correct episode "
+          f"(sampled accuracy {record['sampled_accuracy']:.1%}, {record['rollout_seconds']:.0f}s)", flush=True)
+    if chosen:
+        result = await model.train_sft(chosen, epochs=args.warm_start_epochs,
+                                       learning_rate=args.warm_start_learning_rate, progress=False)
+        record |= {"step": result.step, "sft_seconds": time.monotonic() - started - record["rollout_seconds"],
+                   "loss": [m.loss for m in result.metrics]}
+        print(f"warm start: SFT on {len(chosen)} episodes -> step {result.step} ({record['sft_seconds']:.0f}s)", flush=True)
+    return record
+
+
+def _tool_choice(args: argparse.Namespace) -> str | None:
+    return None if args.tool_choice == "auto" else args.tool_choice
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    """Baseline eval, `--steps` GRPO steps, final eval; returns everything for the results JSON."""
+    """Baseline eval, optional warm start, RL steps through the pipeline, final eval; returns the results JSON."""
     data = load_or_build(args.data_dir, args.seed)
-    kinds = _kinds(args.kinds)
-    train_questions = list(iter_questions(data.corpus, "train", kinds))
-    if len(train_questions) < args.questions_per_step:
-        raise SystemExit(f"only {len(train_questions)} training questions of kinds {sorted(kinds)}")
-    eval_kinds = _kinds(args.eval_kinds or args.kinds)
+    phases = parse_curriculum(args.curriculum, args.kinds)
+    trained_kinds = tuple(dict.fromkeys(k for kinds, _ in phases for k in kinds))
+    train_questions = list(iter_questions(data.corpus, "train", trained_kinds))
+    eval_kinds = _kinds(args.eval_kinds) if args.eval_kinds else trained_kinds
     test_questions = select_questions(data.corpus, "test", args.eval_limit, eval_kinds) if args.eval_limit else []
     judge = judge_from_arguments(args)
     summaries: dict[str, EvalSummary] = {}
-    history: list[dict[str, Any]] = []
+    episodes: dict[str, list[Episode]] = {}
+    started = time.monotonic()
 
     async with (
         served(args),
@@ -155,69 +238,61 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         openai.AsyncOpenAI(base_url=model.inference_base_url,
                            api_key=os.environ.get("ARTLIKE_API_KEY") or "artlike") as client,
     ):
-        step = first_step = (await model.register()).latest_step
+        first_step = (await model.register()).latest_step
         if first_step:
             print(f"{model.name} exists at step {first_step}: training resumes from there", flush=True)
 
-        async def evaluate_step(label: str) -> None:
+        async def evaluate_step(label: str, step: int) -> None:
             if test_questions:
-                episodes = await evaluate(client, f"{model.name}@{step}", test_questions, data.db_path,
-                                          concurrency=args.eval_concurrency, max_turns=args.max_turns,
-                                          max_tokens=args.max_tokens, judge=judge)
-                summaries[f"{label} ({model.name}@{step})"] = summarise(f"{model.name}@{step}", episodes)
+                found = await evaluate(client, f"{model.name}@{step}", test_questions, data.db_path,
+                                       concurrency=args.eval_concurrency, max_turns=args.max_turns,
+                                       max_tokens=args.max_tokens, judge=judge, tool_choice=_tool_choice(args))
+                episodes[label] = found
+                summaries[f"{label} ({model.name}@{step})"] = summarise(f"{model.name}@{step}", found)
                 print("\n" + format_table(summaries), flush=True)
 
-        await evaluate_step("before")
-        batches = _batches(train_questions, args.questions_per_step, args.seed)
-        for _ in range(args.steps):
-            started = time.monotonic()
-            groups = await art.gather_trajectory_groups(
-                (art.TrajectoryGroup(
-                    rollout(model, q, data.db_path, max_turns=args.max_turns, temperature=args.temperature,
-                            max_tokens=args.max_tokens, judge=judge) for _ in range(args.group_size))
-                 for q in next(batches)),
-                max_exceptions=args.max_exceptions)
-            rollout_seconds = time.monotonic() - started
-            result = await model.train(groups, learning_rate=args.learning_rate)
-            step = result.step
-            history.append(_step_record(groups, result, rollout_seconds, time.monotonic() - started - rollout_seconds))
-            print(_format_step(history[-1]), flush=True)
-        await evaluate_step("after")
+        await evaluate_step("before", first_step)
+        warm = None
+        if args.warm_start_questions:
+            rng = random.Random(args.seed + 1)
+            warm_kinds = _kinds(args.warm_start_kinds) if args.warm_start_kinds else phases[0][0]
+            pool = list(iter_questions(data.corpus, "train", warm_kinds))
+            warm = await warm_start(model, rng.sample(pool, min(len(pool), args.warm_start_questions)), args,
+                                    data.db_path, judge)
 
+        trainer = art.PipelineTrainer(
+            model,
+            lambda q: rollout(model, q, data.db_path, max_turns=args.max_turns, temperature=args.temperature,
+                              max_tokens=args.max_tokens, judge=judge, tool_choice=_tool_choice(args)),
+            curriculum(phases, train_questions, args.questions_per_step, args.seed),
+            group_size=args.group_size, groups_per_step=args.questions_per_step,
+            max_steps_off_policy=args.max_steps_off_policy, max_exceptions=args.max_exceptions,
+            learning_rate=args.learning_rate, on_step=lambda s: print(_format_step(s), flush=True), progress=False)
+        result = await trainer.run(num_steps=args.steps,
+                                   max_seconds=args.train_minutes * 60 if args.train_minutes else None)
+        await evaluate_step("after", result.final_step)
+
+    difference = accuracy_difference(episodes["before"], episodes["after"]) if len(episodes) == 2 else None
+    if difference is not None:
+        print(f"answer accuracy {difference}", flush=True)
+    print(f"wall time {(time.monotonic() - started) / 60:.1f} min; engine busy {result.engine_busy_fraction:.0%}, "
+          f"trainer busy {result.trainer_busy_fraction:.0%} of the RL phase", flush=True)
     return {"config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-            "model": args.name, "first_step": first_step, "last_step": step, "steps": history,
+            "model": args.name, "first_step": first_step, "last_step": result.final_step, "warm_start": warm,
+            "steps": [s.model_dump(mode="json") for s in result.steps],
+            "accuracy_difference": asdict(difference) if difference is not None else None,
+            "wall_seconds": time.monotonic() - started,
             "evaluations": {label: asdict(s) for label, s in summaries.items()}}
 
 
-def _step_record(groups: list[art.TrajectoryGroup], result: art.TrainResult, rollout_seconds: float,
-                 train_seconds: float) -> dict[str, Any]:
-    trajectories = [t for g in groups for t in g]
-    metric_names = sorted({name for t in trajectories for name in t.metrics})
-    return {
-        "step": result.step,
-        "trained": result.trained,
-        "reason": result.done.reason,
-        "trajectories": len(trajectories),
-        "failed_rollouts": sum(len(g.exceptions) for g in groups),
-        "groups_skipped": result.start.groups_skipped if result.start else None,
-        # multi-turn trajectories whose turns extend each other token-exactly train as one sequence each
-        "sequences": result.start.sequences if result.start else None,
-        "trainable_tokens": result.start.trainable_tokens if result.start else None,
-        "reward": _mean([t.reward for t in trajectories if t.reward is not None]),
-        "metrics": {name: _mean([t.metrics[name] for t in trajectories if name in t.metrics]) for name in metric_names},
-        "loss": _mean([m.loss for m in result.metrics]),
-        "rollout_seconds": rollout_seconds,
-        "train_seconds": train_seconds,
-    }
-
-
-def _format_step(record: dict[str, Any]) -> str:
-    m = record["metrics"]
-    trained = "" if record["trained"] else f"  NOT TRAINED: {record['reason']}"
-    return (f"step {record['step']}: reward {record['reward']:+.3f}  correct {m.get('answer_correct', 0):.0%}  "
+def _format_step(step: art.PipelineStep) -> str:
+    m = step.metrics
+    trained = "" if step.trained else f"  NOT TRAINED: {step.reason}"
+    return (f"step {step.step}: reward {step.reward_mean:+.3f}  correct {m.get('answer_correct', 0):.0%}  "
             f"answered {m.get('answered', 0):.0%}  invalid calls {m.get('invalid_tool_call_rate', 0):.0%}  "
-            f"turns {m.get('turns', 0):.2f}  groups skipped {record['groups_skipped']}  "
-            f"rollouts {record['rollout_seconds']:.0f}s train {record['train_seconds']:.0f}s{trained}")
+            f"turns {m.get('turns', 0):.2f}  zero-variance groups {step.zero_variance_groups}/{step.groups}  "
+            f"stale {step.staleness_mean:.2f}  rollouts {step.rollout_seconds:.0f}s train {step.train_seconds:.0f}s "
+            f"step {step.step_seconds:.0f}s{trained}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
