@@ -95,6 +95,12 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                           help="phases of question kinds, easiest first, e.g. subject@6,subject+body@6 "
                                "(the last phase runs until the end; default: --kinds throughout)")
     training.add_argument("--max-exceptions", type=float, default=0.1, help="fraction of rollouts allowed to fail")
+    training.add_argument("--ruler-model", default=None,
+                          help="score each group relative to each other with this LLM judge (art.judge_group, "
+                               "RULER-style) instead of the rule-based reward, which is kept as independent_reward")
+    training.add_argument("--ruler-base-url", default=None,
+                          help="the judge's OpenAI-compatible endpoint (default: this server's /v1)")
+    training.add_argument("--ruler-api-key", default=None, help="default: $ARTLIKE_API_KEY or $OPENAI_API_KEY")
     agent = parser.add_argument_group("agent and evaluation")
     agent.add_argument("--max-turns", type=int, default=DEFAULT_MAX_TURNS)
     agent.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, help="per model turn")
@@ -214,6 +220,15 @@ async def warm_start(model: art.TrainableModel, questions: Sequence[Question], a
     return record
 
 
+def _ruler_judge(args: argparse.Namespace, server_v1: str) -> art.Judge | None:
+    """The relative judge of `--ruler-model` (a failed judgement drops its group), or None."""
+    if not args.ruler_model:
+        return None
+    api_key = args.ruler_api_key or os.environ.get("ARTLIKE_API_KEY") or os.environ.get("OPENAI_API_KEY") or "artlike"
+    return art.Judge(model=args.ruler_model, base_url=args.ruler_base_url or server_v1, api_key=api_key,
+                     max_tokens=1024, max_explanation_chars=200)
+
+
 def _tool_choice(args: argparse.Namespace) -> str | None:
     return None if args.tool_choice == "auto" else args.tool_choice
 
@@ -260,6 +275,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             warm = await warm_start(model, rng.sample(pool, min(len(pool), args.warm_start_questions)), args,
                                     data.db_path, judge)
 
+        ruler = _ruler_judge(args, model.inference_base_url)
         trainer = art.PipelineTrainer(
             model,
             lambda q: rollout(model, q, data.db_path, max_turns=args.max_turns, temperature=args.temperature,
@@ -267,6 +283,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             curriculum(phases, train_questions, args.questions_per_step, args.seed),
             group_size=args.group_size, groups_per_step=args.questions_per_step,
             max_steps_off_policy=args.max_steps_off_policy, max_exceptions=args.max_exceptions,
+            score_group=(lambda g: art.judge_group(g, ruler, swallow_exceptions=True)) if ruler else None,
             learning_rate=args.learning_rate, on_step=lambda s: print(_format_step(s), flush=True), progress=False)
         result = await trainer.run(num_steps=args.steps,
                                    max_seconds=args.train_minutes * 60 if args.train_minutes else None)

@@ -430,8 +430,13 @@ class _Run(Generic[Scenario]):
     async def _rollout_group(self, index: int, scenario: Scenario) -> None:
         policy_step, started = self.state.served_step, time.perf_counter()
         try:
-            outcomes = await asyncio.gather(*(self._rollout_one(scenario, policy_step)
-                                              for _ in range(self.t.group_size)))
+            rollouts = [asyncio.ensure_future(self._rollout_one(scenario, policy_step))
+                        for _ in range(self.t.group_size)]
+            try:
+                outcomes = await asyncio.gather(*rollouts)
+            finally:  # one raised (past the failure budget) or this group was cancelled: stop its siblings
+                for pending in rollouts:
+                    pending.cancel()
             finished = [o for o in outcomes if isinstance(o, Trajectory) and not o.failed]
             errors = [o if isinstance(o, Exception) else o.exception for o in outcomes
                       if not isinstance(o, Trajectory) or o.failed]

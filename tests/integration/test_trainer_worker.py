@@ -200,3 +200,16 @@ async def test_a_killed_worker_is_reported_as_crashed_and_restarted(
 
     await asyncio.wait_for(trainer.ping(), timeout=300)  # starts a fresh worker
     assert trainer.pid not in (None, pid)
+
+
+async def test_a_worker_given_cores_runs_on_them_only(workdir: Path) -> None:
+    """`artlike serve --trainer-cpus`: the worker pins itself before torch starts its threads."""
+    core = min(os.sched_getaffinity(0))
+    process = TrainerProcess(ensure_default_model(), dtype="float32", cpus=(core,), log_path=workdir / "pinned.log")
+    await process.start()
+    try:
+        assert process.ready_info is not None and process.ready_info.threads == 1
+        status = await asyncio.to_thread(Path(f"/proc/{process.pid}/status").read_text)
+        assert f"Cpus_allowed_list:\t{core}\n" in status, status
+    finally:
+        await process.stop()
