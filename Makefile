@@ -36,9 +36,11 @@ bench: setup
 	$(PY) -m bench.feedback_loop
 	$(PY) -m bench.rl_step --core-split
 
-# The measured CPU run of examples/email_agent/README.md (~28 min on 2 cores).
-EMAIL_AGENT_ARGS ?= --kinds subject --steps 8 --questions-per-step 2 --group-size 4 --learning-rate 1e-4 \
-	--max-turns 4 --eval-limit 32
+# The measured CPU run of examples/email_agent/README.md (run 1: ~41 min on 2 cores).
+EMAIL_AGENT_ARGS ?= --tool-choice required --eval-limit 64 --eval-kinds subject,body \
+	--warm-start-questions 96 --warm-start-kinds subject,body --warm-start-samples 4 --warm-start-temperature 0.3 \
+	--warm-start-epochs 2 --warm-start-learning-rate 1e-4 --curriculum subject@6,subject+body --steps 40 \
+	--train-minutes 22 --questions-per-step 4 --group-size 4 --learning-rate 5e-5 --temperature 0.7 --max-turns 4
 email-agent: setup
 	$(PY) -m examples.email_agent.train --start-server $(EMAIL_AGENT_ARGS)
 

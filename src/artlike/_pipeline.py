@@ -273,8 +273,6 @@ class PipelineTrainer(Generic[Scenario]):
     async def run(self, num_steps: int | None = None, *, max_seconds: float | None = None) -> PipelineResult:
         """Run until `num_steps` steps are done (counted over resumed runs), `max_seconds` have passed (the step
         in progress finishes), or the scenarios run out (a last partial batch still trains)."""
-        if num_steps is None and max_seconds is None and not hasattr(self.scenarios, "__len__"):
-            logger.info("artlike: the pipeline runs until the scenario iterator ends")
         return await _Run(self, num_steps, max_seconds).execute()
 
     def run_sync(self, num_steps: int | None = None, *, max_seconds: float | None = None) -> PipelineResult:
@@ -501,9 +499,8 @@ class _Run(Generic[Scenario]):
                     async with asyncio.timeout_at(self._deadline_loop_time()):
                         await self.changed.wait_for(lambda: self.failure is not None or bool(self.ready)
                                                     or (self.exhausted and self.in_flight == 0))
-                except TimeoutError:
+                except TimeoutError:  # stop without training a partial batch
                     self.out_of_time = True
-                    self._return_to_ready(batch)
                     return None
                 if self.failure is not None:
                     raise self.failure
@@ -525,9 +522,6 @@ class _Run(Generic[Scenario]):
         if self.deadline is None:
             return None
         return asyncio.get_running_loop().time() + max(0.0, self.deadline - time.perf_counter())
-
-    def _return_to_ready(self, batch: list[_FinishedGroup]) -> None:
-        self.ready.extendleft(reversed(batch))
 
     async def _train(self, batch: list[_FinishedGroup], *, waited: float, since_previous: float) -> PipelineStep:
         from_step = self.state.served_step
