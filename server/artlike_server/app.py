@@ -21,9 +21,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from .completion_log import CompletionLog, RetentionPolicy, prune_periodically
-from .engine.client import EngineClient
+from .engine.errors import EngineError
 from .engine.launch import EngineConfig, free_port
-from .engine.supervisor import EngineStartError, EngineState, EngineSupervisor
+from .engine.pool_setup import build_engine_pool
+from .engine.supervisor import EngineState
 from .errors import install_error_handlers
 from .jobs.files import FileStore
 from .jobs.files_router import router as files_router
@@ -105,6 +106,7 @@ def create_app(settings: ServerSettings, *, on_fatal: Callable[[BaseException], 
         app.state.artlike = state
         state.engine.add_on_ready(state.models.restore)
         metrics.track_engine(state.engine)
+        metrics.track_engines(state.engine.describe)
         metrics.track_completion_log(state.log)
         starter = asyncio.create_task(_start_engine_then_trainer(state, on_fatal), name="engine-start")
         pruner = asyncio.create_task(prune_periodically(state.log, retention_policy(settings),
@@ -123,8 +125,7 @@ def create_app(settings: ServerSettings, *, on_fatal: Callable[[BaseException], 
             await state.training.shutdown()  # usually done already (begin_shutdown); a running job holds the trainer
             pruner.cancel()
             await state.trainer.stop()
-            await state.engine.stop()
-            await state.engine_client.aclose()
+            await state.engine.stop()  # every local engine, and every engine's connection pool
             state.log.close()
             state.response_store.close()
             state.jobs.store.close()
@@ -183,11 +184,9 @@ def _build_state(settings: ServerSettings, metrics: Metrics, judge: ServerJudge,
     settings.log_dir.mkdir(parents=True, exist_ok=True)
     completion_log = CompletionLog(settings.data_dir / "completions.sqlite")
     completion_log.open()
-    config = engine_config(settings, settings.engine_port or free_port())
-    engine_client = EngineClient(config.base_url)  # one connection pool for the proxy, admin calls and health
-    engine = EngineSupervisor(config, client=engine_client, api_key=settings.engine_api_key)
+    engine = build_engine_pool(settings, engine_config(settings, settings.engine_port or free_port()))
     store = ModelStore(settings.data_dir)
-    models = ModelManager(store, engine_client, settings.served_model_name,
+    models = ModelManager(store, engine, settings.served_model_name,
                           max_loaded=settings.max_loaded_adapters, on_swap=metrics.adapter_swapped)
     trainer = TrainerProcess(settings.model_path, dtype=settings.trainer_dtype,
                              gradient_checkpointing=settings.gradient_checkpointing, cpus=settings.trainer_cpus,
@@ -211,13 +210,13 @@ def _build_state(settings: ServerSettings, metrics: Metrics, judge: ServerJudge,
     graders = GraderService(python_grader_runner(sandbox), judge, check_source=check_grade_source, scorer=scorer)
     studio = StudioStore(settings.data_dir / "studio.sqlite")
     training.step_observers.append(studio.record_rewards)  # the trajectory browser's rewards
-    continual = ContinualTrainer(studio, training, models, completion_log, engine_client)
+    continual = ContinualTrainer(studio, training, models, completion_log, engine)
     ratings = RatingService(studio, completion_log, training.decode_text, on_rated=continual.notify)
     tensorboard = None
     if settings.tensorboard_dir is not None:
         tensorboard = TensorBoardLog(settings.tensorboard_dir)
         models.history_observers.append(tensorboard.write_step)
-    return AppState(settings=settings, engine=engine, engine_client=engine_client, store=store, models=models,
+    return AppState(settings=settings, engine=engine, store=store, models=models,
                     log=completion_log, metrics=metrics, trainer=trainer, training=training, sessions=sessions,
                     response_store=response_store, sandbox=sandbox, files=FileStore(settings.data_dir / "files"),
                     graders=graders, jobs=jobs, studio=studio, ratings=ratings, continual=continual,
@@ -270,7 +269,7 @@ def _tokenizer_loader(settings: ServerSettings) -> Callable[[], Any]:
 async def _start_engine_then_trainer(state: AppState, on_fatal: Callable[[BaseException], None] | None) -> None:
     try:
         await state.engine.start()
-    except EngineStartError as error:
+    except EngineError as error:  # no engine started (a local one's log tail, or a misconfigured remote one)
         log.critical("the engine could not start: %s", error)
         if on_fatal is not None:
             on_fatal(error)
@@ -307,6 +306,7 @@ async def health(request: Request) -> Response:
             "trainer": {"running": state.trainer.is_running, "pid": state.trainer.pid,
                         "dtype": state.settings.trainer_dtype,
                         "dtype_source": state.settings.trainer_dtype_source},
+            "engines": state.engine.describe(),  # each engine: serving?, requests in flight, served, failures
             "models": len(state.models.served_models),  # in memory: /health is polled often
             "training": state.training.active(),
             "training_sessions": state.sessions.open_models(),

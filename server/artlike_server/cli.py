@@ -1,4 +1,4 @@
-"""`artlike serve`: the OpenAI-compatible proxy in front of a supervised vLLM engine, with training."""
+"""`artlike serve`: the OpenAI-compatible proxy in front of supervised (or remote) vLLM engines, with training."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import ipaddress
 import logging
 import os
 import socket
+import urllib.parse
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Annotated
@@ -16,6 +17,8 @@ import uvicorn
 from .data_dir_lock import DataDirInUse, DataDirLock
 from .default_model import DEFAULT_MODEL_ID, ensure_default_model
 from .engine.launch import detect_device, parse_cpu_list
+from .engine.placement import split_cpus
+from .engine.pool_setup import remote_keys
 from .engine.templates import resolve_chat_template
 from .engine.tool_calling import choose_tool_calling
 from .hardware import DTYPE_CHOICES, DtypeChoice, Role, choose_dtypes
@@ -63,6 +66,17 @@ def serve(
              "Default: picked from the model's chat template (engine/tool_calling.py).")] = None,
     engine_arg: Annotated[list[str] | None, typer.Option(help="Extra vLLM argument (repeatable).")] = None,
     engine_port: Annotated[int | None, typer.Option(help="Loopback port for vLLM (default: a free one).")] = None,
+    engines: Annotated[int, typer.Option(
+        min=0, help="Local vLLM engines to start and route between, each on its own cores (CPU: --engine-cpus split "
+                    "evenly) or GPUs (CUDA: tensor x pipeline x data parallel size of --engine-arg each). 0: only "
+                    "--engine-url engines.")] = 1,
+    engine_url: Annotated[list[str] | None, typer.Option(
+        help="A vLLM OpenAI server someone else runs, added to the rotation (repeatable). It must serve the same "
+             "base model under the same name with runtime LoRA updating on, and read adapter directories by the "
+             "paths this server sends (a shared filesystem at the same mount point). See docs/scale-out.md.")] = None,
+    engine_key: Annotated[list[str] | None, typer.Option(
+        envvar="ARTLIKE_ENGINE_KEY", help="The key --engine-url engines require: one for all, or one per URL in "
+                                          "order (repeatable).")] = None,
     engine_api_key: Annotated[str | None, typer.Option(
         envvar="ARTLIKE_ENGINE_API_KEY", help="The key vLLM requires on every route but /health. Default: a "
         "random one per engine start; set it only for tools that call vLLM directly (the benchmarks).")] = None,
@@ -120,6 +134,16 @@ def serve(
             raise typer.BadParameter(f"must be one of {', '.join(DTYPE_CHOICES)}, not {value!r}", param_hint=option)
     cpus = {option: _cpu_list(value, option) for option, value in
             (("--engine-cpus", engine_cpus), ("--trainer-cpus", trainer_cpus))}
+    urls = tuple(_engine_url(url) for url in engine_url or ())
+    keys = tuple(engine_key or ())
+    if engines == 0 and not urls:
+        raise typer.BadParameter("with --engines 0, give at least one --engine-url", param_hint="--engines")
+    try:
+        remote_keys(urls, keys)
+        if engines > 1 and resolved_device == "cpu":
+            split_cpus(cpus["--engine-cpus"] or tuple(sorted(os.sched_getaffinity(0))), engines)
+    except ValueError as error:
+        raise typer.BadParameter(str(error), param_hint="--engines/--engine-key") from error
     dtypes = _choose_dtypes(dtype, trainer_dtype, resolved_device)
     if model is None:
         typer.echo("artlike: preparing the embedded default model (first run converts it once)...", err=True)
@@ -152,6 +176,9 @@ def serve(
         engine_dtype=dtypes["engine"].dtype,
         engine_dtype_source=dtypes["engine"].source,
         engine_port=engine_port,
+        engines=engines,
+        engine_urls=urls,
+        engine_keys=keys,
         engine_api_key=engine_api_key or None,
         max_loaded_adapters=max_loaded_adapters,
         max_lora_rank=max_lora_rank,
@@ -180,6 +207,17 @@ def serve(
         tensorboard_dir=tensorboard_dir.expanduser().resolve() if tensorboard_dir else None,
     )
     raise typer.Exit(run(settings, log_level=log_level))
+
+
+def _engine_url(url: str) -> str:
+    """`url` without a trailing slash or /v1 (the proxy adds the paths); BadParameter unless http(s)://host."""
+    parsed = urllib.parse.urlsplit(url.strip())
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        raise typer.BadParameter(f"must be an http(s) URL such as http://10.0.0.5:8000, not {url!r}",
+                                 param_hint="--engine-url")
+    path = parsed.path.rstrip("/")
+    path = path.removesuffix("/v1")
+    return urllib.parse.urlunsplit((parsed.scheme, parsed.netloc, path, "", ""))
 
 
 def _choose_dtypes(engine: str, trainer: str, device: str) -> dict[Role, DtypeChoice]:

@@ -13,17 +13,21 @@ Who calls what:
     model manager              adapter_swapped(seconds)
     training job               training_step(tokens, seconds)
     app startup                track_engine(engine) (or set_engine_restarts(n) on each start),
+                               track_engines(pool.describe) (per engine: serving, outstanding, requests),
                                track_completion_log(log)
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Protocol
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 # Proxy latency is dominated by generation (seconds), but the proxy's own overhead shows in the low buckets.
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -38,6 +42,33 @@ class _Engine(Protocol):
 
     @property
     def state(self) -> str: ...
+
+
+class _EngineCollector(Collector):
+    """Per-engine series, read from the pool at scrape time (`describe()`: one dict per engine). The engine
+    label is the pool's id ("local-0", "remote-1"): as many values as engines, fixed at start-up."""
+
+    def __init__(self, describe: Callable[[], Sequence[dict[str, Any]]]) -> None:
+        self._describe = describe
+
+    def collect(self) -> Iterator[Metric]:
+        engines = self._describe()
+        serving = GaugeMetricFamily("artlike_engine_serving", "1 while the engine is in the rotation.",
+                                    labels=["engine"])
+        outstanding = GaugeMetricFamily("artlike_engine_outstanding_requests",
+                                        "Requests sent to the engine and not yet answered.", labels=["engine"])
+        requests = CounterMetricFamily("artlike_engine_requests", "Requests routed to the engine.",
+                                       labels=["engine"])
+        failures = CounterMetricFamily("artlike_engine_failures",
+                                       "Requests the engine could not complete (then sent to another).",
+                                       labels=["engine"])
+        for engine in engines:
+            label = [str(engine["id"])]
+            serving.add_metric(label, 1.0 if engine["serving"] else 0.0)
+            outstanding.add_metric(label, float(engine["outstanding"]))
+            requests.add_metric(label, float(engine["requests"]))
+            failures.add_metric(label, float(engine["failures"]))
+        yield from (serving, outstanding, requests, failures)
 
 
 class _Log(Protocol):
@@ -120,6 +151,10 @@ class Metrics:
         """Read the engine's restart count and state at scrape time (no bookkeeping on the engine side)."""
         self.engine_restarts.set_function(lambda: float(engine.restarts))
         self.engine_ready.set_function(lambda: 1.0 if engine.state == "ready" else 0.0)
+
+    def track_engines(self, describe: Callable[[], Sequence[dict[str, Any]]]) -> None:
+        """Per-engine series of the pool (`EnginePool.describe`), read at scrape time."""
+        self.registry.register(_EngineCollector(describe))
 
     def set_engine_restarts(self, restarts: int) -> None:
         """For callers that push the count instead (after each engine start); `track_engine` replaces it."""

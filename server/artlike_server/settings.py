@@ -45,6 +45,10 @@ class ServerSettings:
     tool_call_parser: str | None = None
     engine_args: tuple[str, ...] = field(default_factory=tuple)
     engine_startup_timeout_s: float = 600.0
+    # scale-out (engine/pool.py): local engines this server starts, and engines others run (by URL, with keys)
+    engines: int = 1
+    engine_urls: tuple[str, ...] = ()
+    engine_keys: tuple[str, ...] = ()  # none, one for every URL, or one per URL in order
     # CPU: the cores the engine's and the trainer's threads run on (None: all of this process's)
     engine_cpus: tuple[int, ...] | None = None
     trainer_cpus: tuple[int, ...] | None = None

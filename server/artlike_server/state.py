@@ -9,8 +9,7 @@ from fastapi import Request
 
 if TYPE_CHECKING:
     from .completion_log import CompletionLog
-    from .engine.client import EngineClient
-    from .engine.supervisor import EngineSupervisor
+    from .engine.pool import EnginePool
     from .jobs.files import FileStore
     from .jobs.graders_service import GraderService
     from .jobs.sandbox import Sandbox
@@ -36,8 +35,7 @@ if TYPE_CHECKING:
 @dataclass
 class AppState:
     settings: ServerSettings
-    engine: EngineSupervisor
-    engine_client: EngineClient
+    engine: EnginePool  # every engine (local or remote) behind the proxy; also its routing and admin calls
     store: ModelStore
     models: ModelManager
     log: CompletionLog

@@ -38,6 +38,29 @@ class FakeEngine:
         return self.retry_seconds
 
 
+class EngineWithUpstream:
+    """The engine as the routes see it (`state.engine`, the pool in the real app): the fake's state, the real
+    `Upstream`'s POSTs to the fake vLLM."""
+
+    def __init__(self, engine: FakeEngine, upstream: Upstream) -> None:
+        self._engine = engine
+        self._upstream = upstream
+
+    @property
+    def state(self) -> str:
+        return self._engine.state
+
+    @property
+    def restarts(self) -> int:
+        return self._engine.restarts
+
+    def retry_after(self) -> float:
+        return self._engine.retry_after()
+
+    async def post(self, path: str, body: bytes, *, affinity: str | None = None, replayable: bool = False) -> Any:
+        return await self._upstream.post(path, body, affinity=affinity, replayable=replayable)
+
+
 @dataclass(frozen=True)
 class ServedModel:
     engine_name: str
@@ -113,8 +136,7 @@ def build_app(
     metrics.track_engine(engine)
     metrics.track_completion_log(log)
     app.state.artlike = SimpleNamespace(
-        engine=engine,
-        engine_client=SimpleNamespace(upstream=upstream),
+        engine=EngineWithUpstream(engine, upstream),
         models=models,
         log=log,
         metrics=metrics,

@@ -68,7 +68,8 @@ def health_client(api_key: str | None) -> httpx.AsyncClient:
     app.add_middleware(ApiKeyMiddleware, api_key=api_key)
     app.add_api_route("/health", health, methods=["GET"])
     app.state.artlike = SimpleNamespace(
-        engine=SimpleNamespace(state=EngineState.READY, restarts=0, pid=1234, retry_after=lambda: 0.0),
+        engine=SimpleNamespace(state=EngineState.READY, restarts=0, pid=1234, retry_after=lambda: 0.0,
+                          describe=lambda: []),
         trainer=SimpleNamespace(is_running=True, pid=5678),
         settings=SimpleNamespace(engine_dtype="float32", trainer_dtype="float32", engine_dtype_source="explicit",
                                  trainer_dtype_source="probe"),

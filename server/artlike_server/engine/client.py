@@ -10,7 +10,7 @@ Errors: `errors.py` has the hierarchy; `EngineRequestError` (a non-2xx answer to
 
 from __future__ import annotations
 
-from pathlib import Path
+from typing import Protocol
 
 import httpx
 from pydantic import BaseModel, ConfigDict
@@ -52,6 +52,19 @@ class _ModelList(BaseModel):
     data: list[EngineModel]
 
 
+class AdapterEngine(Protocol):
+    """The admin calls the adapter store and the studio make: one engine (`EngineClient`) or all of them
+    (`pool.EnginePool`, which loads on every engine and lists what all of them have)."""
+
+    async def load_lora_adapter(self, name: str, path: str) -> None: ...
+
+    async def unload_lora_adapter(self, name: str) -> None: ...
+
+    async def list_models(self) -> list[EngineModel]: ...
+
+    async def token_logprobs(self, model: str, token_ids: list[int], start: int) -> list[float]: ...
+
+
 class EngineClient:
     """HTTP access to one vLLM OpenAI server at `base_url` (e.g. "http://127.0.0.1:8123")."""
 
@@ -84,7 +97,7 @@ class EngineClient:
             return False
         return response.status_code == 200
 
-    async def load_lora_adapter(self, name: str, path: Path | str) -> None:
+    async def load_lora_adapter(self, name: str, path: str) -> None:
         """Load the PEFT adapter directory `path` under the model name `name`."""
         await self._admin_post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(path)})
 

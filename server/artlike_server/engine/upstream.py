@@ -17,6 +17,7 @@ the generation (what the proxy does when its own client goes away).
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Protocol
 
 import aiohttp
 import yarl
@@ -35,6 +36,29 @@ _CONNECTION_ERRORS = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError,
 
 class EngineConnectionError(EngineError):
     """The engine could not be reached, or the connection broke before its answer was complete."""
+
+
+class EngineAnswer(Protocol):
+    """One engine answer as the proxy reads it (`UpstreamResponse`, or the pool's wrappers of it)."""
+
+    @property
+    def status(self) -> int: ...
+
+    async def read(self) -> bytes: ...
+
+    def iter_chunks(self) -> AsyncIterator[bytes]: ...
+
+    def abort(self) -> None: ...
+
+
+class Upstreams(Protocol):
+    """Where the proxy sends completions: one engine (`Upstream`) or a pool of them (`pool.EnginePool`).
+
+    `affinity`: keep requests with this key on one engine (its prefix cache). `replayable`: the caller
+    reads the whole body, so a pool may send it again elsewhere if the answer breaks off."""
+
+    async def post(self, path: str, body: bytes, *, affinity: str | None = None,
+                   replayable: bool = False) -> EngineAnswer: ...
 
 
 class UpstreamResponse:
@@ -99,8 +123,10 @@ class Upstream:
             )
         return self._session
 
-    async def post(self, path: str, body: bytes) -> UpstreamResponse:
-        """Send `body` to `path`; returns once the status line and headers are in."""
+    async def post(self, path: str, body: bytes, *, affinity: str | None = None,
+                   replayable: bool = False) -> UpstreamResponse:
+        """Send `body` to `path`; returns once the status line and headers are in. (One engine: there is no
+        other to choose by `affinity` or to send a `replayable` request to again.)"""
         url = self._urls.get(path)
         if url is None:
             url = self._urls[path] = self._base_url.join(yarl.URL(path))

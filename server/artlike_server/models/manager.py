@@ -44,7 +44,7 @@ from .retention import steps_to_delete
 from .store import ModelStore, StoredModel, fsync_tree
 
 if TYPE_CHECKING:
-    from ..engine.client import EngineClient
+    from ..engine.client import AdapterEngine
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +97,7 @@ class ModelManager:
     def __init__(
         self,
         store: ModelStore,
-        engine: EngineClient,
+        engine: AdapterEngine,
         base_model_id: str,
         *,
         max_loaded: int = 4,

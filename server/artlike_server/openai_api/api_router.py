@@ -12,7 +12,7 @@
 POSTs to the completion paths are answered by `CompletionRoutes`, a pure ASGI middleware, before FastAPI's
 exception middleware, dependency exit stack and route table (the same handlers are also routes, so other
 methods get the router's 405). Bodies are read raw (no FastAPI body model): serving parses them once with
-orjson and names the bad parameter itself. Shared objects come from `request.app.state.artlike` (engine, engine_client, models, log,
+orjson and names the bad parameter itself. Shared objects come from `request.app.state.artlike` (engine: the pool, models, log,
 metrics, settings). A client that disconnects cancels its request, which closes the engine connection: vLLM
 aborts the generation instead of finishing it for nobody.
 """
@@ -48,7 +48,7 @@ def _serving(request: Request) -> OpenAIServing:
     state = request.app.state.artlike
     return OpenAIServing(
         engine=state.engine,
-        upstream=state.engine_client.upstream,
+        upstream=state.engine,
         models=state.models,
         log=state.log,
         metrics=state.metrics,

@@ -40,8 +40,9 @@ Streams: SSE events are split from the raw bytes, each JSON chunk rewritten and 
 µs). When the client goes away, `ProxyStream.aclose()` drops the upstream connection, so vLLM aborts the
 request, and records what was generated with finish_reason "abort" (choices with no token are skipped).
 
-The engine is reached through `engine.upstream.Upstream` (aiohttp; see there why not httpx). Unit tests give
-it a fake vLLM that answers over real HTTP, so there is no stand-in interface for it here.
+The engine is reached through `engine.upstream.Upstreams`: the engine pool (`engine/pool.py`: routing,
+trajectory affinity, failover) over one aiohttp `Upstream` per engine (see there why not httpx). Unit tests
+give it a fake vLLM that answers over real HTTP.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ import orjson
 
 from artlike.types import TrajectoryRecord, is_valid_trajectory_id
 from artlike_server.completion_log import NewCompletion
-from artlike_server.engine.upstream import EngineConnectionError, Upstream, UpstreamResponse
+from artlike_server.engine.upstream import EngineAnswer, EngineConnectionError, Upstreams
 from artlike_server.errors import (
     APIError,
     Conflict,
@@ -490,7 +491,7 @@ class ProxyStream:
     def __init__(
         self,
         serving: OpenAIServing,
-        upstream: UpstreamResponse,
+        upstream: EngineAnswer,
         *,
         endpoint: Endpoint,
         asked: CallerAsked,
@@ -627,7 +628,7 @@ class OpenAIServing:
         self,
         *,
         engine: EngineLike,
-        upstream: Upstream,
+        upstream: Upstreams,
         models: ModelResolver,
         log: CompletionLogLike,
         metrics: MetricsLike,
@@ -717,7 +718,10 @@ class OpenAIServing:
                     created_at=created_at,
                     started=started,
                 )
-            upstream = await self._send(ENGINE_PATHS[endpoint], orjson.dumps(upstream_body))
+            # A trajectory's turns stay on one engine (its prefix cache); a non-streamed answer may be sent
+            # again to another engine if the first one breaks off (nothing has reached the client yet).
+            upstream = await self._send(ENGINE_PATHS[endpoint], orjson.dumps(upstream_body),
+                                        affinity=trajectory_id, replayable=not request.stream)
             if request.stream:
                 return ProxyStream(
                     self,
@@ -745,10 +749,10 @@ class OpenAIServing:
         finally:
             await lease.aclose()  # a no-op once a stream took the lease over
 
-    async def _send(self, path: str, body: bytes) -> UpstreamResponse:
+    async def _send(self, path: str, body: bytes, *, affinity: str | None, replayable: bool) -> EngineAnswer:
         """Send to the engine; transport failures are 503, engine errors come back in OpenAI shape."""
         try:
-            response = await self.upstream.post(path, body)
+            response = await self.upstream.post(path, body, affinity=affinity, replayable=replayable)
         except EngineConnectionError as exc:
             raise ServiceUnavailable(
                 f"{exc}; retry shortly", retry_after=self.engine.retry_after()
@@ -758,7 +762,7 @@ class OpenAIServing:
             raise engine_error(response.status, content, retry_after=self.engine.retry_after())
         return response
 
-    async def _read(self, response: UpstreamResponse) -> bytes:
+    async def _read(self, response: EngineAnswer) -> bytes:
         try:
             return await response.read()
         except EngineConnectionError as exc:

@@ -39,7 +39,7 @@ from artlike.types import (
 
 from ..completion_log import CompletionLog
 from ..completion_queries import completions_by_id
-from ..engine.client import EngineClient, EngineRequestError
+from ..engine.client import AdapterEngine, EngineRequestError
 from ..errors import APIError, Conflict, InvalidRequest
 from ..models.manager import ModelManager
 from ..training.job import TrainingService
@@ -56,7 +56,7 @@ MAX_EVENTS = 200  # events kept per run for the page
 
 class ContinualTrainer:
     def __init__(self, store: StudioStore, training: TrainingService, models: ModelManager, log: CompletionLog,
-                 engine: EngineClient) -> None:
+                 engine: AdapterEngine) -> None:
         self.store = store
         self.training = training
         self.models = models

@@ -14,14 +14,14 @@ from collections.abc import Sequence
 from artlike.studio_types import GuardPolicy, GuardVerdict
 from artlike.types import CompletionRecord
 
-from ..engine.client import EngineClient
+from ..engine.client import AdapterEngine
 from ..models.manager import ModelManager, served_name
 from .feedback import RatedAnswer, preference_shift
 
 MAX_ANSWERS = 64  # scoring costs two prefills per answer: judge on the newest held-out answers
 
 
-async def judge(engine: EngineClient, models: ModelManager, model: str, candidate: int, live: int,
+async def judge(engine: AdapterEngine, models: ModelManager, model: str, candidate: int, live: int,
                 answers: Sequence[RatedAnswer], records: dict[int, CompletionRecord],
                 policy: GuardPolicy) -> GuardVerdict:
     usable = [a for a in answers if a.completion_id in records][-MAX_ANSWERS:]

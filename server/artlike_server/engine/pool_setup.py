@@ -1,0 +1,67 @@
+"""The engine pool `artlike serve` asks for: `--engines N` local engines plus each `--engine-url`.
+
+Local engine i gets its own port, log file (engine.log, engine-1.log, ...), and its share of the cores
+(CPU) or GPUs (CUDA) from `placement`. Remote engines get the key given for them (`--engine-key`, one for
+all or one per URL in order).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from ..settings import ServerSettings
+from .client import EngineClient
+from .launch import EngineConfig, free_port
+from .placement import devices_per_engine, split_cpus, split_gpus, visible_gpus
+from .pool import EngineMember, EnginePool
+from .remote import RemoteEngine
+from .supervisor import EngineSupervisor
+
+
+def local_engine_configs(settings: ServerSettings, base: EngineConfig) -> list[EngineConfig]:
+    """`base` (engine 0's config) copied for each of `settings.engines` local engines, each placed on its own
+    cores or GPUs. One engine keeps `base` as it is (all cores, every visible GPU)."""
+    count = settings.engines
+    if count <= 1:
+        return [base] if count == 1 else []
+    configs = []
+    if base.device == "cpu":
+        cpus = base.cpu_ids if base.cpu_ids is not None else tuple(sorted(os.sched_getaffinity(0)))
+        placements: list[dict[str, object]] = [{"cpu_ids": group} for group in split_cpus(cpus, count)]
+    else:
+        groups = split_gpus(visible_gpus(), count, devices_per_engine(base.extra_args))
+        placements = [{"extra_env": (*base.extra_env, ("CUDA_VISIBLE_DEVICES", ",".join(group)))}
+                      for group in groups]
+    for index, placement in enumerate(placements):
+        port = base.port if index == 0 else free_port()
+        log_path = base.log_path if index == 0 else base.log_path.with_name(f"engine-{index}.log")
+        configs.append(dataclasses.replace(base, port=port, log_path=log_path, **placement))  # type: ignore[arg-type]
+    return configs
+
+
+def remote_keys(urls: tuple[str, ...], keys: tuple[str, ...]) -> list[str | None]:
+    """The key for each URL: none, one for all, or one each (in order)."""
+    if not keys:
+        return [None] * len(urls)
+    if len(keys) == 1:
+        return [keys[0]] * len(urls)
+    if len(keys) != len(urls):
+        raise ValueError(f"give one --engine-key for all --engine-url, or one per URL ({len(urls)}), not {len(keys)}")
+    return list(keys)
+
+
+def build_engine_pool(settings: ServerSettings, base: EngineConfig) -> EnginePool:
+    members = []
+    for index, config in enumerate(local_engine_configs(settings, base)):
+        client = EngineClient(config.base_url)  # one connection pool per engine: the proxy, admin calls, health
+        runner = EngineSupervisor(config, client=client, api_key=settings.engine_api_key)
+        members.append(EngineMember(id=f"local-{index}", kind="local", runner=runner, client=client))
+    for index, (url, key) in enumerate(zip(settings.engine_urls, remote_keys(settings.engine_urls,
+                                                                             settings.engine_keys), strict=True)):
+        client = EngineClient(url)
+        if key is not None:
+            client.set_api_key(key)
+        members.append(EngineMember(id=f"remote-{index}", kind="remote",
+                                    runner=RemoteEngine(client, settings.served_model_name), client=client))
+    return EnginePool(members)

@@ -1,0 +1,206 @@
+"""Scale-out against real engines (issue #18): one proxy in front of a local vLLM engine it supervises
+(`--engines 1`, core 0) and an external vLLM server it was given by URL (`--engine-url`, core 1, started
+here as an operator would, with its own key). Through the official `openai` SDK and plain HTTP:
+
+- traffic spreads across both engines; a trajectory's requests stay on one engine;
+- a trained step reaches both before the alias moves (greedy outputs after the swap are the same on both
+  engines, and differ from the base model's);
+- killing the local engine while requests are in flight fails none of the non-streaming ones (they are
+  sent again to the other engine), and the restarted engine rejoins with the kept steps loaded.
+
+The unit tests (tests/unit/test_engine_pool.py) cover the rules this cannot provoke cheaply (a refused
+load, a remote engine that forgets its adapters, every engine down).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from artlike_server.default_model import DEFAULT_MODEL_ID, ensure_default_model
+from artlike_server.engine.launch import EngineConfig, build_command, build_env, free_port
+from artlike_server.engine.tool_calling import choose_tool_calling
+from artlike_server.launcher import ServerProcess, ServerStartError
+
+from tests.conftest import SERVER_ARGS, TEST_API_KEY
+from tests.integration.test_training import LOGPROB_TOLERANCE, health, register, rollout_groups, train_lines
+
+pytestmark = pytest.mark.integration
+
+EXTERNAL_KEY = "external-engine-key"
+PROBE = [{"role": "user", "content": "Write one sentence about rivers."}]
+
+
+def engines(server: Any) -> dict[str, dict[str, Any]]:
+    return {engine["id"]: engine for engine in health(server)["engines"]}
+
+
+def wait_for(condition: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.5)  # polling another process's /health: nothing to await instead
+    raise AssertionError(f"not within {timeout:.0f}s: {what}")
+
+
+def both_serving(server: Any) -> bool:
+    return all(engine["serving"] for engine in engines(server).values())
+
+
+@pytest.fixture(scope="module")
+def external_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A vLLM OpenAI server on core 1 as someone else would run it: same weights, name, template and dtype
+    as the proxy's own engine, runtime LoRA on, its own key."""
+    model_dir = ensure_default_model()
+    tools = choose_tool_calling(model_dir)
+    log_path = tmp_path_factory.mktemp("external") / "engine.log"
+    config = EngineConfig(model_path=model_dir, served_model_name=DEFAULT_MODEL_ID, port=free_port(),
+                          log_path=log_path, dtype="float32", chat_template=tools.chat_template,
+                          tool_call_parser=tools.parser, cpu_ids=(1,))
+    with open(log_path, "ab") as log:
+        process = subprocess.Popen(build_command(config, sys.executable),
+                                   env=build_env(config, os.environ, api_key=EXTERNAL_KEY),
+                                   stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        yield config.base_url
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+@pytest.fixture(scope="module")
+def pool_server(tmp_path_factory: pytest.TempPathFactory, external_engine: str) -> Iterator[ServerProcess]:
+    data_dir = tmp_path_factory.mktemp("scale-out")
+    args = [*SERVER_ARGS, "--engines", "1", "--engine-cpus", "0", "--engine-url", f"{external_engine}/v1",
+            "--engine-key", EXTERNAL_KEY]
+    with ServerProcess(data_dir, args=args, api_key=TEST_API_KEY) as running:
+        wait_for(lambda: both_serving(running), 600, "both engines serving")
+        yield running
+
+
+def chat(server: Any, model: str, *, trajectory_id: str | None = None, max_tokens: int = 8,
+         messages: list[dict[str, str]] | None = None, **extra: Any) -> Any:
+    base = f"{server.base_url}/t/{trajectory_id}/v1" if trajectory_id else f"{server.base_url}/v1"
+    with openai.OpenAI(base_url=base, api_key=server.api_key, max_retries=0, timeout=300) as client:
+        return client.chat.completions.create(model=model, messages=messages or PROBE, max_tokens=max_tokens,
+                                              temperature=0.0, logprobs=True, **extra)
+
+
+def served_by(server: Any, request: Any) -> str:
+    """Run `request()` alone and say which engine's request count went up."""
+    before = {name: engine["requests"] for name, engine in engines(server).items()}
+    request()
+    after = {name: engine["requests"] for name, engine in engines(server).items()}
+    moved = [name for name in after if after[name] > before[name]]
+    assert len(moved) == 1, (before, after)
+    return moved[0]
+
+
+def probe_outputs(server: Any, model: str, count: int) -> list[tuple[str, list[float]]]:
+    """`count` concurrent greedy probes (so both engines get some); their text and logprobs."""
+    def one(_: int) -> tuple[str, list[float]]:
+        completion = chat(server, model, max_tokens=12)
+        choice = completion.choices[0]
+        return choice.message.content or "", [t.logprob for t in choice.logprobs.content]
+
+    with ThreadPoolExecutor(max_workers=count) as pool:
+        return list(pool.map(one, range(count)))
+
+
+def same(a: tuple[str, list[float]], b: tuple[str, list[float]]) -> bool:
+    return a[0] == b[0] and len(a[1]) == len(b[1]) and all(
+        abs(x - y) <= LOGPROB_TOLERANCE for x, y in zip(a[1], b[1], strict=True))
+
+
+def test_health_and_metrics_show_each_engine(pool_server: ServerProcess) -> None:
+    listed = engines(pool_server)
+    assert set(listed) == {"local-0", "remote-0"}
+    assert listed["local-0"]["kind"] == "local" and listed["local-0"]["pid"] is not None
+    assert listed["remote-0"]["kind"] == "remote" and listed["remote-0"]["pid"] is None
+    assert listed["remote-0"]["url"].endswith(str(httpx.URL(listed["remote-0"]["url"]).port))  # /v1 was dropped
+    metrics = httpx.get(f"{pool_server.base_url}/metrics", headers=pool_server.headers, timeout=30).text
+    assert 'artlike_engine_serving{engine="local-0"} 1.0' in metrics
+    assert 'artlike_engine_serving{engine="remote-0"} 1.0' in metrics
+
+
+def test_traffic_spreads_and_a_trajectory_stays_on_one_engine(pool_server: ServerProcess) -> None:
+    before = {name: engine["requests"] for name, engine in engines(pool_server).items()}
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        answers = list(pool.map(lambda _: chat(pool_server, DEFAULT_MODEL_ID), range(8)))
+    assert all(answer.choices[0].message.content for answer in answers)
+    after = {name: engine["requests"] for name, engine in engines(pool_server).items()}
+    assert all(after[name] > before[name] for name in after), (before, after)  # both engines served some
+
+    homes = set()
+    for _ in range(2):
+        trajectory = uuid.uuid4().hex
+        turns = {served_by(pool_server, lambda t=trajectory: chat(pool_server, DEFAULT_MODEL_ID, trajectory_id=t))
+                 for _ in range(3)}
+        assert len(turns) == 1, turns  # every turn of the trajectory on the engine that served its first
+        homes |= turns
+    assert homes == {"local-0", "remote-0"}  # the second trajectory went to the engine the first left idle
+
+
+def test_a_trained_step_reaches_both_engines_and_survives_a_killed_engine(pool_server: ServerProcess) -> None:
+    name = "scaled"
+    register(pool_server, name)
+    base_output = probe_outputs(pool_server, DEFAULT_MODEL_ID, 1)[0]
+    groups = rollout_groups(pool_server, name, groups=2, size=2, max_tokens=8)
+    lines = train_lines(pool_server, {"model": name, "groups": groups, "config": {"learning_rate": 5e-3}})
+    assert lines[-1][1]["type"] == "done", lines[-1]
+    before = {n: e["requests"] for n, e in engines(pool_server).items()}
+    outputs = probe_outputs(pool_server, name, 6)
+    after = {n: e["requests"] for n, e in engines(pool_server).items()}
+    assert all(after[n] > before[n] for n in after), (before, after)  # both engines served the new step...
+    assert all(same(output, outputs[0]) for output in outputs), outputs  # ...with the same weights
+    assert not same(outputs[0], base_output)  # and they are the trained step's, not the base model's
+
+    # Kill the local engine while non-streaming requests are in flight on it: each is sent again.
+    local = engines(pool_server)["local-0"]
+    failures_before = local["failures"]
+
+    def long_request(_: int) -> int:
+        completion = chat(pool_server, name, max_tokens=48, extra_body={"ignore_eos": True},
+                          messages=[{"role": "user", "content": "Count slowly from one to fifty."}])
+        return len(completion.choices[0].logprobs.content)
+
+    with ThreadPoolExecutor(max_workers=6) as pool:
+        futures = [pool.submit(long_request, i) for i in range(6)]
+        wait_for(lambda: engines(pool_server)["local-0"]["outstanding"] >= 1, 60, "requests on the local engine")
+        os.killpg(local["pid"], signal.SIGKILL)
+        lengths = [future.result() for future in futures]  # raises if any request failed
+    assert lengths == [48] * 6
+    assert engines(pool_server)["local-0"]["failures"] > failures_before  # the failover path really ran
+
+    # The supervisor restarts it; it rejoins with the kept step loaded before it takes traffic.
+    wait_for(lambda: engines(pool_server)["local-0"]["restarts"] >= 1 and engines(pool_server)["local-0"]["serving"],
+             600, "the local engine back in the rotation")
+    before = {n: e["requests"] for n, e in engines(pool_server).items()}
+    again = probe_outputs(pool_server, name, 6)
+    after = {n: e["requests"] for n, e in engines(pool_server).items()}
+    assert after["local-0"] > before["local-0"]
+    assert all(same(output, outputs[0]) for output in again), again
+
+
+def test_a_misconfigured_external_engine_is_refused_at_start(tmp_path: Path, external_engine: str) -> None:
+    """A wrong key for the only engine: the server says so and exits instead of serving nothing."""
+    args = [*SERVER_ARGS, "--engines", "0", "--engine-url", external_engine, "--engine-key", "wrong"]
+    with pytest.raises(ServerStartError, match="is --engine-key right"), \
+            ServerProcess(tmp_path, args=args, api_key=TEST_API_KEY, start_timeout_s=300):
+        pass
