@@ -1,12 +1,15 @@
-"""Scale-out against real engines (issue #18): one proxy in front of a local vLLM engine it supervises
-(`--engines 1`, core 0) and an external vLLM server it was given by URL (`--engine-url`, core 1, started
-here as an operator would, with its own key). Through the official `openai` SDK and plain HTTP:
+"""Scale-out against real engines (issue #18). One proxy in front of two local vLLM engines it supervises
+(`--engines 2`: one core each). Through the official `openai` SDK and plain HTTP:
 
 - traffic spreads across both engines; a trajectory's requests stay on one engine;
 - a trained step reaches both before the alias moves (greedy outputs after the swap are the same on both
   engines, and differ from the base model's);
-- killing the local engine while requests are in flight fails none of the non-streaming ones (they are
-  sent again to the other engine), and the restarted engine rejoins with the kept steps loaded.
+- killing one engine while requests are in flight fails none of the non-streaming ones (they are sent
+  again to the other engine), and the restarted engine rejoins with the kept steps loaded.
+
+Then an external vLLM server (started here as an operator would, with its own key) behind a proxy that
+runs no engine of its own (`--engines 0 --engine-url`): it serves, it receives the adapters, and a wrong
+key is refused at start.
 
 The unit tests (tests/unit/test_engine_pool.py) cover the rules this cannot provoke cheaply (a refused
 load, a remote engine that forgets its adapters, every engine down).
@@ -27,6 +30,7 @@ from typing import Any
 
 import httpx
 import openai
+import psutil
 import pytest
 from artlike_server.default_model import DEFAULT_MODEL_ID, ensure_default_model
 from artlike_server.engine.launch import EngineConfig, build_command, build_env, free_port
@@ -61,14 +65,15 @@ def both_serving(server: Any) -> bool:
 
 @pytest.fixture(scope="module")
 def external_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A vLLM OpenAI server on core 1 as someone else would run it: same weights, name, template and dtype
-    as the proxy's own engine, runtime LoRA on, its own key."""
+    """A vLLM OpenAI server as someone else would run it: same weights, name, template and dtype as the
+    proxy's own engine would have, runtime LoRA on, its own key. Started after the pool tests are done
+    (module order), so at most two engines share the two cores."""
     model_dir = ensure_default_model()
     tools = choose_tool_calling(model_dir)
     log_path = tmp_path_factory.mktemp("external") / "engine.log"
     config = EngineConfig(model_path=model_dir, served_model_name=DEFAULT_MODEL_ID, port=free_port(),
                           log_path=log_path, dtype="float32", chat_template=tools.chat_template,
-                          tool_call_parser=tools.parser, cpu_ids=(1,))
+                          tool_call_parser=tools.parser)
     with open(log_path, "ab") as log:
         process = subprocess.Popen(build_command(config, sys.executable),
                                    env=build_env(config, os.environ, api_key=EXTERNAL_KEY),
@@ -85,11 +90,9 @@ def external_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def pool_server(tmp_path_factory: pytest.TempPathFactory, external_engine: str) -> Iterator[ServerProcess]:
+def pool_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     data_dir = tmp_path_factory.mktemp("scale-out")
-    args = [*SERVER_ARGS, "--engines", "1", "--engine-cpus", "0", "--engine-url", f"{external_engine}/v1",
-            "--engine-key", EXTERNAL_KEY]
-    with ServerProcess(data_dir, args=args, api_key=TEST_API_KEY) as running:
+    with ServerProcess(data_dir, args=[*SERVER_ARGS, "--engines", "2"], api_key=TEST_API_KEY) as running:
         wait_for(lambda: both_serving(running), 600, "both engines serving")
         yield running
 
@@ -130,13 +133,15 @@ def same(a: tuple[str, list[float]], b: tuple[str, list[float]]) -> bool:
 
 def test_health_and_metrics_show_each_engine(pool_server: ServerProcess) -> None:
     listed = engines(pool_server)
-    assert set(listed) == {"local-0", "remote-0"}
-    assert listed["local-0"]["kind"] == "local" and listed["local-0"]["pid"] is not None
-    assert listed["remote-0"]["kind"] == "remote" and listed["remote-0"]["pid"] is None
-    assert listed["remote-0"]["url"].endswith(str(httpx.URL(listed["remote-0"]["url"]).port))  # /v1 was dropped
+    assert set(listed) == {"local-0", "local-1"}
+    assert all(engine["kind"] == "local" and engine["pid"] is not None for engine in listed.values())
+    assert listed["local-0"]["pid"] != listed["local-1"]["pid"]
+    # Each engine's threads are bound to its own core (the split of this machine's cores).
+    binds = [psutil.Process(engine["pid"]).environ()["VLLM_CPU_OMP_THREADS_BIND"] for engine in listed.values()]
+    assert len(set(binds)) == 2, binds
     metrics = httpx.get(f"{pool_server.base_url}/metrics", headers=pool_server.headers, timeout=30).text
     assert 'artlike_engine_serving{engine="local-0"} 1.0' in metrics
-    assert 'artlike_engine_serving{engine="remote-0"} 1.0' in metrics
+    assert 'artlike_engine_serving{engine="local-1"} 1.0' in metrics
 
 
 def test_traffic_spreads_and_a_trajectory_stays_on_one_engine(pool_server: ServerProcess) -> None:
@@ -154,7 +159,7 @@ def test_traffic_spreads_and_a_trajectory_stays_on_one_engine(pool_server: Serve
                  for _ in range(3)}
         assert len(turns) == 1, turns  # every turn of the trajectory on the engine that served its first
         homes |= turns
-    assert homes == {"local-0", "remote-0"}  # the second trajectory went to the engine the first left idle
+    assert homes == {"local-0", "local-1"}  # the second trajectory went to the engine the first left idle
 
 
 def test_a_trained_step_reaches_both_engines_and_survives_a_killed_engine(pool_server: ServerProcess) -> None:
@@ -171,8 +176,8 @@ def test_a_trained_step_reaches_both_engines_and_survives_a_killed_engine(pool_s
     assert all(same(output, outputs[0]) for output in outputs), outputs  # ...with the same weights
     assert not same(outputs[0], base_output)  # and they are the trained step's, not the base model's
 
-    # Kill the local engine while non-streaming requests are in flight on it: each is sent again.
-    local = engines(pool_server)["local-0"]
+    # Kill one engine while non-streaming requests are in flight on it: each is sent again.
+    local = engines(pool_server)["local-1"]
     failures_before = local["failures"]
 
     def long_request(_: int) -> int:
@@ -182,20 +187,38 @@ def test_a_trained_step_reaches_both_engines_and_survives_a_killed_engine(pool_s
 
     with ThreadPoolExecutor(max_workers=6) as pool:
         futures = [pool.submit(long_request, i) for i in range(6)]
-        wait_for(lambda: engines(pool_server)["local-0"]["outstanding"] >= 1, 60, "requests on the local engine")
+        wait_for(lambda: engines(pool_server)["local-1"]["outstanding"] >= 1, 60, "requests on the engine")
         os.killpg(local["pid"], signal.SIGKILL)
         lengths = [future.result() for future in futures]  # raises if any request failed
     assert lengths == [48] * 6
-    assert engines(pool_server)["local-0"]["failures"] > failures_before  # the failover path really ran
+    assert engines(pool_server)["local-1"]["failures"] > failures_before  # the failover path really ran
 
     # The supervisor restarts it; it rejoins with the kept step loaded before it takes traffic.
-    wait_for(lambda: engines(pool_server)["local-0"]["restarts"] >= 1 and engines(pool_server)["local-0"]["serving"],
-             600, "the local engine back in the rotation")
+    wait_for(lambda: engines(pool_server)["local-1"]["restarts"] >= 1 and engines(pool_server)["local-1"]["serving"],
+             600, "the killed engine back in the rotation")
     before = {n: e["requests"] for n, e in engines(pool_server).items()}
     again = probe_outputs(pool_server, name, 6)
     after = {n: e["requests"] for n, e in engines(pool_server).items()}
-    assert after["local-0"] > before["local-0"]
+    assert after["local-1"] > before["local-1"]
     assert all(same(output, outputs[0]) for output in again), again
+
+
+def test_an_external_engine_serves_and_gets_the_adapters(tmp_path: Path, pool_server: ServerProcess,
+                                                         external_engine: str) -> None:
+    pool_server.stop()  # two engines on two cores at most: the pool's are done
+    args = [*SERVER_ARGS, "--engines", "0", "--engine-url", f"{external_engine}/v1", "--engine-key", EXTERNAL_KEY]
+    with ServerProcess(tmp_path / "remote-only", args=args, api_key=TEST_API_KEY) as server:
+        listed = engines(server)
+        assert list(listed) == ["remote-0"] and listed["remote-0"]["url"] == external_engine  # /v1 dropped
+        assert listed["remote-0"]["kind"] == "remote" and listed["remote-0"]["pid"] is None
+        register(server, "far")
+        completion = chat(server, "far", trajectory_id=uuid.uuid4().hex)
+        assert completion.model == "far@0" and completion.choices[0].logprobs.content
+        # The adapter was loaded by the path the proxy sent (a shared filesystem: here, the same machine).
+        with httpx.Client(base_url=external_engine, headers={"Authorization": f"Bearer {EXTERNAL_KEY}"}) as http:
+            models = {m["id"]: m for m in http.get("/v1/models", timeout=30).json()["data"]}
+        assert models["far@0"]["root"] == str(tmp_path / "remote-only" / "models" / "far" / "steps" / "0")
+        assert engines(server)["remote-0"]["requests"] >= 1
 
 
 def test_a_misconfigured_external_engine_is_refused_at_start(tmp_path: Path, external_engine: str) -> None:
