@@ -125,6 +125,17 @@ class Studio:
         self.page.wait_for_selector(f'#models-live[data-model="{name}"]', state="attached")
         self.page.wait_for_selector(f'#ct-message[data-model="{name}"]', state="attached")
 
+    def refresh_inbox(self) -> None:
+        """Reload the inbox list through the page's own filter form (focus stays where it is, as when a load
+        started by a tab switch or a filter change lands while the user types) and wait until it is drawn."""
+        self.page.evaluate("() => document.querySelector('#inbox-filters').requestSubmit()")
+        self.wait_inbox_drawn()
+
+    def wait_inbox_drawn(self) -> None:
+        """Wait until the newest inbox load started so far is drawn. Each load marks the list 'loading' as it
+        starts (synchronously, inside the click or submit that starts it), the newest one 'ready' once drawn."""
+        self.page.wait_for_selector("#inbox-list[data-state='ready']", state="attached")
+
     def live_step(self) -> int:
         return int(self.page.get_attribute("#models-live", "data-live-step") or -1)
 
@@ -360,7 +371,9 @@ def test_markup_in_prompts_outputs_and_comments_is_shown_as_text(studio: Studio,
     studio.tab("inbox")
     page.select_option("#inbox-model", name)
     page.click("#inbox-refresh")
-    page.wait_for_load_state("networkidle")  # the tab's own load and the refresh both drew the list
+    # The tab's own load, the filter change's and the refresh's: the newest is drawn. (A wait for "networkidle"
+    # returned at once here: that load state was reached long before; fill() then raced the redraw.)
+    studio.wait_inbox_drawn()
     item = page.locator(f".inbox-item[data-completion-id='{unrated['id']}']")
     item.locator("input.comment").fill(XSS)
     item.locator("button[data-action='scale-4']").click()
@@ -371,6 +384,46 @@ def test_markup_in_prompts_outputs_and_comments_is_shown_as_text(studio: Studio,
     assert ratings[unrated["id"]]["comment"] == XSS and ratings[unrated["id"]]["rater"] == "studio", \
         studio.rating_posts
     assert_no_injection(page)
+
+
+def test_a_comment_being_typed_in_the_inbox_survives_redraws(studio: Studio, server: Any) -> None:
+    """A load of the inbox (tab switch, filter change, Refresh) that lands while a comment is being typed keeps
+    the text, the focus and the caret; an item that leaves the list and comes back gets its draft back; the
+    rating sends the whole comment. (Playwright's fill() focuses the box, then inserts the text into whatever
+    has the focus: a redraw in between once sent a rating without its comment.)"""
+    name = register(server, "studio-draft")
+    page = studio.page
+    (card,) = studio.sample(name, "Say hi.", n=1, max_tokens=4)
+    studio.tab("inbox")
+    page.select_option("#inbox-model", name)
+    page.click("#inbox-refresh")
+    studio.wait_inbox_drawn()
+    item = page.locator(f".inbox-item[data-completion-id='{card['id']}']")
+    box = item.locator("input.comment")
+    box.click()
+    page.keyboard.type("first half")
+
+    studio.refresh_inbox()  # the list is redrawn while the box has the focus
+    assert box.evaluate("b => b === document.activeElement"), \
+        page.evaluate("() => document.activeElement && document.activeElement.outerHTML.slice(0, 120)")
+    assert box.evaluate("b => [b.selectionStart, b.selectionEnd]") == [10, 10]
+    page.keyboard.insert_text(", second half")  # what fill() does once it focused the box
+    assert box.input_value() == "first half, second half"
+
+    # the item leaves the list (a filter no item matches), then comes back as a new element: the draft is kept
+    page.fill("#inbox-step", "999999")
+    studio.refresh_inbox()
+    item.wait_for(state="detached")
+    page.fill("#inbox-step", "")
+    studio.refresh_inbox()
+    assert box.input_value() == "first half, second half"
+
+    item.locator("button[data-action='scale-4']").click()
+    item.wait_for(state="detached")
+    with http(server) as client:
+        ratings = client.get("/v1/ratings", params={"model": name}).json()["data"]
+    assert [(r["completion_id"], r["kind"], r["value"], r["comment"]) for r in ratings] == \
+        [(card["id"], "scale", 4, "first half, second half")], studio.rating_posts
 
 
 # ------------------------------------------------------------------------- d) best of N and keyboard

@@ -51,6 +51,48 @@
     return el;
   }
 
+  /** The focused element under `root` and its caret, to give back after a redraw (null: the focus is elsewhere). */
+  function focusWithin(root) {
+    const el = document.activeElement;
+    if (!el || el === document.body || !root.contains(el)) return null;
+    const item = el.closest('[data-completion-id]');
+    const saved = { el, completionId: item ? item.dataset.completionId : null, comment: el.matches('input.comment') };
+    if (typeof el.selectionStart === 'number') {
+      saved.selection = [el.selectionStart, el.selectionEnd, el.selectionDirection];
+    }
+    return saved;
+  }
+
+  function restoreFocus(root, saved) {
+    if (!saved || document.activeElement === saved.el) return;
+    let el = saved.el.isConnected ? saved.el : null;
+    if (!el && saved.comment && saved.completionId !== null) {  // replaced: the new box of the same completion
+      el = $(`[data-completion-id="${CSS.escape(saved.completionId)}"] input.comment`, root);
+    }
+    if (!el) return;
+    el.focus({ preventScroll: true });
+    if (saved.selection && typeof el.setSelectionRange === 'function') {
+      try { el.setSelectionRange(...saved.selection); } catch (_) { /* not a text input */ }
+    }
+  }
+
+  /**
+   * Make `nodes` the children of `root`, moving only what is out of place. Removing or moving a focused
+   * element blurs it: a comment being typed when a redraw lands would lose the keys typed next (they go to
+   * the page, where they are rating keys). An element that stays keeps its place, and the focus and caret
+   * are given back if a move took them anyway.
+   */
+  function drawChildren(root, nodes) {
+    const saved = focusWithin(root);
+    const wanted = new Set(nodes);
+    Array.from(root.childNodes).forEach((node) => { if (!wanted.has(node)) node.remove(); });
+    nodes.forEach((node, i) => {
+      const at = root.childNodes[i];
+      if (at !== node) root.insertBefore(node, at || null);
+    });
+    restoreFocus(root, saved);
+  }
+
   function qs(query) {
     if (!query) return '';
     const params = new URLSearchParams();
@@ -147,7 +189,7 @@
     traj: { items: [], selected: null },
     models: { name: null, live: null, runKey: null, pending: null, state: null, info: null, history: [] },
     jobs: { selected: null },
-    drafts: new Map(),  // completion id -> comment typed: survives a list redraw that replaces the element
+    drafts: new Map(),  // completion id -> comment typed (every input): outlives an element a redraw replaces
   };
 
   // ---------------------------------------------------------------------------------- status bar
@@ -420,11 +462,7 @@
     target.comment = h('input', {
       type: 'text', class: 'comment', placeholder: 'comment (optional)', maxlength: '2000',
       onclick: (event) => event.stopPropagation(),
-      oninput: () => {
-        if (target.completionId !== null && target.completionId !== undefined) {
-          S.drafts.set(target.completionId, target.comment.value);
-        }
-      },
+      oninput: () => keepDraft(target),
       onchange: () => {  // a comment typed after rating re-sends the same rating with it (it replaces the first)
         if (target.lastBody && target.lastBody.kind !== 'ranking') rate(target, { ...target.lastBody }, onRated);
       },
@@ -444,6 +482,18 @@
     target.controls = controls;
     setRatable(target, target.completionId !== null && target.completionId !== undefined);
     return controls;
+  }
+
+  /** Record the comment box's text as the draft of its completion (once the completion id is known). */
+  function keepDraft(target) {
+    if (target.completionId === null || target.completionId === undefined || !target.comment) return;
+    S.drafts.set(target.completionId, target.comment.value);
+  }
+
+  /** The comment a rating sends: its completion's draft (the box may be one a redraw replaced), else the box's text. */
+  function commentOf(target) {
+    if (S.drafts.has(target.completionId)) return S.drafts.get(target.completionId);
+    return target.comment ? target.comment.value : '';
   }
 
   function setRatable(target, ok) {
@@ -466,8 +516,7 @@
       showError('This response has no completion id yet (still streaming or not recorded).');
       return;
     }
-    const typed = target.comment ? target.comment.value : '';
-    const comment = (typed || S.drafts.get(target.completionId) || '').trim();
+    const comment = commentOf(target).trim();
     const request = { ...body, completion_id: target.completionId };
     if (comment) request.comment = comment;
     try {
@@ -667,6 +716,7 @@
     }
     card.completionId = id;
     card.root.dataset.completionId = String(id);
+    if (card.comment.value) keepDraft(card);  // typed while it streamed
     const tokens = card.usage && card.usage.completion_tokens;
     setCardState(card, 'done', `${card.finishReason || 'done'}${tokens ? ` · ${tokens} tok` : ''} · #${id}`);
     setRatable(card, true);
@@ -902,15 +952,17 @@
       before: more ? S.inbox.before : null,
     };
     const number = ticket('inbox');
+    const list = $('#inbox-list');
+    list.dataset.state = 'loading';  // 'ready' once the newest load is drawn (tests wait on it)
     let answer;
     try {
       answer = await api('/v1/ratings/inbox', { query });
     } catch (_) {
+      if (isLatest('inbox', number)) list.dataset.state = 'error';
       return;
     }
     if (!isLatest('inbox', number)) return;
     const items = answer.data || [];
-    const list = $('#inbox-list');
     if (more) {
       for (const item of items) {
         if (S.inboxItems.some((e) => e.completionId === item.completion_id)) continue;
@@ -919,17 +971,19 @@
         list.append(entry.root);
       }
     } else {
-      // Items already shown keep their element: a comment being typed and the focus survive a refresh.
+      // Items already shown keep their element, in place: a comment being typed keeps its text, the focus
+      // and the caret through a refresh (an item drawn anew gets its draft back from S.drafts).
       const shown = new Map((S.inboxItems || []).filter((e) => !e.rated).map((e) => [e.completionId, e]));
       const focused = S.inboxItems && S.focus.inbox >= 0 ? S.inboxItems[S.focus.inbox] : null;
       S.inboxItems = items.map((item) => shown.get(item.completion_id) || inboxEntry(item));
-      list.replaceChildren(...S.inboxItems.map((e) => e.root));
+      drawChildren(list, S.inboxItems.map((e) => e.root));
       S.focus.inbox = focused ? S.inboxItems.indexOf(focused) : -1;
     }
     S.inbox.before = items.length ? items[items.length - 1].completion_id : S.inbox.before;
     S.inbox.hasMore = Boolean(answer.has_more);
     $('#inbox-more').hidden = !answer.has_more;
     updateInboxCount();
+    list.dataset.state = 'ready';
   }
 
   function updateInboxCount() {
