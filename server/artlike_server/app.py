@@ -190,6 +190,7 @@ def _build_state(settings: ServerSettings, metrics: Metrics, judge: ServerJudge,
                           max_loaded=settings.max_loaded_adapters, on_swap=metrics.adapter_swapped)
     trainer = TrainerProcess(settings.model_path, dtype=settings.trainer_dtype,
                              gradient_checkpointing=settings.gradient_checkpointing, cpus=settings.trainer_cpus,
+                             gpus=settings.trainer_gpus,
                              log_path=settings.log_dir / "trainer.log", log_max_bytes=settings.log_file_max_bytes,
                              log_backups=settings.log_file_backups)
     chat_template = settings.chat_template.read_text() if settings.chat_template else None

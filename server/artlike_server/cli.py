@@ -89,6 +89,9 @@ def serve(
              "measures a split against sharing).")] = None,
     trainer_cpus: Annotated[str | None, typer.Option(
         help="CPU only: the cores the trainer runs on, e.g. 1 or 6-7 (default: all).")] = None,
+    trainer_gpus: Annotated[str | None, typer.Option(
+        help="CUDA only: the GPUs the trainer uses, e.g. 1 or 2-3; several run it under torchrun, one rank per "
+             "GPU (docs/multi-gpu-training.md). Default: the first visible one.")] = None,
     max_recorded_choices: Annotated[int, typer.Option(
         min=1, help="Largest `n` of one request through a trajectory URL (each choice is a log row).")] = 16,
     max_train_records: Annotated[int, typer.Option(
@@ -189,6 +192,7 @@ def serve(
         engine_args=tuple(engine_arg or ()),
         engine_cpus=cpus["--engine-cpus"],
         trainer_cpus=cpus["--trainer-cpus"],
+        trainer_gpus=_gpu_list(trainer_gpus, resolved_device),
         trainer_dtype=dtypes["trainer"].dtype,
         trainer_dtype_source=dtypes["trainer"].source,
         gradient_checkpointing=gradient_checkpointing,
@@ -255,6 +259,18 @@ def _cpu_list(value: str | None, option: str) -> tuple[int, ...] | None:
         raise typer.BadParameter(f"cores {sorted(set(ids) - usable)} are not available to this process "
                                  f"(usable: {sorted(usable)})", param_hint=option)
     return ids
+
+
+def _gpu_list(value: str | None, device: str) -> tuple[int, ...] | None:
+    """A --trainer-gpus value as device indices (None when not given); CUDA only."""
+    if value is None:
+        return None
+    if device != "cuda":
+        raise typer.BadParameter(f"needs a CUDA device, not {device!r}", param_hint="--trainer-gpus")
+    try:
+        return parse_cpu_list(value)  # the same list syntax: "0-2,5"
+    except ValueError as error:
+        raise typer.BadParameter(str(error).replace("CPU", "GPU"), param_hint="--trainer-gpus") from error
 
 
 def _seed_is_unsafe(device: str, engine_args: list[str]) -> bool:

@@ -52,6 +52,8 @@ class ServerSettings:
     # CPU: the cores the engine's and the trainer's threads run on (None: all of this process's)
     engine_cpus: tuple[int, ...] | None = None
     trainer_cpus: tuple[int, ...] | None = None
+    # CUDA: the GPUs the trainer uses (None: the first visible); several: one torchrun rank each
+    trainer_gpus: tuple[int, ...] | None = None
     # managed jobs: user reward code runs in a pool of sandboxed workers (jobs/sandbox.py)
     reward_timeout_s: float = 10.0
     reward_workers: int = 2

@@ -18,6 +18,8 @@ import torch
 from torch import nn
 
 from artlike.types import StepEvent, TrainConfig
+from artlike_server.trainer import distributed
+from artlike_server.trainer.distributed import SINGLE, Ranks
 from artlike_server.trainer.heads import RewardHead
 from artlike_server.trainer.logprobs import (
     DEFAULT_CHUNK_TOKENS,
@@ -179,6 +181,16 @@ def plan_step(sequences: Sequence[TrainSequence], token_budget: int, *, share_pr
     ]
 
 
+def my_micro_batches(plans: Sequence[MicroBatchPlan], sequences: Sequence[TrainSequence], ranks: Ranks) -> list[int]:
+    """The indices of the planned micro-batches this rank runs (`distributed.shard_micro_batches`, by the
+    decoder positions each costs); all of them on a single rank."""
+    if not ranks.distributed:
+        return list(range(len(plans)))
+    costs = [plan.prefix_length + len(plan.members) * (max(sequences[i].num_tokens for i in plan.members)
+                                                       - plan.prefix_length) for plan in plans]  # fmt: skip
+    return distributed.shard_micro_batches(costs, ranks.world_size)[ranks.rank]
+
+
 def _plan_pairs(sequences: Sequence[TrainSequence], token_budget: int, *, share_prefixes: bool) -> list[MicroBatchPlan]:
     """Micro-batches that hold whole preference pairs: a pair whose answers share a prompt of at least
     `DEFAULT_CALL_OVERHEAD` tokens runs it once, in a micro-batch of its own; the other pairs are packed."""
@@ -218,12 +230,14 @@ def reference_logprobs(
     device: torch.device | None = None,
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
     share_prefixes: bool = True,
+    ranks: Ranks = SINGLE,
 ) -> list[torch.Tensor]:
     """Every sequence's reference logprobs, computed once per job without gradient under `reference()`, in
     eval mode (no adapter dropout). Each is [num_tokens − 1] float32 on the CPU, target-aligned (entry j is
     token j + 1's), 0 where the target is not trainable."""
     logprobs, _ = policy_outputs(model, sequences, reference, pad_token_id=pad_token_id, token_budget=token_budget,
-                                 device=device, chunk_tokens=chunk_tokens, share_prefixes=share_prefixes)  # fmt: skip
+                                 device=device, chunk_tokens=chunk_tokens, share_prefixes=share_prefixes,
+                                 ranks=ranks)  # fmt: skip
     return logprobs
 
 
@@ -238,17 +252,21 @@ def policy_outputs(
     device: torch.device | None = None,
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
     share_prefixes: bool = True,
+    ranks: Ranks = SINGLE,
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Every sequence's logprobs and (with `value_head`) values under `context()`, without gradient, in eval
     mode (no adapter dropout). Each is [num_tokens − 1] float32 on the CPU, target-aligned (entry j is token
-    j + 1's, the value of the state that predicts it), 0 where the target is not trainable."""
+    j + 1's, the value of the state that predicts it), 0 where the target is not trainable. Several ranks
+    split the micro-batches and exchange the results."""
     logprobs_out = [torch.zeros(max(0, s.num_tokens - 1)) for s in sequences]  # nothing trainable: stays 0
     values_out = [torch.zeros(max(0, s.num_tokens - 1)) for s in sequences]
+    plans = plan_step(sequences, token_budget, share_prefixes=share_prefixes)
+    computed: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}  # this rank's: index -> (logprobs, values)
     was_training = model.training
     model.eval()
     try:
         with torch.no_grad(), context():
-            for plan in plan_step(sequences, token_budget, share_prefixes=share_prefixes):
+            for plan in (plans[i] for i in my_micro_batches(plans, sequences, ranks)):
                 batch = collate([sequences[i] for i in plan.members], pad_token_id, device,
                                 prefix_length=plan.prefix_length)  # fmt: skip
                 hidden = decoder_states(model, batch.input_ids, prefix_ids=batch.prefix_ids)  # [B, T-1, H]
@@ -256,11 +274,17 @@ def policy_outputs(
                                                    chunk_tokens=chunk_tokens)  # fmt: skip
                 values = None if value_head is None else value_head(hidden) * batch.mask  # [B, T-1]
                 for row, index in enumerate(plan.members):
-                    logprobs_out[index] = _sequence_logprobs(logprobs[row], sequences[index], plan.prefix_length)
-                    if values is not None:
-                        values_out[index] = _sequence_logprobs(values[row], sequences[index], plan.prefix_length)
+                    computed[index] = (
+                        _sequence_logprobs(logprobs[row], sequences[index], plan.prefix_length),
+                        None if values is None else _sequence_logprobs(values[row], sequences[index], plan.prefix_length),
+                    )
     finally:
         model.train(was_training)
+    for part in distributed.gather(ranks, computed):
+        for index, (logprobs_row, values_row) in part.items():
+            logprobs_out[index] = logprobs_row
+            if values_row is not None:
+                values_out[index] = values_row
     return logprobs_out, values_out
 
 
@@ -360,6 +384,27 @@ class PassTotals:
     def metrics(self) -> dict[str, float]:
         return {name: total / max(1.0, self.metric_counts[name]) for name, total in self.metric_sums.items()}
 
+    @classmethod
+    def merged(cls, parts: Sequence[PassTotals]) -> PassTotals:
+        """The totals of one pass whose micro-batches were split among ranks: every field is a sum."""
+        total = cls()
+        for part in parts:
+            total.loss += part.loss
+            total.policy_loss += part.policy_loss
+            total.kl += part.kl
+            total.entropy_sum += part.entropy_sum
+            total.clipped += part.clipped
+            total.tokens += part.tokens
+            total.mismatch_sum += part.mismatch_sum
+            total.mismatch_tokens += part.mismatch_tokens
+            total.decoder_positions += part.decoder_positions
+            for name, value in part.metric_sums.items():
+                total.metric_sums[name] = total.metric_sums.get(name, 0.0) + value
+            for name, value in part.metric_counts.items():
+                total.metric_counts[name] = total.metric_counts.get(name, 0.0) + value
+            total.sequence_logprobs.update(part.sequence_logprobs)
+        return total
+
 
 def forward_backward(
     model: nn.Module,
@@ -378,13 +423,18 @@ def forward_backward(
     on_micro_batch: Callable[[int, int], None] | None = None,
     heads: Mapping[str, nn.Module] | None = None,
     extras: Mapping[str, Sequence[torch.Tensor]] | None = None,
+    ranks: Ranks = SINGLE,
 ) -> PassTotals:
     """One pass over `sequences` as one optimizer step's worth of data: micro-batches (`plan_step`), each
     loss divided by the objective's normaliser of all of them, gradients accumulated into `.grad` (into
     `master`'s fp32 copies when given) unless `backward` is off. `references`: every sequence's reference
     logprobs (`reference_logprobs`) when the objective needs them; `heads`: the modules of the objective's
     `heads`; `extras`: its `prepare`'s per-sequence tensors. `keep_logprobs` keeps each sequence's
-    target-aligned logprobs ([num_tokens − 1], 0 where not trainable) in the totals."""
+    target-aligned logprobs ([num_tokens − 1], 0 where not trainable) in the totals.
+
+    Several `ranks` each run their share of the micro-batches (`my_micro_batches`) and divide by the same
+    normaliser, that of all the sequences: the sum of the ranks' gradients is the one-rank pass's
+    (`optimizer_step` sums them), and the totals returned are the whole pass's on every rank."""
     if objective.needs_reference and references is None:
         raise ValueError(f"the {objective.name} objective (as configured) needs reference logprobs")
     missing = objective.heads - set(heads or {})
@@ -393,7 +443,8 @@ def forward_backward(
     micro_batches = plan_step(sequences, token_budget, share_prefixes=share_prefixes and objective.shares_prefixes)
     normalizer = objective.normalizer(sequences)
     totals = PassTotals()
-    for index, micro_batch in enumerate(micro_batches):
+    for index in my_micro_batches(micro_batches, sequences, ranks):
+        micro_batch = micro_batches[index]
         if on_micro_batch is not None:
             on_micro_batch(index, len(micro_batches))
         members = micro_batch.members
@@ -416,7 +467,7 @@ def forward_backward(
             for row, member in enumerate(members):
                 totals.sequence_logprobs[member] = _sequence_logprobs(logprobs[row].detach(), sequences[member],
                                                                       micro_batch.prefix_length)
-    return totals
+    return PassTotals.merged(distributed.gather(ranks, totals)) if ranks.distributed else totals
 
 
 def _forward(model: nn.Module, batch: MicroBatch, objective: Objective, heads: Mapping[str, nn.Module],
@@ -444,10 +495,12 @@ def _forward(model: nn.Module, batch: MicroBatch, objective: Objective, heads: M
 
 
 def optimizer_step(optimizer: torch.optim.Optimizer, max_grad_norm: float | None,
-                   master: MasterWeights | None = None) -> float:
+                   master: MasterWeights | None = None, ranks: Ranks = SINGLE) -> float:
     """Clip the accumulated gradients, update, clear them; returns the gradient norm before clipping. A
-    non-finite norm clears the gradients without an update and raises `NonFiniteGradient`."""
+    non-finite norm clears the gradients without an update and raises `NonFiniteGradient`. Several ranks
+    first sum their gradients, so all of them clip and update alike."""
     optimized = [p for group in optimizer.param_groups for p in group["params"]]
+    distributed.sum_gradients(ranks, optimized)
     grad_norm = float(torch.nn.utils.clip_grad_norm_(optimized, max_grad_norm if max_grad_norm is not None else math.inf))
     if not math.isfinite(grad_norm):
         optimizer.zero_grad(set_to_none=True)
@@ -484,6 +537,7 @@ def run_optimizer_steps(
     objective: Objective | None = None,
     state: Mapping[str, float] | None = None,
     reward_scores: Callable[[], list[float]] | None = None,
+    ranks: Ranks = SINGLE,
 ) -> JobResult:
     """Train `epochs × gradient_steps_per_epoch` optimizer steps on `sequences`; call `on_step` after each.
 
@@ -504,6 +558,9 @@ def run_optimizer_steps(
     `optimizer` owns the parameters that are trained (and clipped). With `master`, those are its fp32
     copies of the model's low-precision parameters: gradients are moved into them after every micro-batch
     and the model's parameters are refreshed after every step.
+
+    Several `ranks` (`distributed.py`) run the same job, each on its share of every step's micro-batches;
+    every rank returns (and reports) the whole job's values.
     """
     for group in optimizer.param_groups:
         group["weight_decay"] = config.weight_decay
@@ -513,7 +570,7 @@ def run_optimizer_steps(
     job_started = time.perf_counter()  # the first step's time includes the job's reference pass
     passes = _job_passes(model, sequences, reference, heads or {}, state or {}, reward_scores,
                          pad_token_id=pad_token_id, token_budget=config.micro_batch_tokens, device=device,
-                         chunk_tokens=chunk_tokens, share_prefixes=share_prefixes)  # fmt: skip
+                         chunk_tokens=chunk_tokens, share_prefixes=share_prefixes, ranks=ranks)  # fmt: skip
     references: list[torch.Tensor] | None = None
     if objective.needs_reference:
         if reference is None:
@@ -536,10 +593,10 @@ def run_optimizer_steps(
             references=None if references is None else [references[i] for i in indices],
             chunk_tokens=chunk_tokens, master=master,
             on_micro_batch=None if on_micro_batch is None else partial(on_micro_batch, step_index),
-            heads=heads, extras={k: [v[i] for i in indices] for k, v in preparation.extras.items()},
+            heads=heads, extras={k: [v[i] for i in indices] for k, v in preparation.extras.items()}, ranks=ranks,
         )  # fmt: skip
         try:
-            grad_norm = optimizer_step(optimizer, config.max_grad_norm, master)
+            grad_norm = optimizer_step(optimizer, config.max_grad_norm, master, ranks)
         except NonFiniteGradient as error:
             raise NonFiniteGradient(f"{error} at step {step_index}") from None
         event = StepEvent(

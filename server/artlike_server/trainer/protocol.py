@@ -155,6 +155,7 @@ class Ready(_Event):
     gradient_checkpointing: bool = False
     vocab_size: int
     load_seconds: float
+    ranks: int = 1  # processes training together under torchrun (trainer/distributed.py)
 
 
 class Pong(_Event):

@@ -6,6 +6,10 @@ them (`loop.optimizer_step`), `save_state` writes the adapter with the AdamW sta
 (`optimizer.pt`), which `session_open` reads back. Between a session's commands the worker may run other
 models' jobs: each command makes its model's adapter the active one again, and other adapters' steps never
 touch this one's gradients.
+
+With several ranks (`distributed.py`) every rank runs every session command: a pass splits its micro-batches
+among them (each rank keeps its own part of the gradients), `optim_step` sums the gradients first, and only
+rank 0 writes `save_state`'s files (the worker sees to that).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from artlike.session_types import AdamParams
 from artlike_server.trainer import protocol
 from artlike_server.trainer.adapters import OPTIMIZER_FILE, AdapterError, AdapterSlots
 from artlike_server.trainer.batch_file import read_batch
+from artlike_server.trainer.distributed import SINGLE, Ranks
 from artlike_server.trainer.logprobs import supports_prefix_sharing
 from artlike_server.trainer.loop import forward_backward, optimizer_step, reference_logprobs, validate_batch
 from artlike_server.trainer.objectives import build_objective
@@ -32,8 +37,10 @@ class SessionError(RuntimeError):
 
 
 class Sessions:
-    def __init__(self, adapters: AdapterSlots, *, pad_token_id: int, vocab_size: int, device: torch.device) -> None:
+    def __init__(self, adapters: AdapterSlots, *, pad_token_id: int, vocab_size: int, device: torch.device,
+                 ranks: Ranks = SINGLE) -> None:
         self._adapters = adapters
+        self._ranks = ranks
         self._pad_token_id = pad_token_id
         self._vocab_size = vocab_size
         self._device = device
@@ -79,14 +86,14 @@ class Sessions:
                 None if command.reference_adapter_dir is None else Path(command.reference_adapter_dir))
             references = reference_logprobs(model, sequences, reference, pad_token_id=self._pad_token_id,
                                             token_budget=command.config.micro_batch_tokens, device=self._device,
-                                            share_prefixes=share_prefixes)  # fmt: skip
+                                            share_prefixes=share_prefixes, ranks=self._ranks)  # fmt: skip
         model.train()
         try:
             totals = forward_backward(
                 model, sequences, objective, pad_token_id=self._pad_token_id,
                 token_budget=command.config.micro_batch_tokens, share_prefixes=share_prefixes, device=self._device,
                 references=references, master=slot.master if command.backward else None,
-                backward=command.backward, keep_logprobs=True,
+                backward=command.backward, keep_logprobs=True, ranks=self._ranks,
             )  # fmt: skip
         finally:
             model.eval()
@@ -110,7 +117,7 @@ class Sessions:
         slot = self._adapters.slot(command.model_name)
         assert slot.optimizer is not None, "a session's slot has an optimizer from session_open"
         _set_hyperparameters(slot.optimizer, command.optimizer)
-        grad_norm = optimizer_step(slot.optimizer, command.optimizer.max_grad_norm, slot.master)
+        grad_norm = optimizer_step(slot.optimizer, command.optimizer.max_grad_norm, slot.master, self._ranks)
         return protocol.Optimized(id=command.id, grad_norm=grad_norm, seconds=time.perf_counter() - started)
 
     def save(self, command: protocol.SaveState) -> protocol.Saved:

@@ -2,6 +2,7 @@
 
     python -m artlike_server.trainer.worker --base-model DIR [--dtype auto|bfloat16|float32]
                                              [--device auto|cpu|cuda] [--gradient-checkpointing]
+    python -m torch.distributed.run --standalone --nproc-per-node N -m artlike_server.trainer.worker ...
 
 It speaks the line protocol of `artlike_server.trainer.protocol` on stdin/stdout. The base model is loaded
 once (transformers, SDPA attention; unsloth's loader on CUDA when it is installed); every trainable model
@@ -11,6 +12,9 @@ event and the worker carries on; only a crash ends it.
 Precision: base weights in bf16 where it runs fast (CUDA, or a CPU where `dtype_probe` measured so),
 LoRA weights in the base dtype with fp32 master copies that AdamW (fp32 state) updates (see `precision`),
 logprobs in fp32 (see `logprobs`).
+
+Under torchrun (WORLD_SIZE > 1) every rank loads the model and runs every command but `score`; rank 0
+alone reads stdin, writes events and files (`distributed.py`; docs/multi-gpu-training.md).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import importlib.util
 import logging
 import os
 import queue
+import signal
 import sys
 import threading
 import time
@@ -35,10 +40,12 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from artlike.types import RewardModelConfig
 from artlike_server import dtype_probe
+from artlike_server.engine.orphan_guard import set_parent_death_signal
 from artlike_server.hardware import DTYPE_CHOICES, decide_dtype
-from artlike_server.trainer import protocol
+from artlike_server.trainer import distributed, protocol
 from artlike_server.trainer.adapters import AdapterSlots, check_writable, peft_lora_config
 from artlike_server.trainer.batch_file import read_batch
+from artlike_server.trainer.distributed import SINGLE, Ranks
 from artlike_server.trainer.heads import RewardHead
 from artlike_server.trainer.loop import (
     BatchError,
@@ -57,12 +64,15 @@ _COMMAND = TypeAdapter(protocol.Command)
 
 
 class EventWriter:
-    """Writes one JSON event per line to the protocol stream, flushed at once (the server relays it live)."""
+    """Writes one JSON event per line to the protocol stream, flushed at once (the server relays it live).
+    Without a stream (a rank other than 0) the events go nowhere: rank 0 reports for all."""
 
-    def __init__(self, stream: BinaryIO) -> None:
+    def __init__(self, stream: BinaryIO | None) -> None:
         self._stream = stream
 
     def emit(self, event: protocol.WorkerEvent) -> None:
+        if self._stream is None:
+            return
         self._stream.write(event.model_dump_json().encode() + b"\n")
         self._stream.flush()
 
@@ -70,9 +80,12 @@ class EventWriter:
 # ------------------------------------------------------------------------------------------ set-up
 
 
-def choose_device(requested: str) -> torch.device:
+def choose_device(requested: str, ranks: Ranks = SINGLE) -> torch.device:
+    """The device asked for; one rank of several on CUDA takes GPU LOCAL_RANK of those it sees."""
     if requested == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        requested = "cuda" if torch.cuda.is_available() else "cpu"
+    if requested == "cuda" and ranks.distributed:
+        return torch.device("cuda", ranks.local_rank)
     return torch.device(requested)
 
 
@@ -166,16 +179,18 @@ def _is_score(line: bytes) -> bool:
 
 class Worker:
     def __init__(self, base_model_path: Path, model: PreTrainedModel, events: EventWriter,
-                 lines: CommandLines | None = None) -> None:
+                 lines: CommandLines | None = None, ranks: Ranks = SINGLE) -> None:
         self._events = events
         self._lines = lines
+        self._ranks = ranks
+        self.main_only_failed = False  # the last command failed in rank 0's own part (`_main_only`)
         self._base_model_path = str(base_model_path)
         self._adapters = AdapterSlots(model, self._base_model_path)
         self._vocab_size = vocab_size(model)
         self._pad_token_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
         self._device = next(model.parameters()).device
         self._sessions = Sessions(self._adapters, pad_token_id=self._pad_token_id, vocab_size=self._vocab_size,
-                                  device=self._device)
+                                  device=self._device, ranks=ranks)
 
     def handle(self, command: protocol.Command) -> None:
         if isinstance(command, protocol.SessionOpen):
@@ -185,7 +200,7 @@ class Worker:
         elif isinstance(command, protocol.OptimStep):
             self._events.emit(self._sessions.optim_step(command))
         elif isinstance(command, protocol.SaveState):
-            self._events.emit(self._sessions.save(command))
+            self._main_only(lambda: self._events.emit(self._sessions.save(command)))
         elif isinstance(command, protocol.SessionClose):
             self._events.emit(self._sessions.close(command))
         elif isinstance(command, protocol.Ping):
@@ -199,14 +214,33 @@ class Worker:
         elif isinstance(command, protocol.Shutdown):
             self._events.emit(protocol.Bye(id=command.id))
 
+    def _main_only(self, work: Callable[[], None]) -> None:
+        """Rank 0's own part of a command (files and their events), after the command's last collective: the
+        other ranks skip it, and its failure leaves the ranks in step (`distributed.in_step`)."""
+        if not self._ranks.is_main:
+            return
+        try:
+            work()
+        except Exception:
+            self.main_only_failed = True
+            raise
+
     def _init_adapter(self, command: protocol.InitAdapter) -> None:
         started = time.perf_counter()
         out_dir = Path(command.out_dir)
         check_writable(out_dir)
         config = peft_lora_config(command.lora, self._base_model_path)
-        self._adapters.create(command.model_name, config, seed=command.seed, reward_head=command.reward_head)
-        self._adapters.save(command.model_name, out_dir)
-        self._events.emit(protocol.AdapterReady(id=command.id, path=str(out_dir), seconds=time.perf_counter() - started))
+        slot = self._adapters.create(command.model_name, config, seed=command.seed, reward_head=command.reward_head)
+        # The same seed draws the same weights on every rank's CPU; a GPU's generator need not, so rank 0's win.
+        distributed.broadcast_parameters(self._ranks, [*self._adapters.parameters(command.model_name),
+                                                       *(p for head in slot.heads.values() for p in head.parameters())])
+
+        def save() -> None:
+            self._adapters.save(command.model_name, out_dir)
+            self._events.emit(protocol.AdapterReady(id=command.id, path=str(out_dir),
+                                                    seconds=time.perf_counter() - started))
+
+        self._main_only(save)
 
     def _score(self, command: protocol.Score) -> protocol.Scores:
         started = time.perf_counter()
@@ -304,12 +338,17 @@ class Worker:
                 objective=objective,
                 state=slot.state,
                 reward_scores=self._reward_scores(command.reward_model_dir, sequences),
+                ranks=self._ranks,
             )
         finally:
             model.eval()
-        started = time.perf_counter()
-        self._adapters.save(command.model_name, out_dir, state=result.state)
-        self._events.emit(protocol.Saved(id=command.id, path=str(out_dir), seconds=time.perf_counter() - started))
+
+        def save() -> None:
+            started = time.perf_counter()
+            self._adapters.save(command.model_name, out_dir, state=result.state)
+            self._events.emit(protocol.Saved(id=command.id, path=str(out_dir), seconds=time.perf_counter() - started))
+
+        self._main_only(save)
 
 
 # -------------------------------------------------------------------------------------------- main
@@ -334,20 +373,52 @@ def _protocol_stream() -> BinaryIO:
     return os.fdopen(events_fd, "wb", buffering=0)
 
 
+def _rank_streams(ranks: Ranks) -> tuple[EventWriter, CommandLines | None]:
+    """The protocol's streams: rank 0 owns stdin and stdout (torchrun's workers inherit both); the others
+    read nothing and write their stray output to stderr."""
+    if ranks.is_main:
+        return EventWriter(_protocol_stream()), CommandLines(sys.stdin.buffer)
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    with open(os.devnull, "rb") as devnull:
+        os.dup2(devnull.fileno(), sys.stdin.fileno())
+    return EventWriter(None), None
+
+
+def _watch_launcher(ranks: Ranks) -> None:
+    """A rank dies with torchrun: the server kills torchrun (a timeout, an abandoned job), whose workers run
+    in sessions of their own and would live on, holding a GPU."""
+    if not ranks.distributed or sys.platform != "linux":
+        return
+    launcher = os.getppid()
+    set_parent_death_signal(signal.SIGKILL)
+    if os.getppid() != launcher:  # it died before the signal was armed
+        sys.exit(1)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
+    ranks = distributed.from_environment()
     logging.basicConfig(
-        stream=sys.stderr, level=logging.INFO, format="%(asctime)s trainer %(levelname)s %(message)s"
-    )
-    events = EventWriter(_protocol_stream())
+        stream=sys.stderr, level=logging.INFO,
+        format=f"%(asctime)s trainer{f' rank {ranks.rank}' if ranks.distributed else ''} %(levelname)s %(message)s",
+    )  # fmt: skip
+    _watch_launcher(ranks)
+    events, lines = _rank_streams(ranks)
     started = time.perf_counter()
-    if args.cpus:  # before torch starts its thread pool, so its threads inherit the affinity
-        os.sched_setaffinity(0, [int(cpu) for cpu in args.cpus.split(",")])
+    cpus = [int(cpu) for cpu in args.cpus.split(",")] if args.cpus else None
+    if ranks.distributed:  # each rank on its own share of the cores
+        cpus = distributed.rank_cpus(sorted(cpus or os.sched_getaffinity(0)), ranks.local_rank, ranks.local_world_size)
+    if cpus:  # before torch starts its thread pool, so its threads inherit the affinity
+        os.sched_setaffinity(0, cpus)
     threads = args.threads or len(os.sched_getaffinity(0))
     torch.set_num_threads(threads)
-    device = choose_device(args.device)
+    device = choose_device(args.device, ranks)
+    if device.type == "cuda" and ranks.distributed:
+        torch.cuda.set_device(device)
+    ranks = distributed.connect(ranks, device)
     dtype = choose_dtype(args.dtype, device, threads)
-    backend = "unsloth" if unsloth_available(device) else "peft"
+    # unsloth's loader under torchrun is untried: several ranks use the plain transformers model.
+    backend = "unsloth" if unsloth_available(device) and not ranks.distributed else "peft"
     model = (
         load_with_unsloth(args.base_model, dtype)
         if backend == "unsloth"
@@ -356,8 +427,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.eval()  # type: ignore[no-untyped-call]
-    lines = CommandLines(sys.stdin.buffer)
-    worker = Worker(args.base_model, model, events, lines)
+    worker = Worker(args.base_model, model, events, lines, ranks)
+    distributed.barrier(ranks)  # ready when every rank is
     events.emit(protocol.Ready(
         device=str(device),
         dtype=str(dtype).removeprefix("torch."),
@@ -366,20 +437,48 @@ def main(argv: list[str] | None = None) -> int:
         gradient_checkpointing=bool(args.gradient_checkpointing),
         vocab_size=vocab_size(model),
         load_seconds=time.perf_counter() - started,
+        ranks=ranks.world_size,
     ))
-    logger.info("ready: %s %s on %s, %d threads", backend, dtype, device, threads)
-    for line in lines:
-        command_id = _command_id(line)
-        try:
-            command = _COMMAND.validate_json(line)
-            worker.handle(command)
-        except Exception as exc:  # reported to the client; the worker stays up for the next command
-            logger.exception("command %s failed", command_id)
-            events.emit(protocol.Failed(id=command_id, kind=type(exc).__name__, message=str(exc) or repr(exc)))
-            continue
-        if isinstance(command, protocol.Shutdown):
-            break
+    logger.info("ready: %s %s on %s, %d threads, rank %d of %d", backend, dtype, device, threads, ranks.rank,
+                ranks.world_size)
+    try:
+        serve(worker, events, lines, ranks)
+    finally:
+        distributed.disconnect(ranks)
     return 0
+
+
+def serve(worker: Worker, events: EventWriter, lines: CommandLines | None, ranks: Ranks = SINGLE) -> None:
+    """The command loop, until shutdown or the end of input. Rank 0 hands every command but `score` to all
+    ranks (a score is answered by rank 0 alone: it has no collective), then they compare how it ended."""
+    pending = iter(lines) if lines is not None else iter(())
+    while True:
+        line = next(pending, None) if ranks.is_main else None
+        if line is not None and ranks.distributed and _is_score(line):
+            run_command(worker, events, line)
+            continue
+        line = distributed.broadcast_line(ranks, line)
+        if line is None:
+            return
+        outcome, command = run_command(worker, events, line)
+        distributed.agree(ranks, outcome)
+        if isinstance(command, protocol.Shutdown):
+            return
+
+
+def run_command(worker: Worker, events: EventWriter,
+                line: bytes) -> tuple[distributed.Outcome, protocol.Command | None]:
+    """Handle one command line; a failure is reported (the worker stays up for the next command)."""
+    command_id = _command_id(line)
+    worker.main_only_failed = False
+    try:
+        command = _COMMAND.validate_json(line)
+        worker.handle(command)
+    except Exception as exc:  # reported to the client
+        logger.exception("command %s failed", command_id)
+        events.emit(protocol.Failed(id=command_id, kind=type(exc).__name__, message=str(exc) or repr(exc)))
+        return ("main_only" if worker.main_only_failed else "failed", type(exc).__name__), None
+    return ("ok", ""), command
 
 
 def _command_id(line: bytes) -> int:

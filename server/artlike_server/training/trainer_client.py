@@ -16,6 +16,9 @@ After a crash or a timeout the next call starts a fresh worker (the base model l
 A `train()` abandoned mid-command (its task cancelled, e.g. at server shutdown) kills the worker: it would
 otherwise train on to the end before reading the next command. On Linux the worker runs under the same
 parent-death guard as the engine (`engine/orphan_guard.py`): it gets SIGTERM if this process dies.
+
+With several GPUs (`gpus`) the worker runs under torchrun, one rank per GPU (`trainer/distributed.py`):
+the process this client talks to is torchrun, whose rank 0 inherits the pipes; the protocol is the same.
 """
 
 from __future__ import annotations
@@ -67,6 +70,26 @@ class TrainerTimeout(TrainerFailure):
     pass
 
 
+def launcher_args(gpus: tuple[int, ...] | None, ranks: int, device: str) -> list[str]:
+    """What runs the worker module: nothing (plain `python -m`) for one process, torchrun for several."""
+    if gpus is not None:
+        if not gpus or len(set(gpus)) != len(gpus) or min(gpus) < 0:
+            raise ValueError(f"gpus must list distinct device indices, not {gpus}")
+        if device == "cpu":
+            raise ValueError("gpus were given for a CPU trainer")
+        if ranks != 1:
+            raise ValueError("give gpus (one rank per GPU) or CPU ranks, not both")
+    elif ranks > 1 and device != "cpu":
+        raise ValueError("ranks without gpus run on the CPU: pass device='cpu'")
+    count = len(gpus) if gpus is not None else ranks
+    if count < 1:
+        raise ValueError(f"ranks must be at least 1, not {ranks}")
+    if count == 1:
+        return []
+    # --standalone: a rendezvous on a free local port, so several trainers on one host do not collide.
+    return ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={count}"]
+
+
 SessionCommand = (
     protocol.SessionOpen | protocol.Pass | protocol.OptimStep | protocol.SaveState | protocol.SessionClose
 )
@@ -82,6 +105,8 @@ class TrainerProcess:
         gradient_checkpointing: bool = False,
         threads: int | None = None,
         cpus: tuple[int, ...] | None = None,
+        gpus: tuple[int, ...] | None = None,
+        ranks: int = 1,
         log_path: Path | None = None,
         log_max_bytes: int = 64 * 1024 * 1024,
         log_backups: int = 3,
@@ -92,18 +117,23 @@ class TrainerProcess:
         heartbeat_interval: float = 10.0,
         idle_timeout: float = 900.0,
     ) -> None:
-        """`cpus`: the cores the worker runs on (its affinity; threads default to their count).
+        """`cpus`: the cores the worker runs on (its affinity; threads default to their count; several ranks
+        split them). `gpus`: the CUDA devices it trains on (CUDA_VISIBLE_DEVICES); with more than one, one
+        rank per device under torchrun. `ranks`: that many CPU ranks (gloo) under torchrun instead, with
+        `device="cpu"`: the multi-rank path without GPUs, for tests.
         Limits, in seconds: `start_timeout` for loading the base model; `command_timeout` for ping,
         init_adapter and shutdown; `idle_timeout` for the worker's silence during training (it reports every
         micro-batch) before it is declared hung and killed."""
         self._argv = [
-            python, "-m", "artlike_server.trainer.worker",
+            python, *launcher_args(gpus, ranks, device), "-m", "artlike_server.trainer.worker",
             "--base-model", str(base_model), "--dtype", dtype, "--device", device,
             *(["--gradient-checkpointing"] if gradient_checkpointing else []),
             *(["--threads", str(threads)] if threads else []),
             *(["--cpus", ",".join(map(str, cpus))] if cpus else []),
         ]  # fmt: skip
         self._env = dict(env) if env is not None else dict(os.environ)
+        if gpus:
+            self._env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
         # libgomp's default spin-waiting makes torch 50-100x slower when the cores are shared (vLLM, other
         # jobs): a parallel region waits for a descheduled thread. Passive waiting costs little when idle.
         self._env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
