@@ -30,6 +30,7 @@ test-unit: setup
 bench: setup
 	$(PY) -m bench.proxy_overhead
 	$(PY) -m bench.proxy_cpu
+	$(PY) -m bench.scale
 	$(PY) -m bench.train_throughput
 	$(PY) -m bench.soak
 	$(PY) -m bench.job_learning
