@@ -232,14 +232,11 @@ class EngineSupervisor:
         env = build_env(self.config, os.environ if self._base_env is None else self._base_env, api_key=api_key)
         self.client.set_api_key(api_key)
         if sys.platform == "linux":
-            command = [
-                sys.executable,
-                "-m",
-                "artlike_server.engine.orphan_guard",
-                str(os.getpid()),
-                "--",
-                *command,
-            ]
+            # On CPU with cores given, every engine process runs on them (not only vLLM's compute threads).
+            pin = self.config.device == "cpu" and self.config.cpu_ids is not None
+            cpus = ["--cpus", ",".join(map(str, self.config.cpu_ids or ()))] if pin else []
+            command = [sys.executable, "-m", "artlike_server.engine.orphan_guard", str(os.getpid()), *cpus, "--",
+                       *command]
         if self._log is None:
             self._log = RotatingLog(self.config.log_path, max_bytes=self.config.log_max_bytes,
                                     backups=self.config.log_backups)
