@@ -36,6 +36,7 @@ bench: setup
 	$(PY) -m bench.job_learning
 	$(PY) -m bench.feedback_loop
 	$(PY) -m bench.rl_step --core-split
+	$(PY) -m bench.lora_serving
 
 # The measured CPU run of examples/email_agent/README.md (run 1: ~41 min on 2 cores).
 EMAIL_AGENT_ARGS ?= --tool-choice required --eval-limit 64 --eval-kinds subject,body \
