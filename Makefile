@@ -5,7 +5,7 @@ STAMP   := $(VENV)/.artlike-setup
 MODEL_STAMP := $(VENV)/.artlike-default-model
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup demo test test-unit bench email-agent lint clean
+.PHONY: setup demo test test-unit test-learning bench email-agent lint clean
 
 setup: $(STAMP) $(MODEL_STAMP)
 
@@ -22,7 +22,11 @@ demo: setup
 	$(PY) -m examples.arithmetic.demo
 
 test: setup
-	$(PY) -m pytest -q -ra --durations=15
+	$(PY) -m pytest -q -ra --durations=15 -m "not learning"
+
+# Slow learning evidence (e.g. PPO raising a reward model's score over four jobs): not in the 30-minute suite.
+test-learning: setup
+	$(PY) -m pytest -q -ra -m learning
 
 test-unit: setup
 	$(PY) -m pytest -x -q -m "not integration"
@@ -37,6 +41,7 @@ bench: setup
 	$(PY) -m bench.feedback_loop
 	$(PY) -m bench.rl_step --core-split
 	$(PY) -m bench.lora_serving
+	$(PY) -m pytest -q -ra -m learning
 
 # The measured CPU run of examples/email_agent/README.md (run 1: ~41 min on 2 cores).
 EMAIL_AGENT_ARGS ?= --tool-choice required --eval-limit 64 --eval-kinds subject,body \

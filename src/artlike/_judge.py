@@ -54,7 +54,7 @@ __all__ = ["Judge", "judge_group", "judge_group_sync", "judge_groups", "judge_gr
 
 logger = logging.getLogger("artlike")
 
-ResponseFormat: TypeAlias = Literal["auto", "json_schema", "json_object", "text"]
+ResponseFormat: TypeAlias = Literal["auto", "json_schema", "structured_outputs", "json_object", "text"]
 OnFailure: TypeAlias = Literal["drop", "keep", "raise"]
 Message: TypeAlias = Mapping[str, Any]
 
@@ -97,7 +97,8 @@ class Judge:
     closes it (an async client belongs to the event loop that opened it, so a long-lived one would break
     the `_sync` twins). `response_format`: "auto" asks for a JSON schema and, when the judge rejects that
     (400 or 422), asks for JSON in plain text from then on; "json_schema", "json_object" and "text" ask
-    only that way. `max_explanation_chars` bounds each explanation in the schema (`maxLength`: a constrained
+    only that way; "structured_outputs" sends the schema in vLLM's own `structured_outputs` field with
+    whitespace between JSON tokens off (vLLM servers only: the most robust with a small judge). `max_explanation_chars` bounds each explanation in the schema (`maxLength`: a constrained
     decoder such as vLLM's then cannot ramble past max_tokens; OpenAI's strict mode does not take it).
     `max_retries` is the openai client's own retrying of 429s, 5xx and dropped connections.
     """
@@ -121,8 +122,8 @@ class Judge:
     _schema_rejected: bool = field(init=False, default=False, repr=False)
 
     def __post_init__(self) -> None:
-        if self.response_format not in ("auto", "json_schema", "json_object", "text"):
-            raise ValueError(f"response_format must be auto, json_schema, json_object or text, "
+        if self.response_format not in ("auto", "json_schema", "structured_outputs", "json_object", "text"):
+            raise ValueError(f"response_format must be auto, json_schema, structured_outputs, json_object or text, "
                              f"not {self.response_format!r}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
@@ -172,6 +173,14 @@ class Judge:
         if response_format == "json_schema":
             body["response_format"] = {"type": "json_schema", "json_schema": {
                 "name": "trajectory_scores", "schema": scores_schema(count, self.max_explanation_chars), "strict": True}}
+        elif response_format == "structured_outputs":
+            # vLLM's own form of the same schema, with whitespace between JSON tokens turned off: a small judge
+            # otherwise may pad its answer with spaces and newlines until max_tokens cuts it off. (vLLM 0.32
+            # refuses `disable_any_whitespace` together with `response_format`.)
+            extra = dict(body.get("extra_body") or {})
+            extra["structured_outputs"] = {"json": scores_schema(count, self.max_explanation_chars),
+                                           "disable_any_whitespace": True}
+            body["extra_body"] = extra
         elif response_format == "json_object":
             body["response_format"] = {"type": "json_object"}
         return body

@@ -39,10 +39,11 @@ async def recorded_group(server: Any, size: int) -> art.TrajectoryGroup:
     return group
 
 
-# max_explanation_chars: the small model would otherwise fill max_tokens with one explanation. (vLLM's
-# compact-JSON switch, extra_body {"structured_outputs": {"disable_any_whitespace": true}}, cannot go with
-# response_format in vLLM 0.32: a 400, "You must use one kind of structured outputs constraint".)
-JUDGE_OPTIONS: dict[str, Any] = {"max_tokens": 600, "max_explanation_chars": 120, "response_format": "json_schema"}
+# max_explanation_chars: the small model would otherwise fill max_tokens with one explanation. vLLM's own
+# structured_outputs with whitespace off: with response_format json_schema the 135M judge once padded its
+# answer with whitespace until max_tokens cut it off (a CI run, 2026-11-25); xgrammar allows any amount of it.
+JUDGE_OPTIONS: dict[str, Any] = {"max_tokens": 600, "max_explanation_chars": 120,
+                                 "response_format": "structured_outputs"}
 
 
 def engine_judge(server: Any, **options: Any) -> art.Judge:

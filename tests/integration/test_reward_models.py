@@ -1,8 +1,8 @@
 """Reward models and PPO on the real server: a reward model learns a synthetic preference (an answer that
 says yes beats one that says no), scores it through `/v1/rewards`, the client, a job grader and PEFT itself;
 multi-objective targets; ratings train one; PPO against it raises the score of fresh samples on held-out
-questions while the adaptive KL coefficient moves toward its target, and scoring is answered while PPO
-trains. The task is test_learning.py's (yes/no questions, 8 tokens): the decision is the first token, so
+questions (`learning`: `make test-learning`) while the adaptive KL coefficient moves toward its target, and
+scoring is answered while PPO trains. The task is test_learning.py's (yes/no questions, 8 tokens): the decision is the first token, so
 four small PPO jobs move it (measured on 2 CPU cores: the held-out mean score of fresh samples 0.18 → 0.67,
 the probability of a yes 0.24 → 0.89; about 2.5 minutes). Uses the session fixture `server`."""
 
@@ -208,72 +208,73 @@ def test_ratings_train_a_reward_model(http: httpx.Client, server: Any) -> None:
     assert start["sequences"] >= len(rated) and events[-1]["type"] == "done", events[-1]
 
 
-def test_ppo_against_the_reward_model_raises_its_score_and_adapts_the_kl_coefficient(
-        http: httpx.Client, server: Any, yes_reward_model: str) -> None:
-    policy = register(http, server, "ppo-yes")
+def sample_scores(http: httpx.Client, server: Any, reward_model: str, model: str, questions: list[str],
+                  n: int) -> tuple[list[str], float]:
+    """n fresh answers to each question (one trajectory per question); their mean reward-model score."""
+    async def one(client: httpx.AsyncClient, question: str) -> str:
+        trajectory = f"ppo-{uuid4().hex[:10]}"
+        response = await client.post(f"/t/{trajectory}/v1/chat/completions", json={
+            "model": model, "messages": [{"role": "user", "content": INSTRUCTION + question}], "max_tokens": 8,
+            "temperature": 1.0, "n": n})
+        assert response.status_code == 200, response.text
+        return trajectory
 
-    missing = http.post("/_train_model", json={"model": policy, "config": {"objective": "ppo"},
-                                               "groups": [{"trajectories": [{"trajectory_id": "none-yet"}]}]})
-    assert missing.status_code == 400 and missing.json()["error"]["code"] == "missing_reward"
-    assert "reward_model" in missing.json()["error"]["message"]
+    async def every_question() -> list[str]:
+        async with httpx.AsyncClient(base_url=server.base_url, headers=server.headers, timeout=300) as client:
+            return list(await asyncio.gather(*(one(client, q) for q in questions)))
 
-    def sample(model: str, questions: list[str], n: int) -> tuple[list[str], float]:
-        """n fresh answers to each question (one trajectory per question); their mean reward-model score."""
-        async def one(client: httpx.AsyncClient, question: str) -> str:
-            trajectory = f"ppo-{uuid4().hex[:10]}"
-            response = await client.post(f"/t/{trajectory}/v1/chat/completions", json={
-                "model": model, "messages": [{"role": "user", "content": INSTRUCTION + question}], "max_tokens": 8,
-                "temperature": 1.0, "n": n})
-            assert response.status_code == 200, response.text
-            return trajectory
+    trajectories = asyncio.run(every_question())
+    ids = [c["id"] for t in trajectories for c in http.get(f"/v1/trajectories/{t}").json()["completions"]]
+    return trajectories, statistics.fmean(scores(http, reward_model, [{"completion_id": i} for i in ids]))
 
-        async def every_question() -> list[str]:
-            async with httpx.AsyncClient(base_url=server.base_url, headers=server.headers, timeout=300) as client:
-                return list(await asyncio.gather(*(one(client, q) for q in questions)))
 
-        trajectories = asyncio.run(every_question())
-        ids = [c["id"] for t in trajectories for c in http.get(f"/v1/trajectories/{t}").json()["completions"]]
-        return trajectories, statistics.fmean(scores(http, yes_reward_model, [{"completion_id": i} for i in ids]))
-
-    def yes_probability(model: str) -> float:
-        """The mean probability, over the held-out questions, that the answer starts with yes (no sampling)."""
-        total = 0.0
-        for question in HELD_OUT:
-            response = http.post("/v1/chat/completions", json={
-                "model": model, "messages": [{"role": "user", "content": INSTRUCTION + question}], "max_tokens": 1,
-                "temperature": 0.0, "logprobs": True, "top_logprobs": 20})
-            assert response.status_code == 200, response.text
-            top = response.json()["choices"][0]["logprobs"]["content"][0]["top_logprobs"]
-            total += sum(math.exp(t["logprob"]) for t in top if t["token"].strip().lower().startswith("yes"))
-        return total / len(HELD_OUT)
-
-    _, before = sample(f"{policy}@0", HELD_OUT, 16)
-    config = {"objective": "ppo", "reward_model": yes_reward_model, "learning_rate": 5e-4, "epochs": 2,
+def ppo_jobs(http: httpx.Client, server: Any, reward_model: str, policy: str, iterations: int) -> list[dict[str, Any]]:
+    """`iterations` PPO jobs against the reward model, each on fresh samples of the current step; the first
+    gradient step's metrics of each. Scoring is asked for while each job runs, and must be answered."""
+    config = {"objective": "ppo", "reward_model": reward_model, "learning_rate": 5e-4, "epochs": 2,
               "kl_horizon": 100}
     jobs = []
-    for iteration in range(4):
-        trajectories, _ = sample(policy, TRAIN_QUESTIONS[:8], 8)
+    for iteration in range(iterations):
+        trajectories, _ = sample_scores(http, server, reward_model, policy, TRAIN_QUESTIONS[:8], 8)
         scored_while_training: list[bool] = []
 
         def score_now(step: dict[str, Any], answered: list[bool] = scored_while_training,
                       previous: int = iteration) -> None:
             if step["gradient_step"] == 1:  # answered between two micro-batches: the job is still running
-                scores(http, yes_reward_model, [conversation(yes_pair(random.Random(4), HELD_OUT[1]), "chosen")])
+                scores(http, reward_model, [conversation(yes_pair(random.Random(4), HELD_OUT[1]), "chosen")])
                 answered.append(http.get(f"/v1/trainable_models/{policy}").json()["newest_step"] == previous)
 
         steps = train(http, {"model": policy, "config": config,
                              "groups": [{"trajectories": [{"trajectory_id": t}]} for t in trajectories]}, score_now)
         assert len(steps) == 4 and scored_while_training == [True]  # 2 epochs × 2 minibatches
         jobs.append(steps[0]["metrics"])
-    _, after = sample(policy, HELD_OUT, 16)
-    # Measured: +0.33 and +0.37 over four jobs (the reward model's yes/no margin is ~1.5); 128 samples each
-    # put the noise at ~0.09. The policy's own probability of a yes is read without sampling.
-    assert after > before + 0.1, (before, after, [job["score_mean"] for job in jobs])
-    yes_before, yes_after = yes_probability(f"{policy}@0"), yes_probability(policy)
-    # Measured 0.24 -> 0.89 and 0.24 -> 0.41 (PPO with an untrained critic varies run to run); a sign error
-    # anywhere moves it down.
-    assert yes_after > yes_before + 0.12, (yes_before, yes_after)
+    return jobs
 
+
+def yes_probability(http: httpx.Client, model: str) -> float:
+    """The mean probability, over the held-out questions, that the answer starts with yes (no sampling)."""
+    total = 0.0
+    for question in HELD_OUT:
+        response = http.post("/v1/chat/completions", json={
+            "model": model, "messages": [{"role": "user", "content": INSTRUCTION + question}], "max_tokens": 1,
+            "temperature": 0.0, "logprobs": True, "top_logprobs": 20})
+        assert response.status_code == 200, response.text
+        top = response.json()["choices"][0]["logprobs"]["content"][0]["top_logprobs"]
+        total += sum(math.exp(t["logprob"]) for t in top if t["token"].strip().lower().startswith("yes"))
+    return total / len(HELD_OUT)
+
+
+def test_ppo_against_the_reward_model_adapts_the_kl_coefficient_and_saves_its_state(
+        http: httpx.Client, server: Any, yes_reward_model: str) -> None:
+    """PPO's mechanics in two jobs; that it learns is `test_ppo_raises_the_reward_model_score` (marked
+    `learning`: `make test-learning`, part of `make bench`)."""
+    policy = register(http, server, "ppo-yes")
+    missing = http.post("/_train_model", json={"model": policy, "config": {"objective": "ppo"},
+                                               "groups": [{"trajectories": [{"trajectory_id": "none-yet"}]}]})
+    assert missing.status_code == 400 and missing.json()["error"]["code"] == "missing_reward"
+    assert "reward_model" in missing.json()["error"]["message"]
+
+    jobs = ppo_jobs(http, server, yes_reward_model, policy, iterations=2)
     first, *later = jobs
     assert first["kl_coef"] == pytest.approx(0.05) and first["kl_old_ref"] == pytest.approx(0.0, abs=1e-6)
     for job, following in zip(jobs, later, strict=False):
@@ -284,3 +285,18 @@ def test_ppo_against_the_reward_model_raises_its_score_and_adapts_the_kl_coeffic
     step_dir = server.data_dir / "models" / policy / "steps" / str(len(jobs))
     assert (step_dir / "value_head.safetensors").is_file()
     assert json.loads((step_dir / "trainer_state.json").read_text())["kl_coef"] == pytest.approx(jobs[-1]["next_kl_coef"])
+
+
+@pytest.mark.learning
+def test_ppo_raises_the_reward_model_score(http: httpx.Client, server: Any, yes_reward_model: str) -> None:
+    policy = register(http, server, "ppo-learns")
+    _, before = sample_scores(http, server, yes_reward_model, f"{policy}@0", HELD_OUT, 16)
+    jobs = ppo_jobs(http, server, yes_reward_model, policy, iterations=4)
+    _, after = sample_scores(http, server, yes_reward_model, policy, HELD_OUT, 16)
+    # Measured: +0.33 and +0.37 over four jobs (the reward model's yes/no margin is ~1.5); 128 samples each
+    # put the noise at ~0.09. The policy's own probability of a yes is read without sampling.
+    assert after > before + 0.1, (before, after, [job["score_mean"] for job in jobs])
+    yes_before, yes_after = yes_probability(http, f"{policy}@0"), yes_probability(http, policy)
+    # Measured 0.24 -> 0.89 and 0.24 -> 0.41 (PPO with an untrained critic varies run to run); a sign error
+    # anywhere moves it down.
+    assert yes_after > yes_before + 0.12, (yes_before, yes_after)

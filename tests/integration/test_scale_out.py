@@ -66,8 +66,7 @@ def both_serving(server: Any) -> bool:
 @pytest.fixture(scope="module")
 def external_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A vLLM OpenAI server as someone else would run it: same weights, name, template and dtype as the
-    proxy's own engine would have, runtime LoRA on, its own key. Started after the pool tests are done
-    (module order), so at most two engines share the two cores."""
+    proxy's own engine would have, runtime LoRA on, its own key. Not waited for: whoever uses it polls."""
     model_dir = ensure_default_model()
     tools = choose_tool_calling(model_dir)
     log_path = tmp_path_factory.mktemp("external") / "engine.log"
@@ -90,7 +89,9 @@ def external_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def pool_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+def pool_server(tmp_path_factory: pytest.TempPathFactory, external_engine: str) -> Iterator[ServerProcess]:
+    """Two local engines. (`external_engine` only boots meanwhile, idle until the last tests use it: its
+    start-up overlaps the pool's instead of adding to the suite's time.)"""
     data_dir = tmp_path_factory.mktemp("scale-out")
     with ServerProcess(data_dir, args=[*SERVER_ARGS, "--engines", "2"], api_key=TEST_API_KEY) as running:
         wait_for(lambda: both_serving(running), 600, "both engines serving")
@@ -167,6 +168,9 @@ def test_a_trained_step_reaches_both_engines_and_survives_a_killed_engine(pool_s
     register(pool_server, name)
     base_output = probe_outputs(pool_server, DEFAULT_MODEL_ID, 1)[0]
     groups = rollout_groups(pool_server, name, groups=2, size=2, max_tokens=8)
+    for group in groups:  # rewards by position: two samples of equal length would leave a group without signal
+        for index, trajectory in enumerate(group["trajectories"]):
+            trajectory["reward"] = float(index)
     lines = train_lines(pool_server, {"model": name, "groups": groups, "config": {"learning_rate": 5e-3}})
     assert lines[-1][1]["type"] == "done", lines[-1]
     before = {n: e["requests"] for n, e in engines(pool_server).items()}

@@ -167,6 +167,22 @@ async def test_the_request_asks_for_an_exact_json_schema_with_the_judges_paramet
     assert schema["properties"]["scores"]["items"]["properties"]["explanation"]["maxLength"] == 80
 
 
+async def test_structured_outputs_sends_the_schema_in_vllms_field_with_whitespace_off() -> None:
+    fake = FakeJudge()
+    judge = fake.judge(response_format="structured_outputs", max_explanation_chars=80, extra_body={"top_k": 5})
+    judged = await art.judge_group([offline("Paris."), offline("Lyon.")], judge)
+    [body] = fake.requests
+    assert "response_format" not in body and body["top_k"] == 5  # vLLM refuses both constraints at once
+    structured = body["structured_outputs"]
+    assert structured["disable_any_whitespace"] is True
+    scores = structured["json"]["properties"]["scores"]
+    assert (scores["minItems"], scores["maxItems"]) == (2, 2)
+    assert scores["items"]["properties"]["explanation"]["maxLength"] == 80
+    assert judged.rewards == [1.0, 0.2]
+    with pytest.raises(ValueError, match="structured_outputs"):
+        fake.judge(response_format="xml")  # type: ignore[arg-type]
+
+
 async def test_a_judge_that_rejects_the_schema_is_asked_for_json_in_text_from_then_on(
         caplog: pytest.LogCaptureFixture) -> None:
     fake = FakeJudge(lambda body: "Sure!\n```json\n" + paris_scores(body) + "\n```", reject_schema=True)
