@@ -42,8 +42,11 @@ async def recorded_group(server: Any, size: int) -> art.TrajectoryGroup:
 # max_explanation_chars: the small model would otherwise fill max_tokens with one explanation. vLLM's own
 # structured_outputs with whitespace off: with response_format json_schema the 135M judge once padded its
 # answer with whitespace until max_tokens cut it off (a CI run, 2026-11-25); xgrammar allows any amount of it.
-JUDGE_OPTIONS: dict[str, Any] = {"max_tokens": 600, "max_explanation_chars": 120,
+# A little temperature: at 0 a retry repeats the same bad answer word for word (the 135M judge's answer is
+# sometimes cut off by max_tokens even so: CI, 2026-11-25), so the tests allow retries and they can differ.
+JUDGE_OPTIONS: dict[str, Any] = {"max_tokens": 1000, "max_explanation_chars": 120, "temperature": 0.5,
                                  "response_format": "structured_outputs"}
+RETRIES = 3
 
 
 def engine_judge(server: Any, **options: Any) -> art.Judge:
@@ -55,7 +58,7 @@ async def test_the_servers_own_model_judges_a_recorded_group(server: Any, tmp_pa
     group = await recorded_group(server, 4)
     judge = engine_judge(server, cache_dir=tmp_path)
 
-    judged = await art.judge_group(group, judge, retries=0)
+    judged = await art.judge_group(group, judge, retries=RETRIES)
 
     assert [t.id for t in judged] == [t.id for t in group]
     assert all(isinstance(t.reward, float) and 0.0 <= t.reward <= 1.0 for t in judged)
@@ -87,7 +90,8 @@ async def test_the_servers_own_model_judges_a_recorded_group(server: Any, tmp_pa
 
 async def test_judge_groups_judges_several_groups_and_nothing_is_recorded_for_the_judge(server: Any) -> None:
     groups = [await recorded_group(server, 3), await recorded_group(server, 3)]
-    judged = await art.judge_groups(groups, engine_judge(server), concurrency=2, on_failure="raise", progress=False)
+    judged = await art.judge_groups(groups, engine_judge(server), concurrency=2, on_failure="raise", progress=False,
+                                    retries=RETRIES)
     assert [len(group) for group in judged] == [3, 3]
     assert all(0.0 <= (t.reward or 0.0) <= 1.0 and "judge_explanation" in t.metadata for g in judged for t in g)
     for trajectory in (t for group in judged for t in group):  # each still has only its own rollout's completion
