@@ -144,7 +144,7 @@ def serve(
     try:
         remote_keys(urls, keys)
         if engines > 1 and resolved_device == "cpu":
-            split_cpus(cpus["--engine-cpus"] or tuple(sorted(os.sched_getaffinity(0))), engines)
+            split_cpus(cpus["--engine-cpus"], engines)
     except ValueError as error:
         raise typer.BadParameter(str(error), param_hint="--engines/--engine-key") from error
     dtypes = _choose_dtypes(dtype, trainer_dtype, resolved_device)

@@ -24,13 +24,14 @@ class PlacementError(ValueError):
     """The engines asked for do not fit on this machine's cores or GPUs."""
 
 
-def split_cpus(cpus: Sequence[int], engines: int) -> list[tuple[int, ...]]:
-    """`cpus` in `engines` contiguous groups, sizes differing by at most one.
+def split_cpus(cpus: Sequence[int] | None, engines: int) -> list[tuple[int, ...]]:
+    """`cpus` (None: every core this process may use) in `engines` contiguous groups, sizes differing by at
+    most one.
 
     >>> split_cpus([0, 1, 2, 3, 4], 2)
     [(0, 1, 2), (3, 4)]
     """
-    ordered = sorted(set(cpus))
+    ordered = sorted(set(os.sched_getaffinity(0) if cpus is None else cpus))
     if engines < 1:
         raise PlacementError(f"need at least one engine, not {engines}")
     if len(ordered) < engines:

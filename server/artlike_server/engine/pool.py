@@ -44,7 +44,7 @@ import httpx
 from .client import EngineClient, EngineModel, EngineRequestError
 from .routing import AffinityTable, Load, choose
 from .supervisor import EngineState, OnReady
-from .upstream import EngineConnectionError, UpstreamResponse
+from .upstream import EngineAnswer, EngineConnectionError, UpstreamResponse
 
 logger = logging.getLogger(__name__)
 
@@ -163,8 +163,6 @@ class TrackedResponse:
             done, self._done = self._done, None
             done()
 
-
-EngineAnswer = BufferedResponse | TrackedResponse
 
 
 class EnginePool:

@@ -8,7 +8,6 @@ all or one per URL in order).
 from __future__ import annotations
 
 import dataclasses
-import os
 
 from ..settings import ServerSettings
 from .client import EngineClient
@@ -27,8 +26,7 @@ def local_engine_configs(settings: ServerSettings, base: EngineConfig) -> list[E
         return [base] if count == 1 else []
     configs = []
     if base.device == "cpu":
-        cpus = base.cpu_ids if base.cpu_ids is not None else tuple(sorted(os.sched_getaffinity(0)))
-        placements: list[dict[str, object]] = [{"cpu_ids": group} for group in split_cpus(cpus, count)]
+        placements: list[dict[str, object]] = [{"cpu_ids": group} for group in split_cpus(base.cpu_ids, count)]
     else:
         groups = split_gpus(visible_gpus(), count, devices_per_engine(base.extra_args))
         placements = [{"extra_env": (*base.extra_env, ("CUDA_VISIBLE_DEVICES", ",".join(group)))}
