@@ -188,6 +188,8 @@ def _build_state(settings: ServerSettings, metrics: Metrics, judge: ServerJudge,
     store = ModelStore(settings.data_dir)
     models = ModelManager(store, engine, settings.served_model_name,
                           max_loaded=settings.max_loaded_adapters, on_swap=metrics.adapter_swapped)
+    if engine.policy is not None:  # merged-weights engines follow the alias of the model being trained
+        models.alias_observers.append(engine.policy.follow)
     trainer = TrainerProcess(settings.model_path, dtype=settings.trainer_dtype,
                              gradient_checkpointing=settings.gradient_checkpointing, cpus=settings.trainer_cpus,
                              gpus=settings.trainer_gpus,

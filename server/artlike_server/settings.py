@@ -49,6 +49,9 @@ class ServerSettings:
     engines: int = 1
     engine_urls: tuple[str, ...] = ()
     engine_keys: tuple[str, ...] = ()  # none, one for every URL, or one per URL in order
+    # merged-weights engines serving the training policy (engine/policy.py), and the model they follow
+    policy_engines: int = 0
+    policy_model: str | None = None  # None: whichever model's alias moved last
     # CPU: the cores the engine's and the trainer's threads run on (None: all of this process's)
     engine_cpus: tuple[int, ...] | None = None
     trainer_cpus: tuple[int, ...] | None = None

@@ -57,8 +57,9 @@ class EngineWithUpstream:
     def retry_after(self) -> float:
         return self._engine.retry_after()
 
-    async def post(self, path: str, body: bytes, *, affinity: str | None = None, replayable: bool = False) -> Any:
-        return await self._upstream.post(path, body, affinity=affinity, replayable=replayable)
+    async def post(self, path: str, body: bytes, *, affinity: str | None = None, replayable: bool = False,
+                   model: str | None = None) -> Any:
+        return await self._upstream.post(path, body, affinity=affinity, replayable=replayable, model=model)
 
 
 @dataclass(frozen=True)

@@ -200,3 +200,13 @@ def test_builtin_chat_template() -> None:
     assert resolve_chat_template("{{ messages }}") == "{{ messages }}"
     with pytest.raises(KeyError, match="tool-chatml"):
         builtin_chat_template("nope")
+
+
+def test_a_policy_engine_runs_without_lora_in_dev_mode_with_the_merge_backend() -> None:
+    # Its weights follow the training policy through vLLM's weight-update routes (dev mode, behind the key).
+    config = replace(CONFIG, policy=True)
+    command = build_command(config)
+    assert "--enable-lora" not in command and "--max-loras" not in command
+    assert flag_value(command, "--weight-transfer-config") == '{"backend":"artlike_merge"}'
+    assert flag_value(command, "--middleware") == "artlike_server.engine.engine_auth.EngineKeyMiddleware"
+    assert build_env(config, {}, api_key=KEY, cpu_ids=[0])["VLLM_SERVER_DEV_MODE"] == "1"

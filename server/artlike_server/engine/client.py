@@ -10,7 +10,7 @@ Errors: `errors.py` has the hierarchy; `EngineRequestError` (a non-2xx answer to
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 import httpx
 from pydantic import BaseModel, ConfigDict
@@ -19,6 +19,7 @@ from .errors import EngineError
 from .upstream import Upstream
 
 ADMIN_TIMEOUT_S = 60.0
+DRAIN_TIMEOUT_S = 600.0  # a policy engine's in-flight generations finishing before its weights change
 SCORING_TIMEOUT_S = 120.0  # one prefill of a long sequence on a busy CPU engine
 # Admin calls are few; waiting for a free connection longer than the pool timeout means something is stuck.
 _ADMIN_LIMITS = httpx.Limits(max_connections=32, max_keepalive_connections=8)
@@ -118,7 +119,27 @@ class EngineClient:
         entries = response.json()["choices"][0]["prompt_logprobs"]
         return [float(entries[i][str(token_ids[i])]["logprob"]) for i in range(max(start, 1), len(token_ids))]
 
-    async def _admin_post(self, path: str, payload: dict[str, str] | None) -> None:
+    async def tokenize(self, model: str, text: str) -> list[int]:
+        response = await self.http.post("/tokenize", json={"model": model, "prompt": text}, timeout=ADMIN_TIMEOUT_S)
+        _raise_for_status(response)
+        return [int(token) for token in response.json()["tokens"]]
+
+    async def merge_weights(self, adapter_path: str | None, version: str) -> None:
+        """A policy engine's weights become the base model's plus `adapter_path` folded in (None: the base
+        alone), through vLLM's weight-update routes (dev mode) and artlike's `artlike_merge` backend; its
+        prefix cache, computed with the old weights, is dropped after. Requests in flight finish first
+        (`/pause?mode=wait`); the caller has stopped sending new ones."""
+        response = await self.http.post("/pause", params={"mode": "wait"}, timeout=DRAIN_TIMEOUT_S)
+        _raise_for_status(response)
+        try:
+            await self._admin_post("/start_weight_update", None)
+            await self._admin_post("/update_weights", {"update_info": {"adapter_path": adapter_path}})
+            await self._admin_post("/finish_weight_update", {"weight_version": version})
+            await self._admin_post("/reset_prefix_cache", None)
+        finally:
+            await self._admin_post("/resume", None)
+
+    async def _admin_post(self, path: str, payload: dict[str, Any] | None) -> None:
         response = await self.http.post(path, json=payload, timeout=ADMIN_TIMEOUT_S)
         _raise_for_status(response)
 

@@ -15,6 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+import orjson
+
+from artlike_server.engine.merge_plugin import BACKEND as MERGE_BACKEND
 from artlike_server.engine.templates import resolve_chat_template
 
 Device = Literal["cpu", "cuda"]
@@ -47,6 +50,9 @@ class EngineConfig:
     block_size: int | None = None  # None: CPU_BLOCK_SIZE on CPU, vLLM's default on CUDA
     chat_template: str | None = None  # a file path or a built-in name (see engine.templates)
     tool_call_parser: str | None = None  # e.g. "hermes"; turns on automatic tool choice
+    # A policy engine serves one trained step from merged weights (no LoRA), updated in place through
+    # vLLM's weight-update routes and artlike's `artlike_merge` backend (see engine/policy.py).
+    policy: bool = False
     extra_args: tuple[str, ...] = ()  # appended verbatim; a repeated flag overrides ours
     extra_env: tuple[tuple[str, str], ...] = ()  # applied last to the child's environment
     cpu_ids: tuple[int, ...] | None = None  # CPU: the cores its OpenMP threads bind to (None: this process's)
@@ -68,10 +74,6 @@ def build_command(config: EngineConfig, python: str = sys.executable) -> list[st
         "--host", config.host,
         "--port", str(config.port),
         "--dtype", config.dtype,
-        # Runtime LoRA: every training step is loaded as its own adapter name while serving goes on.
-        "--enable-lora",
-        "--max-lora-rank", str(config.max_lora_rank),
-        "--max-loras", str(config.max_loras),
         "--enable-prefix-caching",
         # The proxy logs every request itself; vLLM's access log would only duplicate it.
         "--disable-uvicorn-access-log",
@@ -79,6 +81,12 @@ def build_command(config: EngineConfig, python: str = sys.executable) -> list[st
         # generation), /tokenize, /scale_elastic_ep... stay open. This guard covers all but /health.
         "--middleware", _KEY_MIDDLEWARE,
     ]  # fmt: skip
+    if config.policy:
+        command += ["--weight-transfer-config", orjson.dumps({"backend": MERGE_BACKEND}).decode()]
+    else:
+        # Runtime LoRA: every training step is loaded as its own adapter name while serving goes on.
+        command += ["--enable-lora", "--max-lora-rank", str(config.max_lora_rank),
+                    "--max-loras", str(config.max_loras)]
     if config.max_model_len is not None:
         command += ["--max-model-len", str(config.max_model_len)]
     if config.kv_cache_gib is not None:
@@ -122,9 +130,13 @@ def build_env(
     env = dict(base_env)
     env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"  # POST /v1/load_lora_adapter and unload
     env[API_KEY_ENV] = api_key
-    # Dev mode adds /collective_rpc, /sleep and weight-update routes; nothing here needs them, so an
-    # inherited VLLM_SERVER_DEV_MODE is dropped (`extra_env` can still set it deliberately).
-    env.pop("VLLM_SERVER_DEV_MODE", None)
+    # Dev mode adds /collective_rpc, /sleep and the weight-update routes (behind the engine key, see
+    # engine_auth). Only a policy engine needs them; elsewhere an inherited VLLM_SERVER_DEV_MODE is dropped
+    # (`extra_env` can still set it deliberately).
+    if config.policy:
+        env["VLLM_SERVER_DEV_MODE"] = "1"
+    else:
+        env.pop("VLLM_SERVER_DEV_MODE", None)
     if config.kv_cache_gib is not None:
         # vLLM-CPU lets this legacy variable override --kv-cache-memory-bytes; one source of truth.
         env.pop("VLLM_CPU_KVCACHE_SPACE", None)

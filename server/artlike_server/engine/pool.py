@@ -36,13 +36,13 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any, Protocol
 
 import httpx
 
 from .client import EngineClient, EngineModel, EngineRequestError
-from .routing import AffinityTable, Load, choose
+from .policy import PolicyEngines
+from .routing import AffinityTable, Load, Phase, choose
 from .supervisor import EngineState, OnReady
 from .upstream import EngineAnswer, EngineConnectionError, UpstreamResponse
 
@@ -71,12 +71,6 @@ class EngineRunner(Protocol):
     async def start(self) -> None: ...
 
     async def stop(self) -> None: ...
-
-
-class Phase(StrEnum):
-    OUT = "out"  # not (yet) holding the pool's adapters: takes no traffic
-    JOINING = "joining"  # receiving the pool's adapters
-    SERVING = "serving"
 
 
 class NoEngineServing(httpx.TransportError):
@@ -167,13 +161,15 @@ class TrackedResponse:
 
 class EnginePool:
     def __init__(self, members: Sequence[EngineMember], *, cooldown_s: float = 5.0, maintenance_s: float = 5.0,
-                 audit_every_s: float = 15.0, rejoin_backoff_s: float = 30.0, max_affinity_keys: int = 100_000) -> None:
+                 audit_every_s: float = 15.0, rejoin_backoff_s: float = 30.0, max_affinity_keys: int = 100_000,
+                 policy: PolicyEngines | None = None) -> None:
         if not members:
             raise ValueError("an engine pool needs at least one engine")
         ids = [member.id for member in members]
         if len(set(ids)) != len(ids):
             raise ValueError(f"engine ids must be unique: {ids}")
-        self.members = list(members)
+        self.members = list(members)  # LoRA engines: every adapter, the base model; admin calls go here
+        self.policy = policy  # merged-weights engines for the training policy (policy.py), routed first
         self.cooldown_s = cooldown_s
         self.maintenance_s = maintenance_s
         self.audit_every_s = audit_every_s
@@ -184,6 +180,7 @@ class EnginePool:
         self._join_lock = asyncio.Lock()  # joins one at a time (the first one may restore from the store)
         self._on_ready: list[OnReady] = []
         self._maintenance: asyncio.Task[None] | None = None
+        self._policy_start: asyncio.Task[None] | None = None
         self._last_audit = 0.0
         for member in self.members:
             member.runner.add_on_ready(self._joiner(member))
@@ -213,7 +210,8 @@ class EnginePool:
         return 0.0 if self.state is EngineState.READY else min(m.runner.retry_after() for m in self.members)
 
     def describe(self) -> list[dict[str, Any]]:
-        return [member.describe() for member in self.members]
+        policy = self.policy.describe() if self.policy is not None else []
+        return [member.describe() for member in self.members] + policy
 
     def add_on_ready(self, callback: OnReady) -> None:
         """Run `callback` whenever an engine joins while no engine serves (ModelManager.restore)."""
@@ -224,6 +222,8 @@ class EnginePool:
     async def start(self) -> None:
         """Start every engine (at once); returns when each start has succeeded or failed. Raises the
         first start's error only when no engine started: the others serve, the failures are logged."""
+        if self.policy is not None:  # policy engines start beside the others; one that fails only logs
+            self._policy_start = asyncio.create_task(self._start_policy(self.policy), name="artlike-policy-start")
         results = await asyncio.gather(*(member.runner.start() for member in self.members), return_exceptions=True)
         errors = [(member, result) for member, result in zip(self.members, results, strict=True)
                   if isinstance(result, BaseException)]
@@ -233,29 +233,45 @@ class EnginePool:
             raise errors[0][1]
         self._maintenance = asyncio.create_task(self._maintain(), name="artlike-engine-pool")
 
+    async def _start_policy(self, policy: PolicyEngines) -> None:
+        results = await asyncio.gather(*(member.runner.start() for member in policy.members), return_exceptions=True)
+        for member, result in zip(policy.members, results, strict=True):
+            if isinstance(result, BaseException):
+                logger.error("policy engine %s (%s) did not start: %s", member.id, member.url, result)
+
     async def stop(self) -> None:
+        everyone = list(self.members)
+        if self.policy is not None:
+            everyone += self.policy.members
+            if self._policy_start is not None:
+                self._policy_start.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._policy_start
+            await self.policy.stop()
         if self._maintenance is not None:
             self._maintenance.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._maintenance
-        await asyncio.gather(*(member.runner.stop() for member in self.members), return_exceptions=True)
-        await asyncio.gather(*(member.client.aclose() for member in self.members), return_exceptions=True)
+        await asyncio.gather(*(member.runner.stop() for member in everyone), return_exceptions=True)
+        await asyncio.gather(*(member.client.aclose() for member in everyone), return_exceptions=True)
 
     # ------------------------------------------------------------------------------- the hot path
 
     async def post(self, path: str, body: bytes, *, affinity: str | None = None,
-                   replayable: bool = False) -> EngineAnswer:
+                   replayable: bool = False, model: str | None = None) -> EngineAnswer:
         """Send `body` to one engine's `path`. `affinity`: keep requests with this key on one engine.
         `replayable`: the caller wants the whole body (not a stream), so an answer that breaks off is
-        sent again elsewhere; the returned response is then already read."""
+        sent again elsewhere; the returned response is then already read. `model`: the engine model name
+        in `body`; a policy engine holding exactly that step (or the base model) is tried first."""
         tried: set[str] = set()
         last_error: EngineConnectionError | None = None
-        while (member := self._pick(affinity, exclude=tried)) is not None:
+        while (chosen := self._route(model, affinity, exclude=tried)) is not None:
+            member, send = chosen
             tried.add(member.id)
             member.load.outstanding += 1
             member.load.served += 1
             try:
-                response = await member.client.upstream.post(path, body)
+                response = await member.client.upstream.post(path, send(body))
                 if not replayable:
                     return TrackedResponse(response, functools.partial(self._release, member))
                 content = await response.read()
@@ -272,6 +288,14 @@ class EnginePool:
         if last_error is not None:
             raise last_error
         raise EngineConnectionError("no engine is serving")
+
+    def _route(self, model: str | None, affinity: str | None, *,
+               exclude: set[str]) -> tuple[EngineMember, Callable[[bytes], bytes]] | None:
+        if (model is not None and self.policy is not None
+                and (member := self.policy.pick(model, exclude=exclude)) is not None):
+            return member, self.policy.rebase if model != self.policy.base_model_id else _unchanged
+        member = self._pick(affinity, exclude=exclude)
+        return None if member is None else (member, _unchanged)
 
     def _pick(self, affinity: str | None, *, exclude: set[str]) -> EngineMember | None:
         serving = [m for m in self.members if m.in_rotation and m.id not in exclude]
@@ -407,6 +431,8 @@ class EnginePool:
                 logger.exception("engine pool maintenance failed")
 
     async def _maintain_once(self) -> None:
+        if self.policy is not None:
+            self.policy.kick()
         now = time.monotonic()
         for member in self.members:
             if member.phase is Phase.OUT and member.runner.state is EngineState.READY and now >= member.next_join:
@@ -426,6 +452,10 @@ class EnginePool:
                     continue  # the runner's health checks decide about an engine that does not answer
                 if missing := set(self._desired) - listed:
                     self._drop(member, f"it lost adapters {sorted(missing)} (restarted?)")
+
+
+def _unchanged(body: bytes) -> bytes:
+    return body
 
 
 def _unreachable(error: BaseException) -> bool:

@@ -8,22 +8,25 @@ all or one per URL in order).
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 from ..settings import ServerSettings
 from .client import EngineClient
 from .launch import EngineConfig, free_port
 from .placement import devices_per_engine, split_cpus, split_gpus, visible_gpus
+from .policy import PolicyEngines
 from .pool import EngineMember, EnginePool
 from .remote import RemoteEngine
 from .supervisor import EngineSupervisor
 
 
 def local_engine_configs(settings: ServerSettings, base: EngineConfig) -> list[EngineConfig]:
-    """`base` (engine 0's config) copied for each of `settings.engines` local engines, each placed on its own
-    cores or GPUs. One engine keeps `base` as it is (all cores, every visible GPU)."""
-    count = settings.engines
+    """`base` (engine 0's config) copied for each of `settings.engines` local engines and then each of
+    `settings.policy_engines` policy engines, each placed on its own cores or GPUs. One engine keeps `base` as
+    it is (all cores, every visible GPU)."""
+    count = settings.engines + settings.policy_engines
     if count <= 1:
-        return [base] if count == 1 else []
+        return [dataclasses.replace(base, policy=settings.policy_engines == 1)] if count == 1 else []
     configs = []
     if base.device == "cpu":
         placements: list[dict[str, object]] = [{"cpu_ids": group} for group in split_cpus(base.cpu_ids, count)]
@@ -34,7 +37,8 @@ def local_engine_configs(settings: ServerSettings, base: EngineConfig) -> list[E
     for index, placement in enumerate(placements):
         port = base.port if index == 0 else free_port()
         log_path = base.log_path if index == 0 else base.log_path.with_name(f"engine-{index}.log")
-        configs.append(dataclasses.replace(base, port=port, log_path=log_path, **placement))  # type: ignore[arg-type]
+        configs.append(dataclasses.replace(base, port=port, log_path=log_path, policy=index >= settings.engines,
+                                           **placement))  # type: ignore[arg-type]
     return configs
 
 
@@ -50,11 +54,16 @@ def remote_keys(urls: tuple[str, ...], keys: tuple[str, ...]) -> list[str | None
 
 
 def build_engine_pool(settings: ServerSettings, base: EngineConfig) -> EnginePool:
-    members = []
+    members: list[EngineMember] = []
+    policy_members: list[EngineMember] = []
     for index, config in enumerate(local_engine_configs(settings, base)):
         client = EngineClient(config.base_url)  # one connection pool per engine: the proxy, admin calls, health
         runner = EngineSupervisor(config, client=client, api_key=settings.engine_api_key)
-        members.append(EngineMember(id=f"local-{index}", kind="local", runner=runner, client=client))
+        if config.policy:
+            policy_members.append(EngineMember(id=f"policy-{len(policy_members)}", kind="policy", runner=runner,
+                                               client=client))
+        else:
+            members.append(EngineMember(id=f"local-{index}", kind="local", runner=runner, client=client))
     for index, (url, key) in enumerate(zip(settings.engine_urls, remote_keys(settings.engine_urls,
                                                                              settings.engine_keys), strict=True)):
         client = EngineClient(url)
@@ -62,4 +71,10 @@ def build_engine_pool(settings: ServerSettings, base: EngineConfig) -> EnginePoo
             client.set_api_key(key)
         members.append(EngineMember(id=f"remote-{index}", kind="remote",
                                     runner=RemoteEngine(client, settings.served_model_name), client=client))
-    return EnginePool(members)
+    if not policy_members:
+        return EnginePool(members)
+    pool = EnginePool(members)
+    pool.policy = PolicyEngines(policy_members, base_model_id=settings.served_model_name,
+                                model_dir=Path(settings.model_path), reference=pool.token_logprobs,
+                                model=settings.policy_model)
+    return pool

@@ -17,6 +17,15 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import StrEnum
+
+
+class Phase(StrEnum):
+    """An engine's place in the pool's rotation."""
+
+    OUT = "out"  # not (yet) holding the pool's adapters (or weights): takes no traffic
+    JOINING = "joining"  # receiving the pool's adapters
+    SERVING = "serving"
 
 
 @dataclass

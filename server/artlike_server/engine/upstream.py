@@ -55,10 +55,11 @@ class Upstreams(Protocol):
     """Where the proxy sends completions: one engine (`Upstream`) or a pool of them (`pool.EnginePool`).
 
     `affinity`: keep requests with this key on one engine (its prefix cache). `replayable`: the caller
-    reads the whole body, so a pool may send it again elsewhere if the answer breaks off."""
+    reads the whole body, so a pool may send it again elsewhere if the answer breaks off. `model`: the
+    engine model name in `body` (a pool routes the training policy's step to a merged-weights engine)."""
 
     async def post(self, path: str, body: bytes, *, affinity: str | None = None,
-                   replayable: bool = False) -> EngineAnswer: ...
+                   replayable: bool = False, model: str | None = None) -> EngineAnswer: ...
 
 
 class UpstreamResponse:
@@ -124,9 +125,9 @@ class Upstream:
         return self._session
 
     async def post(self, path: str, body: bytes, *, affinity: str | None = None,
-                   replayable: bool = False) -> UpstreamResponse:
+                   replayable: bool = False, model: str | None = None) -> UpstreamResponse:
         """Send `body` to `path`; returns once the status line and headers are in. (One engine: there is no
-        other to choose by `affinity` or to send a `replayable` request to again.)"""
+        other to choose by `affinity` or `model`, or to send a `replayable` request to again.)"""
         url = self._urls.get(path)
         if url is None:
             url = self._urls[path] = self._base_url.join(yarl.URL(path))

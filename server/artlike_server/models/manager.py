@@ -122,6 +122,8 @@ class ModelManager:
         self._started = False  # restore() ran once: later runs are engine restarts
         # Called with (model, history line) after each line is committed (TensorBoard); must not raise.
         self.history_observers: list[Callable[[str, dict[str, Any]], None]] = []
+        # Called with (model, step, adapter dir) whenever a model's alias moves (policy engines); must not raise.
+        self.alias_observers: list[Callable[[str, int, Path], None]] = []
 
     # ----------------------------------------------------------------------------- start-up
 
@@ -149,6 +151,11 @@ class ModelManager:
                 log.exception("model %r is not served: restoring it failed", model.name)
         log.info("serving %d trainable model(s): %s", len(self._latest),
                  ", ".join(served_name(m, s) for m, s in self._latest.items()) or "-")
+        # The policy engines follow the model trained last: announce the restored aliases oldest step first.
+        if first:
+            for name, step in sorted((item for item in self._latest.items() if item[0] not in self._scorers),
+                                     key=lambda item: self.store.step_created_at(*item)):
+                self._alias_moved(name, step)
 
     async def _restore_model(self, name: str, *, clean_up: bool) -> None:
         if clean_up:
@@ -338,6 +345,7 @@ class ModelManager:
                     swap_seconds = await self._publish(name, step)
                 else:
                     self._latest[name], swap_seconds = step, 0.0
+                    self._alias_moved(name, step)
                 self._newest[name] = step
                 # The pin: a held-back step keeps the alias where it was, across restarts too.
                 self.store.set_alias_step(name, None if promote else previous)
@@ -439,11 +447,17 @@ class ModelManager:
         await self._verify_listed(served_name(name, step))
         self._latest[name] = step  # the atomic alias move
         self._newest[name] = max(self._newest.get(name, step), step)
+        self._alias_moved(name, step)
         await self._evict()
         seconds = time.perf_counter() - started
         if self._on_swap is not None:
             self._on_swap(seconds)
         return seconds
+
+    def _alias_moved(self, name: str, step: int) -> None:
+        if name not in self._scorers:
+            for observer in self.alias_observers:
+                observer(name, step, self.store.step_dir(name, step))
 
     async def _verify_listed(self, engine_name: str) -> None:
         if parse_model_reference(engine_name)[0] in self._scorers:

@@ -42,7 +42,7 @@ def read_module_names(model_dir: Path) -> ModuleNames | None:
         return None
     shapes: dict[str, list[int]] = {}
     for path in files:
-        shapes.update(_header_shapes(path))
+        shapes.update(safetensors_shapes(path))
     linear, other = set(), set()
     for key, shape in shapes.items():
         module, _, kind = key.rpartition(".")
@@ -53,7 +53,8 @@ def read_module_names(model_dir: Path) -> ModuleNames | None:
     return ModuleNames(frozenset(linear), frozenset(other - linear))
 
 
-def _header_shapes(path: Path) -> dict[str, list[int]]:
+def safetensors_shapes(path: Path) -> dict[str, list[int]]:
+    """Tensor names and shapes from a safetensors file's JSON header (no tensor data is read)."""
     with open(path, "rb") as handle:
         (length,) = struct.unpack("<Q", handle.read(8))
         if length > _HEADER_LIMIT:

@@ -721,7 +721,8 @@ class OpenAIServing:
             # A trajectory's turns stay on one engine (its prefix cache); a non-streamed answer may be sent
             # again to another engine if the first one breaks off (nothing has reached the client yet).
             upstream = await self._send(ENGINE_PATHS[endpoint], orjson.dumps(upstream_body),
-                                        affinity=trajectory_id, replayable=not request.stream)
+                                        affinity=trajectory_id, replayable=not request.stream,
+                                        model=served.engine_name)
             if request.stream:
                 return ProxyStream(
                     self,
@@ -749,10 +750,11 @@ class OpenAIServing:
         finally:
             await lease.aclose()  # a no-op once a stream took the lease over
 
-    async def _send(self, path: str, body: bytes, *, affinity: str | None, replayable: bool) -> EngineAnswer:
+    async def _send(self, path: str, body: bytes, *, affinity: str | None, replayable: bool,
+                    model: str | None = None) -> EngineAnswer:
         """Send to the engine; transport failures are 503, engine errors come back in OpenAI shape."""
         try:
-            response = await self.upstream.post(path, body, affinity=affinity, replayable=replayable)
+            response = await self.upstream.post(path, body, affinity=affinity, replayable=replayable, model=model)
         except EngineConnectionError as exc:
             raise ServiceUnavailable(
                 f"{exc}; retry shortly", retry_after=self.engine.retry_after()
