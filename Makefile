@@ -41,6 +41,7 @@ bench: setup
 	$(PY) -m bench.feedback_loop
 	$(PY) -m bench.rl_step --core-split
 	$(PY) -m bench.lora_serving
+	$(PY) -m bench.policy_engine
 	$(PY) -m pytest -q -ra -m learning
 
 # The measured CPU run of examples/email_agent/README.md (run 1: ~41 min on 2 cores).

@@ -12,8 +12,8 @@ Three rows, the same load each (C concurrent chat completions of T tokens, `igno
     lora-engine/adapter   the same engine, requests to a rank-8 adapter on every linear layer (artlike's default)
     plain-engine/base     an engine without LoRA: what a merged-weights policy engine would run
 
-and the price of the merged path per step: PEFT merge + save of the policy (the reload itself needs
-vLLM's dev-mode `/collective_rpc`, DESIGN §8, which artlike's engines keep off). Prints a table, writes JSON.
+and the price of a trainer-side merge per step: PEFT merge + save of the policy (artlike's policy engines
+merge inside vLLM instead: `bench/policy_engine.py`). Prints a table, writes JSON.
 """
 
 from __future__ import annotations

@@ -72,7 +72,7 @@ def serve(
                     "--engine-url engines.")] = 1,
     policy_engines: Annotated[int, typer.Option(
         min=0, help="Local engines that serve the model being trained from merged weights instead of a LoRA adapter "
-                    "(faster decoding: 2.65x on CPU in bench/lora_serving.py). Each follows the last alias that moved "
+                    "(rollouts 1.54x as fast on 2 CPU cores: bench/policy_engine.py). Each follows the last alias that moved "
                     "(or --policy-model), verified against the LoRA engines; they share --engine-cpus with the "
                     "--engines. See docs/scale-out.md.")] = 0,
     policy_model: Annotated[str | None, typer.Option(

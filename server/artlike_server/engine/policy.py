@@ -43,7 +43,17 @@ logger = logging.getLogger(__name__)
 # compared after each merge.
 PROBE_TEXT = ("The committee met on Tuesday to review the budget. After a long discussion about travel costs, "
               "they agreed to postpone the new office until spring and to ask each team for a shorter plan.")
-DEFAULT_TOLERANCE = 0.05  # mean |Δ logprob| over the probe; bf16 merged vs LoRA measured ~0.01 (docs/scale-out.md)
+# Mean |Δ logprob| over the probe allowed between merged weights and the LoRA engine. Half precision rounds
+# the merged weights (and the LoRA path's own sums): measured 0.036-0.041 in bf16 on CPU for a trained step,
+# below 1e-3 in fp32 (bench/policy_engine.py, tests/integration/test_policy_engine.py).
+HALF_PRECISION_TOLERANCE = 0.1
+FULL_PRECISION_TOLERANCE = 0.01
+DEFAULT_TOLERANCE = HALF_PRECISION_TOLERANCE
+
+
+def probe_tolerance(dtype: str) -> float:
+    """The verification tolerance for an engine running `dtype` ("float32" → 0.01; bf16/fp16/auto → 0.1)."""
+    return FULL_PRECISION_TOLERANCE if dtype in ("float32", "float") else HALF_PRECISION_TOLERANCE
 
 ReferenceLogprobs = Callable[[str, list[int], int], Awaitable[list[float]]]
 

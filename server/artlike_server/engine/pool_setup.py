@@ -14,7 +14,7 @@ from ..settings import ServerSettings
 from .client import EngineClient
 from .launch import EngineConfig, free_port
 from .placement import devices_per_engine, split_cpus, split_gpus, visible_gpus
-from .policy import PolicyEngines
+from .policy import PolicyEngines, probe_tolerance
 from .pool import EngineMember, EnginePool
 from .remote import RemoteEngine
 from .supervisor import EngineSupervisor
@@ -76,5 +76,5 @@ def build_engine_pool(settings: ServerSettings, base: EngineConfig) -> EnginePoo
     pool = EnginePool(members)
     pool.policy = PolicyEngines(policy_members, base_model_id=settings.served_model_name,
                                 model_dir=Path(settings.model_path), reference=pool.token_logprobs,
-                                model=settings.policy_model)
+                                tolerance=probe_tolerance(settings.engine_dtype), model=settings.policy_model)
     return pool
