@@ -206,3 +206,16 @@ async def test_a_newer_target_during_a_sync_is_merged_right_after(model_dir: Pat
     await asyncio.sleep(0)
     assert merged.merged[-1] == (str(step2), "m@2") and policy.describe()[0]["holds"] == "m@2"
     await pool.stop()
+
+
+async def test_a_sync_waits_for_requests_routed_before_it_began(model_dir: Path, tmp_path: Path) -> None:
+    pool, policy, _, merged = await policy_pool(model_dir)
+    answer = await pool.post("/v1/chat/completions", b'{"model":"base"}', model=BASE)  # routed, still open
+    policy.follow("m", 1, adapter_dir(tmp_path, "step1"))
+    await asyncio.sleep(0.2)
+    assert merged.merged == [] and policy.describe()[0]["holds"] is None  # out of rotation, waiting
+    await answer.read()
+    answer.abort()
+    await settle(policy)
+    assert merged.merged[-1] == (str(tmp_path / "step1"), "m@1")
+    await pool.stop()

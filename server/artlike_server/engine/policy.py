@@ -55,6 +55,7 @@ def probe_tolerance(dtype: str) -> float:
     """The verification tolerance for an engine running `dtype` ("float32" → 0.01; bf16/fp16/auto → 0.1)."""
     return FULL_PRECISION_TOLERANCE if dtype in ("float32", "float") else HALF_PRECISION_TOLERANCE
 
+DRAIN_POLL_S = 0.05
 ReferenceLogprobs = Callable[[str, list[int], int], Awaitable[list[float]]]
 
 
@@ -89,7 +90,7 @@ class PolicySlot:
 class PolicyEngines:
     def __init__(self, members: Sequence[Any], *, base_model_id: str, model_dir: Path,
                  reference: ReferenceLogprobs, tolerance: float = DEFAULT_TOLERANCE,
-                 model: str | None = None) -> None:
+                 model: str | None = None, drain_timeout_s: float = 600.0) -> None:
         """`reference(model, token_ids, start)` gives a LoRA engine's logprobs (the pool's `token_logprobs`);
         `model` pins the policy to one model's steps (default: whichever model's alias moved last)."""
         self.slots = [PolicySlot(member) for member in members]
@@ -98,6 +99,7 @@ class PolicyEngines:
         self.reference = reference
         self.tolerance = tolerance
         self.model = model
+        self.drain_timeout_s = drain_timeout_s
         self.target = PolicyTarget(base_model_id, None)
         self._probe: list[int] | None = None
         for slot in self.slots:
@@ -173,6 +175,7 @@ class PolicyEngines:
                     return
             slot.holds = None  # out of the policy rotation: its requests go to the LoRA engines meanwhile
             try:
+                await self._drain(slot)
                 await slot.member.client.merge_weights(target.adapter_path, target.name)
                 if target.adapter_path is not None:
                     slot.probe_diff = await self._verify(slot, target)
@@ -190,6 +193,15 @@ class PolicyEngines:
             slot.last_sync_s = time.perf_counter() - started
             logger.info("policy engine %s serves %s from merged weights (%.2f s, probe |Δ| %s)", slot.member.id,
                         target.name, slot.last_sync_s, slot.probe_diff)
+
+    async def _drain(self, slot: PolicySlot) -> None:
+        """Wait for the requests routed to it before it left the rotation, streams included: one routed just
+        before could otherwise reach vLLM after the pause and be answered by the new weights. (The pause
+        then waits for vLLM's own in-flight work.)"""
+        deadline = time.monotonic() + self.drain_timeout_s
+        # The pool counts requests down as they end (in several places): a short poll, not an Event.
+        while slot.member.load.outstanding > 0 and time.monotonic() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(DRAIN_POLL_S)
 
     @staticmethod
     def _refuse(slot: PolicySlot, target: PolicyTarget, error: Exception) -> None:
