@@ -190,6 +190,7 @@ def _build_state(settings: ServerSettings, metrics: Metrics, judge: ServerJudge,
                           max_loaded=settings.max_loaded_adapters, on_swap=metrics.adapter_swapped)
     if engine.policy is not None:  # merged-weights engines follow the alias of the model being trained
         models.alias_observers.append(engine.policy.follow)
+        engine.policy.reference = models.step_logprobs
     trainer = TrainerProcess(settings.model_path, dtype=settings.trainer_dtype,
                              gradient_checkpointing=settings.gradient_checkpointing, cpus=settings.trainer_cpus,
                              gpus=settings.trainer_gpus,

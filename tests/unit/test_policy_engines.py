@@ -219,3 +219,26 @@ async def test_a_sync_waits_for_requests_routed_before_it_began(model_dir: Path,
     await settle(policy)
     assert merged.merged[-1] == (str(tmp_path / "step1"), "m@1")
     await pool.stop()
+
+
+async def test_a_step_the_lora_engines_cannot_score_is_not_served_merged(model_dir: Path, tmp_path: Path) -> None:
+    from artlike_server.errors import NotFound, ServiceUnavailable
+
+    pool, policy, _, merged = await policy_pool(model_dir)
+    failures: list[Exception] = [ServiceUnavailable("engines down", retry_after=1.0), NotFound("no step 1")]
+
+    async def failing(model: str, token_ids: list[int], start: int) -> list[float]:
+        raise failures.pop(0)
+
+    policy.reference = failing
+    step = adapter_dir(tmp_path, "step1")
+    policy.follow("m", 1, step)
+    await settle(policy)
+    # Unavailable: back to the base weights, tried again at the next round...
+    assert policy.describe()[0]["holds"] == BASE and "m@1" not in policy.describe()[0]["refused"]
+    policy.kick()
+    await settle(policy)
+    # ...where the step is gone: refused, not retried.
+    assert policy.describe()[0]["holds"] == BASE and "no step 1" in policy.describe()[0]["refused"]["m@1"]
+    assert merged.merged == [(str(step), "m@1"), (None, BASE), (str(step), "m@1"), (None, BASE)]
+    await pool.stop()

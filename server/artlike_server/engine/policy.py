@@ -33,6 +33,7 @@ from typing import Any
 import httpx
 import orjson
 
+from ..errors import APIError, NotFound
 from .client import EngineRequestError
 from .merge_check import UnsupportedAdapter, check_mergeable
 from .routing import Phase, least_loaded
@@ -188,6 +189,14 @@ class PolicyEngines:
                 # Unreachable or dead: the supervisor restarts it and `_on_ready` resyncs it.
                 logger.error("policy engine %s could not take %s: %s", slot.member.id, target.name, error)
                 return
+            except APIError as error:  # the LoRA engines could not score the step: deleted meanwhile, or down
+                if isinstance(error, NotFound):
+                    self._refuse(slot, target, error)
+                else:  # tried again at the next maintenance round
+                    logger.error("policy engine %s could not verify %s: %s", slot.member.id, target.name, error.message)
+                if not await self._back_to_base(slot) or not isinstance(error, NotFound):
+                    return
+                continue
             slot.holds = target.name
             slot.syncs += 1
             slot.last_sync_s = time.perf_counter() - started

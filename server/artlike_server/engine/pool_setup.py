@@ -75,6 +75,6 @@ def build_engine_pool(settings: ServerSettings, base: EngineConfig) -> EnginePoo
         return EnginePool(members)
     pool = EnginePool(members)
     pool.policy = PolicyEngines(policy_members, base_model_id=settings.served_model_name,
-                                model_dir=Path(settings.model_path), reference=pool.token_logprobs,
+                                model_dir=Path(settings.model_path), reference=pool.token_logprobs,  # app.py: leased
                                 tolerance=probe_tolerance(settings.engine_dtype), model=settings.policy_model)
     return pool

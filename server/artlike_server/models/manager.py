@@ -264,6 +264,12 @@ class ModelManager:
                 async with self._released:
                     self._released.notify_all()
 
+    async def step_logprobs(self, engine_name: str, token_ids: list[int], start: int) -> list[float]:
+        """The LoRA engines' logprobs of `token_ids[start:]` under `engine_name` ("name@N" or the base model),
+        the adapter loaded and kept so while they are computed (a policy engine's verification)."""
+        async with self.lease(engine_name):
+            return await self.engine.token_logprobs(engine_name, token_ids, start)
+
     async def served_model_ids(self) -> list[str]:
         ids = [self.base_model_id]
         for name, latest in sorted(self._latest.items()):
