@@ -12,8 +12,10 @@ the engine's and the trainer's idle fractions (share of the run with no rollout 
 seen from the client), and the reward after the budget: greedy accuracy on 100 held-out problems of the
 final step, and the sampled reward of the last two steps. `--core-split` adds a second server whose engine
 is pinned to core 0 and trainer to core 1 (`--engine-cpus 0 --trainer-cpus 1`) and runs the pipeline there.
+`--policy-engine` adds a server with a policy engine (`--engines 1 --policy-engines 1`: rollouts of the
+trained step from merged weights, docs/scale-out.md) and runs both modes there.
 
-    python -m bench.rl_step [--budget-seconds 600] [--quick] [--core-split]
+    python -m bench.rl_step [--budget-seconds 600] [--quick] [--core-split] [--policy-engine]
 
 Prints a table and writes `bench/results/rl_step.json`.
 """
@@ -132,8 +134,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--budget-seconds", type=float, default=600.0)
     parser.add_argument("--quick", action="store_true", help="a 150 s budget per mode")
+    parser.add_argument("--json", type=Path, default=RESULTS, help="where the results go")
     parser.add_argument("--core-split", action="store_true", help="also: the pipeline with engine and trainer "
                                                                   "pinned to separate cores")
+    parser.add_argument("--policy-engine", action="store_true", help="also: both modes with a policy engine "
+                        "(--engines 1 --policy-engines 1: the policy's rollouts from merged weights, one core each)")
     args = parser.parse_args()
     if args.quick:
         args.budget_seconds = 150.0
@@ -141,6 +146,9 @@ def main() -> None:
     rows = asyncio.run(run_server(args, [], [("sequential", 0), ("pipeline", 1)]))
     if args.core_split:
         rows += asyncio.run(run_server(args, ["--engine-cpus", "0", "--trainer-cpus", "1"], [("pipeline-split", 1)]))
+    if args.policy_engine:
+        rows += asyncio.run(run_server(args, ["--engines", "1", "--policy-engines", "1"],
+                                       [("sequential-policy", 0), ("pipeline-policy", 1)]))
     print_table(rows)
     sequential, pipeline = rows[0], rows[1]
     ratio = (pipeline["seconds_per_step"] / sequential["seconds_per_step"]
@@ -150,9 +158,9 @@ def main() -> None:
     report = {"budget_seconds": args.budget_seconds, "pipeline_over_sequential_step_time": ratio, "modes": rows,
               "wall_seconds": time.perf_counter() - started,
               "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpu": cpu_model()}}
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {RESULTS}")
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {args.json}")
 
 
 if __name__ == "__main__":
