@@ -30,7 +30,10 @@ _MAX_CONNECTIONS = 512  # well over 64 concurrent streams; admin calls have thei
 _KEEPALIVE_S = 4.0
 # Generation legitimately takes minutes: no read timeout. A hung engine is the supervisor's to detect; when
 # it restarts the engine, the dropped connection ends the request (EngineConnectionError -> 503).
-_TIMEOUT = aiohttp.ClientTimeout(total=None, connect=5.0, sock_connect=5.0, sock_read=None)
+# Only the TCP connect itself is bounded (`sock_connect`): aiohttp's `connect` also counts the wait for a
+# free connection of the pool, so beyond _MAX_CONNECTIONS concurrent requests (1,564 agent rollouts at once)
+# the queued ones failed as "unreachable" after 5 s although the engine was only busy.
+_CONNECT_TIMEOUT_S = 5.0
 _CONNECTION_ERRORS = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError)
 
 
@@ -103,8 +106,12 @@ class UpstreamResponse:
 class Upstream:
     """POSTs JSON bodies to one engine at `base_url` over a keep-alive connection pool."""
 
-    def __init__(self, base_url: str) -> None:
+    def __init__(self, base_url: str, *, max_connections: int = _MAX_CONNECTIONS,
+                 connect_timeout_s: float = _CONNECT_TIMEOUT_S) -> None:
         self._base_url = yarl.URL(base_url.rstrip("/"))
+        self._max_connections = max_connections
+        self._timeout = aiohttp.ClientTimeout(total=None, connect=None, sock_connect=connect_timeout_s,
+                                              sock_read=None)
         self._urls: dict[str, yarl.URL] = {}
         self._session: aiohttp.ClientSession | None = None  # created on first use, inside the event loop
         self._headers = {"Content-Type": "application/json"}  # built once, not per request
@@ -116,8 +123,8 @@ class Upstream:
     def _session_or_new(self) -> aiohttp.ClientSession:
         if self._session is None:
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=_MAX_CONNECTIONS, keepalive_timeout=_KEEPALIVE_S),
-                timeout=_TIMEOUT,
+                connector=aiohttp.TCPConnector(limit=self._max_connections, keepalive_timeout=_KEEPALIVE_S),
+                timeout=self._timeout,
                 cookie_jar=aiohttp.DummyCookieJar(),
                 auto_decompress=False,
                 skip_auto_headers=("User-Agent",),
