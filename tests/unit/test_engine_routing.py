@@ -14,7 +14,7 @@ from artlike_server.engine.placement import (
     visible_gpus,
 )
 from artlike_server.engine.pool_setup import local_engine_configs, remote_keys
-from artlike_server.engine.routing import AffinityTable, Load, choose, least_loaded
+from artlike_server.engine.routing import AffinityTable, Load, choose, least_loaded, spill_to_lora
 from artlike_server.settings import ServerSettings
 
 
@@ -120,3 +120,11 @@ def test_remote_keys_are_none_one_for_all_or_one_each() -> None:
     assert remote_keys(urls, ("k1", "k2")) == ["k1", "k2"]
     with pytest.raises(ValueError, match="one per URL"):
         remote_keys(urls, ("k1", "k2", "k3"))
+
+
+def test_the_policy_engine_spills_over_to_an_idle_lora_engine_only_under_load() -> None:
+    assert not spill_to_lora(Load("policy", outstanding=8), Load("lora", outstanding=0))  # below a batch
+    assert spill_to_lora(Load("policy", outstanding=40), Load("lora", outstanding=0))
+    assert not spill_to_lora(Load("policy", outstanding=40), Load("lora", outstanding=20))  # 40 < 2·21
+    assert spill_to_lora(Load("policy", outstanding=42), Load("lora", outstanding=20))
+    assert not spill_to_lora(Load("policy", outstanding=1000), None)  # no LoRA engine serving

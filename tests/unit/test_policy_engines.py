@@ -242,3 +242,13 @@ async def test_a_step_the_lora_engines_cannot_score_is_not_served_merged(model_d
     assert policy.describe()[0]["holds"] == BASE and "no step 1" in policy.describe()[0]["refused"]["m@1"]
     assert merged.merged == [(str(step), "m@1"), (None, BASE), (str(step), "m@1"), (None, BASE)]
     await pool.stop()
+
+
+async def test_a_busy_policy_engine_spills_its_step_over_to_an_idle_lora_engine(model_dir: Path) -> None:
+    pool, *_ = await policy_pool(model_dir)
+    answers = [await pool.post("/v1/chat/completions", b'{"model":"base"}', model=BASE) for _ in range(17)]
+    served = [await answer.read() for answer in answers]
+    assert served == [b"policy"] * 16 + [b"lora"]  # the 17th found 16 in flight there and none on LoRA
+    for answer in answers:
+        answer.abort()
+    await pool.stop()

@@ -42,7 +42,7 @@ import httpx
 
 from .client import EngineClient, EngineModel, EngineRequestError
 from .policy import PolicyEngines
-from .routing import AffinityTable, Load, Phase, choose
+from .routing import AffinityTable, Load, Phase, choose, least_loaded, spill_to_lora
 from .supervisor import EngineState, OnReady
 from .upstream import EngineAnswer, EngineConnectionError, UpstreamResponse
 
@@ -293,9 +293,11 @@ class EnginePool:
                exclude: set[str]) -> tuple[EngineMember, Callable[[bytes], bytes]] | None:
         if (model is not None and self.policy is not None
                 and (member := self.policy.pick(model, exclude=exclude)) is not None):
-            return member, self.policy.rebase if model != self.policy.base_model_id else _unchanged
-        member = self._pick(affinity, exclude=exclude)
-        return None if member is None else (member, _unchanged)
+            least_busy = least_loaded([m.load for m in self.members if m.in_rotation and m.id not in exclude])
+            if not spill_to_lora(member.load, least_busy):
+                return member, self.policy.rebase if model != self.policy.base_model_id else _unchanged
+        lora = self._pick(affinity, exclude=exclude)
+        return None if lora is None else (lora, _unchanged)
 
     def _pick(self, affinity: str | None, *, exclude: set[str]) -> EngineMember | None:
         serving = [m for m in self.members if m.in_rotation and m.id not in exclude]

@@ -46,6 +46,20 @@ def least_loaded(candidates: Sequence[Load]) -> Load | None:
     return best
 
 
+# A policy engine decodes its step ~2-2.6x as fast as a LoRA engine on the same cores (bench/README.md
+# #lora-serving); once it has this many times the requests of the least busy LoRA engine (and a batch's worth),
+# the LoRA engines take the overflow instead of idling.
+POLICY_SPEEDUP = 2
+POLICY_SPILL_MIN = 16
+
+
+def spill_to_lora(policy: Load, lora: Load | None) -> bool:
+    """Whether a request for the policy's step goes to the LoRA engine `lora` rather than the policy engine.
+    E.g. policy 40 outstanding, LoRA 10 → False (40 < 2·11); policy 40, LoRA 0 → True; policy 8, LoRA 0 →
+    False (below a batch's worth, the faster engine batches it almost for free)."""
+    return lora is not None and policy.outstanding >= max(POLICY_SPILL_MIN, POLICY_SPEEDUP * (lora.outstanding + 1))
+
+
 class AffinityTable:
     """Affinity key → the id of the engine that served it last (LRU, at most `max_keys` entries)."""
 
