@@ -75,6 +75,9 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     warm.add_argument("--warm-start-kinds", default=None,
                       help="question kinds of the warm start (default: the first curriculum phase's)")
     warm.add_argument("--warm-start-temperature", type=float, default=0.7)
+    warm.add_argument("--warm-start-concurrency", type=int, default=64,
+                      help="warm-start episodes running at once: all at once, a thousand queued requests outwait "
+                           "the client's timeout on a CPU engine and are sent again")
     warm.add_argument("--warm-start-min-reward", type=float, default=0.5,
                       help="keep each question's best episode when its reward reaches this (a correct answer)")
     warm.add_argument("--warm-start-epochs", type=int, default=2)
@@ -202,7 +205,8 @@ async def warm_start(model: art.TrainableModel, questions: Sequence[Question], a
         (art.TrajectoryGroup(rollout(model, q, db_path, max_turns=args.max_turns, temperature=args.warm_start_temperature,
                                      max_tokens=args.max_tokens, judge=judge, tool_choice=_tool_choice(args))
                              for _ in range(args.warm_start_samples)) for q in questions),
-        max_exceptions=args.max_exceptions, min_group_size=1, pbar_desc="warm-start rollouts")
+        max_exceptions=args.max_exceptions, min_group_size=1, pbar_desc="warm-start rollouts",
+        concurrency=args.warm_start_concurrency)
     episodes = [t for g in groups for t in g]
     chosen = art.best_of_groups(groups, top_k=1, min_reward=args.warm_start_min_reward)
     record: dict[str, Any] = {
