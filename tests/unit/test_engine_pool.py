@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -291,4 +292,26 @@ async def test_the_audit_notices_an_engine_that_forgot_its_adapters() -> None:
     assert not pool.members[1].in_rotation
     await pool._maintain_once()
     assert clients[1].loaded == {"m@1": "/p1"} and pool.members[1].in_rotation
+    await pool.stop()
+
+
+async def test_an_engine_whose_start_failed_is_started_again_with_backoff() -> None:
+    pool, runners, _ = make_pool(2, rejoin_backoff_s=30.0)
+    runners[1].fail_start = True  # e.g. its warm-up timed out while three engines booted on two cores
+    await pool.start()
+    member = pool.members[1]
+    assert not member.in_rotation and member.start_failures == 1 and member.next_start > 0
+    await pool._maintain_once()
+    assert member.starting is None  # not before the backoff (30 s)
+    member.next_start = 0.0
+    await pool._maintain_once()
+    assert member.starting is not None
+    await member.starting  # fails again: the next try waits twice as long
+    assert member.start_failures == 2 and member.next_start - time.monotonic() > 50
+    runners[1].fail_start = False
+    member.next_start = 0.0
+    await pool._maintain_once()
+    assert member.starting is not None
+    await member.starting
+    assert member.in_rotation and member.start_failures == 0
     await pool.stop()

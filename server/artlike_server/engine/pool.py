@@ -47,6 +47,7 @@ from .supervisor import EngineState, OnReady
 from .upstream import EngineAnswer, EngineConnectionError, UpstreamResponse
 
 logger = logging.getLogger(__name__)
+MAX_START_BACKOFF_S = 600.0  # the longest wait between two tries to start an engine whose start failed
 
 _STATE_ORDER = (EngineState.READY, EngineState.STARTING, EngineState.RESTARTING, EngineState.FAILED,
                 EngineState.STOPPED)
@@ -88,6 +89,9 @@ class EngineMember:
     failures: int = 0  # requests that could not be completed on this engine (then sent elsewhere)
     avoid_until: float = 0.0  # monotonic time: skipped by the router until then (it just failed a request)
     next_join: float = 0.0  # monotonic time of the next rejoin attempt while out
+    start_failures: int = 0  # consecutive failed starts (the retry backoff doubles with each)
+    next_start: float = 0.0  # monotonic time of the next start attempt while its runner is FAILED
+    starting: asyncio.Task[None] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.load.id = self.id
@@ -228,7 +232,7 @@ class EnginePool:
         errors = [(member, result) for member, result in zip(self.members, results, strict=True)
                   if isinstance(result, BaseException)]
         for member, error in errors:
-            logger.error("engine %s (%s) did not start: %s", member.id, member.url, error)
+            self._start_failed(member, error)
         if len(errors) == len(self.members):
             raise errors[0][1]
         self._maintenance = asyncio.create_task(self._maintain(), name="artlike-engine-pool")
@@ -237,7 +241,31 @@ class EnginePool:
         results = await asyncio.gather(*(member.runner.start() for member in policy.members), return_exceptions=True)
         for member, result in zip(policy.members, results, strict=True):
             if isinstance(result, BaseException):
-                logger.error("policy engine %s (%s) did not start: %s", member.id, member.url, result)
+                self._start_failed(member, result)
+
+    def _start_failed(self, member: EngineMember, error: BaseException) -> None:
+        """A start failed (a warm-up that timed out on a crowded machine, a remote engine not up yet): the
+        maintenance loop tries again, after 30 s, 60 s, 120 s... (at most 10 min apart)."""
+        member.start_failures += 1
+        delay = min(self.rejoin_backoff_s * 2 ** (member.start_failures - 1), MAX_START_BACKOFF_S)
+        member.next_start = time.monotonic() + delay
+        logger.error("engine %s (%s) did not start (%s); next try in %.0f s", member.id, member.url, error, delay)
+
+    def _retry_failed_starts(self, now: float) -> None:
+        policy_members = self.policy.members if self.policy is not None else []
+        for member in [*self.members, *policy_members]:
+            idle = member.starting is None or member.starting.done()
+            if member.runner.state is EngineState.FAILED and idle and now >= member.next_start:
+                member.starting = asyncio.create_task(self._retry_start(member), name=f"artlike-start-{member.id}")
+
+    async def _retry_start(self, member: EngineMember) -> None:
+        logger.info("engine %s (%s): starting again", member.id, member.url)
+        try:
+            await member.runner.start()  # joins through its on-ready callback, as at the first start
+        except Exception as error:
+            self._start_failed(member, error)
+        else:
+            member.start_failures = 0
 
     async def stop(self) -> None:
         everyone = list(self.members)
@@ -252,6 +280,11 @@ class EnginePool:
             self._maintenance.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._maintenance
+        for member in everyone:
+            if member.starting is not None:
+                member.starting.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await member.starting
         await asyncio.gather(*(member.runner.stop() for member in everyone), return_exceptions=True)
         await asyncio.gather(*(member.client.aclose() for member in everyone), return_exceptions=True)
 
@@ -436,6 +469,7 @@ class EnginePool:
         if self.policy is not None:
             self.policy.kick()
         now = time.monotonic()
+        self._retry_failed_starts(now)
         for member in self.members:
             if member.phase is Phase.OUT and member.runner.state is EngineState.READY and now >= member.next_join:
                 try:
