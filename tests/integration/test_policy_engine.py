@@ -27,8 +27,8 @@ from artlike_server.default_model import DEFAULT_MODEL_ID
 from artlike_server.launcher import ServerProcess
 
 from tests.conftest import SERVER_ARGS, TEST_API_KEY
-from tests.integration.test_scale_out import PROBE, engines, served_by, wait_for
-from tests.integration.test_training import register, rollout_groups, same_output, train_lines
+from tests.integration.test_scale_out import PROBE, engines, served_by, train_one_step, wait_for
+from tests.integration.test_training import register, same_output
 
 pytestmark = pytest.mark.integration
 
@@ -62,16 +62,6 @@ def on_lora_engine(server: Any, model: str) -> tuple[str, list[float]]:
     return greedy(f"{engines(server)['local-0']['url']}/v1", ENGINE_KEY, model)
 
 
-def train_step(server: Any) -> dict[str, Any]:
-    groups = rollout_groups(server, NAME, groups=2, size=2, max_tokens=8)
-    for group in groups:  # rewards by position: two samples of equal length would leave a group without signal
-        for index, trajectory in enumerate(group["trajectories"]):
-            trajectory["reward"] = float(index)
-    lines = train_lines(server, {"model": NAME, "groups": groups, "config": {"learning_rate": 5e-3}})
-    assert lines[-1][1]["type"] == "done", lines[-1]
-    return lines[-1][1]
-
-
 def holds(server: Any, wanted: str) -> bool:
     return engines(server)["policy-0"]["holds"] == wanted
 
@@ -88,7 +78,7 @@ def test_the_policy_engine_serves_the_base_model_until_a_step_is_trained(policy_
 def test_a_trained_step_is_merged_verified_and_served_from_merged_weights(policy_server: ServerProcess) -> None:
     register(policy_server, NAME)
     base_output = on_lora_engine(policy_server, DEFAULT_MODEL_ID)
-    train_step(policy_server)
+    train_one_step(policy_server, NAME)
     wait_for(lambda: holds(policy_server, f"{NAME}@1"), 120, "the policy engine holds step 1")
     policy = engines(policy_server)["policy-0"]
     assert policy["syncs"] >= 1 and policy["probe_diff"] is not None and policy["probe_diff"] <= 1e-3, policy
@@ -105,7 +95,7 @@ def test_rollouts_from_merged_weights_train_the_next_step_and_a_rollback_follows
         policy_server: ServerProcess) -> None:
     wait_for(lambda: holds(policy_server, f"{NAME}@1"), 120, "the policy engine holds step 1")
     requests_before = engines(policy_server)["policy-0"]["requests"]
-    done = train_step(policy_server)  # its rollouts were sampled by the policy engine
+    done = train_one_step(policy_server, NAME)  # its rollouts were sampled by the policy engine
     assert engines(policy_server)["policy-0"]["requests"] >= requests_before + 4
     assert done["step"] == 2
     wait_for(lambda: holds(policy_server, f"{NAME}@2"), 120, "the policy engine holds step 2")

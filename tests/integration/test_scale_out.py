@@ -132,6 +132,18 @@ def same(a: tuple[str, list[float]], b: tuple[str, list[float]]) -> bool:
         abs(x - y) <= LOGPROB_TOLERANCE for x, y in zip(a[1], b[1], strict=True))
 
 
+def train_one_step(server: Any, name: str) -> dict[str, Any]:
+    """Train `name` one step on 2 groups of 2 fresh rollouts; returns the `done` line. Rewards go by position:
+    two samples of equal length would leave a group without signal."""
+    groups = rollout_groups(server, name, groups=2, size=2, max_tokens=8)
+    for group in groups:
+        for index, trajectory in enumerate(group["trajectories"]):
+            trajectory["reward"] = float(index)
+    lines = train_lines(server, {"model": name, "groups": groups, "config": {"learning_rate": 5e-3}})
+    assert lines[-1][1]["type"] == "done", lines[-1]
+    return lines[-1][1]
+
+
 def test_health_and_metrics_show_each_engine(pool_server: ServerProcess) -> None:
     listed = engines(pool_server)
     assert set(listed) == {"local-0", "local-1"}
@@ -167,12 +179,7 @@ def test_a_trained_step_reaches_both_engines_and_survives_a_killed_engine(pool_s
     name = "scaled"
     register(pool_server, name)
     base_output = probe_outputs(pool_server, DEFAULT_MODEL_ID, 1)[0]
-    groups = rollout_groups(pool_server, name, groups=2, size=2, max_tokens=8)
-    for group in groups:  # rewards by position: two samples of equal length would leave a group without signal
-        for index, trajectory in enumerate(group["trajectories"]):
-            trajectory["reward"] = float(index)
-    lines = train_lines(pool_server, {"model": name, "groups": groups, "config": {"learning_rate": 5e-3}})
-    assert lines[-1][1]["type"] == "done", lines[-1]
+    train_one_step(pool_server, name)
     before = {n: e["requests"] for n, e in engines(pool_server).items()}
     outputs = probe_outputs(pool_server, name, 6)
     after = {n: e["requests"] for n, e in engines(pool_server).items()}
