@@ -165,10 +165,10 @@ def plan_work(sequences: list[TrainSequence], config: TrainConfig, *, share_pref
     reward model's `decoder_states(last=True)`); `lm_head` off: no trained tokens (a reward model)."""
     positions = pairs = trained = 0
     for plan in plan_step(sequences, config.micro_batch_tokens, share_prefixes=share_prefixes):
-        prefix = plan.prefix_length
-        positions += prefix
-        pairs += prefix * (prefix + 1) // 2
-        for index in plan.members:
+        for prefix, _ in plan.families:
+            positions += prefix
+            pairs += prefix * (prefix + 1) // 2
+        for index, prefix in zip(plan.members, plan.prefixes(), strict=True):
             own = sequences[index].num_tokens - prefix - (0 if full_rows else 1)  # else the last is only a target
             positions += own
             pairs += own * prefix + own * (own + 1) // 2
@@ -321,10 +321,12 @@ def workloads(vocab: int, steps: int) -> dict[str, Workload]:
     return rows
 
 
-async def trainer_throughput(model_dir: Path, dtype: str, rows: dict[str, Workload],
-                             work: Path) -> dict[str, dict[str, Any]]:
-    """Train each row on one trainer worker (one base model load); step events per row."""
-    trainer = TrainerProcess(model_dir, dtype=dtype,
+async def trainer_throughput(model_dir: Path, dtype: str, rows: dict[str, Workload], work: Path, *,
+                             own_cores: bool = True, attention: str = "auto") -> dict[str, dict[str, Any]]:
+    """Train each row on one trainer worker (one base model load); step events per row. `own_cores`: the
+    worker's threads spin-wait as on cores of its own (nothing else runs here), else sleep at once as beside
+    an engine; `attention`: the worker's attention implementation."""
+    trainer = TrainerProcess(model_dir, dtype=dtype, own_cores=own_cores, attention=attention,  # type: ignore[arg-type]
                              log_path=work / f"trainer-{dtype}.log")
     await trainer.start()
     results = {}
@@ -405,6 +407,13 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--skip-swap", action="store_true")
     parser.add_argument("--output", type=Path, help="default bench/results/train_throughput[_quick].json")
+    parser.add_argument("--rows", help="only these rows, comma-separated (default: all)")
+    parser.add_argument("--dtype", choices=("bfloat16", "float32"), help="only this dtype (default: both, or "
+                        "what the trainer's auto picks with --quick)")
+    parser.add_argument("--shared-cores", action="store_true",
+                        help="the worker's threads sleep at once, as beside an engine on the same cores")
+    parser.add_argument("--attention", choices=("auto", "sdpa", "eager"), default="auto",
+                        help="the worker's attention implementation (auto: trainer/attention.py on a CPU)")
     args = parser.parse_args()
     # A smoke run must not overwrite the full run's results.
     args.output = args.output or Path(f"bench/results/train_throughput{'_quick' if args.quick else ''}.json")
@@ -422,7 +431,11 @@ def main() -> None:
     dtypes = [auto.dtype, *(d for d in ("bfloat16", "float32") if d != auto.dtype)]
     if emulated:
         dtypes.remove("bfloat16")
-    if args.quick:
+    if args.dtype:
+        if args.dtype not in dtypes:
+            parser.error(f"{args.dtype} is emulated on this CPU")
+        dtypes = [args.dtype]
+    elif args.quick:
         dtypes = dtypes[:1]  # the dtype the trainer's "auto" picks
     # The peak is measured before and after each trainer run and the highest value kept: on a shared VM a
     # single measurement taken in a slow moment inflates the fraction (one run showed "65%" that way).
@@ -438,10 +451,24 @@ def main() -> None:
           + ", ".join(f"{dtype} {gflops:.0f} GFLOP/s" for dtype, gflops in peak.items()))
 
     rows = workloads(vocab, steps)
+    if args.rows:
+        wanted = args.rows.split(",")
+        unknown = set(wanted) - set(rows)
+        if unknown:
+            parser.error(f"unknown rows {sorted(unknown)}; rows: {', '.join(rows)}")
+        for name in list(wanted):  # a row whose job is scored by another row's trained step needs that row
+            scorer = rows[name].scored_by
+            if scorer is not None and scorer not in wanted:
+                wanted.insert(0, scorer)
+        rows = {name: row for name, row in rows.items() if name in wanted}
+    report["trainer"] = {"own_cores": not args.shared_cores, "attention": args.attention}
+    print(f"trainer: {'sleeping at once (shared cores)' if args.shared_cores else 'spin-waiting (own cores)'}, "
+          f"attention {args.attention}")
     print(f"\n{'dtype':<9} {'row':<14} {'batch':<7} {'objective':<12} {'trained tok/s':>13} {'s/step':>7} "
           f"{'positions':>9} {'GFLOP/s':>8} {'of peak':>8}")
     for dtype in dtypes:
-        results = asyncio.run(trainer_throughput(model_dir, dtype, rows, work))
+        results = asyncio.run(trainer_throughput(model_dir, dtype, rows, work, own_cores=not args.shared_cores,
+                                                 attention=args.attention))
         peak[dtype] = max(peak[dtype], matmul_peak_gflops(getattr(torch, dtype)))
         for name, run in results.items():
             row = rows[name]
@@ -459,9 +486,10 @@ def main() -> None:
             print(f"{dtype:<9} {name:<14} {row.batch_kind:<7} {row.objective:<12} {run['tokens_per_s']:>13.0f} "
                   f"{run['seconds_per_step']:>7.2f} {run['decoder_positions']:>9} {run['gflops']:>8.0f} "
                   f"{run['fraction_of_peak']:>8.1%}")
-        speedup = results["grpo"]["tokens_per_s"] / results["grpo-unshared"]["tokens_per_s"]
-        report.setdefault("sharing_speedup", {})[dtype] = speedup
-        print(f"{dtype:<9} sharing speed-up on the grpo batch (trained tok/s, shared / unshared): {speedup:.2f}x")
+        if "grpo" in results and "grpo-unshared" in results:
+            speedup = results["grpo"]["tokens_per_s"] / results["grpo-unshared"]["tokens_per_s"]
+            report.setdefault("sharing_speedup", {})[dtype] = speedup
+            print(f"{dtype:<9} sharing speed-up on the grpo batch (trained tok/s, shared / unshared): {speedup:.2f}x")
     if not args.skip_swap:
         swap = swap_latency(work)
         report["swap"] = swap

@@ -23,6 +23,7 @@ from fastapi.responses import Response
 from .completion_log import CompletionLog, RetentionPolicy, prune_periodically
 from .engine.errors import EngineError
 from .engine.launch import EngineConfig, free_port
+from .engine.placement import trainer_owns_its_cores
 from .engine.pool_setup import build_engine_pool
 from .engine.supervisor import EngineState
 from .errors import install_error_handlers
@@ -194,6 +195,8 @@ def _build_state(settings: ServerSettings, metrics: Metrics, judge: ServerJudge,
     trainer = TrainerProcess(settings.model_path, dtype=settings.trainer_dtype,
                              gradient_checkpointing=settings.gradient_checkpointing, cpus=settings.trainer_cpus,
                              gpus=settings.trainer_gpus,
+                             own_cores=trainer_owns_its_cores(settings.engine_cpus, settings.trainer_cpus,
+                                                              settings.engines + settings.policy_engines),
                              log_path=settings.log_dir / "trainer.log", log_max_bytes=settings.log_file_max_bytes,
                              log_backups=settings.log_file_backups)
     chat_template = settings.chat_template.read_text() if settings.chat_template else None

@@ -95,7 +95,8 @@ def serve(
         help="CPU only: the cores the engine's threads run on, e.g. 0 or 0-5 (default: all; docs/pipeline.md "
              "measures a split against sharing).")] = None,
     trainer_cpus: Annotated[str | None, typer.Option(
-        help="CPU only: the cores the trainer runs on, e.g. 1 or 6-7 (default: all).")] = None,
+        help="CPU only: the cores the trainer runs on, e.g. 1 or 6-7 (default: all). Disjoint from --engine-cpus, "
+             "the trainer's threads spin-wait between parallel regions (faster steps) instead of sleeping.")] = None,
     trainer_gpus: Annotated[str | None, typer.Option(
         help="CUDA only: the GPUs the trainer uses, e.g. 1 or 2-3; several run it under torchrun, one rank per "
              "GPU (docs/multi-gpu-training.md). Default: the first visible one.")] = None,

@@ -135,8 +135,9 @@ def test_pairs_stay_whole_in_steps_and_micro_batches() -> None:
 def test_a_pair_with_a_long_shared_prompt_runs_it_once() -> None:
     sequences = pairs_batch(prompt=80)
     plans = plan_step(sequences, token_budget=4096, share_prefixes=True)
-    assert len(plans) == 4 and all(plan.prefix_length == 79 and len(plan.members) == 2 for plan in plans)
-    assert all(plan.prefix_length == 0 for plan in plan_step(sequences, token_budget=4096, share_prefixes=False))
+    # each pair is a family of two over its 79-token prompt; the four share one micro-batch
+    assert [plan.families for plan in plans] == [((79, 2),) * 4]
+    assert all(not plan.families for plan in plan_step(sequences, token_budget=4096, share_prefixes=False))
 
 
 def test_half_a_pair_is_refused() -> None:

@@ -10,7 +10,13 @@ import random
 
 import pytest
 import torch
-from artlike_server.trainer.logprobs import PrefixCacheError, supports_prefix_sharing, token_logprobs
+from artlike_server.trainer import attention
+from artlike_server.trainer.logprobs import (
+    PrefixCacheError,
+    PrefixFamilies,
+    supports_prefix_sharing,
+    token_logprobs,
+)
 from artlike_server.trainer.loop import collate, plan_step, run_optimizer_steps
 from artlike_server.trainer.packing import MicroBatchPlan, plan_micro_batches
 from artlike_server.trainer.prefixes import (
@@ -103,7 +109,7 @@ def test_random_batches_plan_into_valid_families_that_never_cost_more(seed: int)
 def test_a_family_fills_its_own_micro_batches_and_the_rest_is_packed() -> None:
     plans = plan_micro_batches([50, 60, 70, 20, 30], [Family((0, 1, 2), 40), Family((3,), 0), Family((4,), 0)],
                                token_budget=100)  # fmt: skip
-    assert plans == [MicroBatchPlan((2, 1), 40), MicroBatchPlan((0,), 40), MicroBatchPlan((4, 3), 0)]
+    assert plans == [MicroBatchPlan((2, 1), ((40, 2),)), MicroBatchPlan((0,), ((40, 1),)), MicroBatchPlan((4, 3))]
 
 
 # ------------------------------------------------------------------------------------------- exactness
@@ -139,29 +145,102 @@ def test_logprobs_and_gradients_with_a_shared_prefix_equal_whole_sequences() -> 
         torch.testing.assert_close(a, b)  # the prefix's share of the gradient arrives through its keys/values
 
 
-def grpo_groups(seed: int = 2) -> list[TrainSequence]:
-    """Two groups of four samples: each group shares a prompt; the groups share a system prompt."""
+@pytest.mark.parametrize("implementation", ["sdpa", attention.NAME])
+def test_several_families_in_one_call_equal_whole_sequences(implementation: str) -> None:
+    """Two families with prefixes of different lengths and a row that runs whole, in one decoder call: the
+    padded prefix's keys are masked and each row's positions continue its own prefix (with SDPA and with
+    the CPU trainer's attention, which reads the mask itself)."""
+    model = _model()
+    attention.register()
+    model.get_base_model().set_attn_implementation(implementation)
+    g = torch.Generator().manual_seed(1)
+    long_prefix, short_prefix = torch.randint(0, VOCAB, (9,), generator=g), torch.randint(0, VOCAB, (5,), generator=g)
+    rests = [torch.randint(0, VOCAB, (n,), generator=g) for n in (6, 4, 7, 3)]  # 2 rows of each family
+    whole_row = torch.randint(0, VOCAB, (8,), generator=g)
+    prefixes = [long_prefix, long_prefix, short_prefix, short_prefix]
+    sequences = [torch.cat([p, r]) for p, r in zip(prefixes, rests, strict=True)] + [whole_row]
+    weights = [torch.linspace(-1, 2, len(r) - 1, dtype=torch.float64) for r in [*rests, whole_row]]
+
+    model.zero_grad()
+    whole = []
+    for sequence, prefix_length, weight in zip(sequences, [9, 9, 5, 5, 0], weights, strict=True):
+        logprobs, _ = token_logprobs(model, sequence.view(1, -1))
+        whole.append(logprobs[0, prefix_length:].detach())
+        (logprobs[0, prefix_length:] * weight).sum().backward()
+    grads_whole = [p.grad.clone() for p in model.parameters() if p.requires_grad]
+
+    model.zero_grad()
+    rows = torch.zeros((5, 8), dtype=torch.long)
+    for row, rest in enumerate([*rests, whole_row]):
+        rows[row, : len(rest)] = rest
+    ids = torch.zeros((2, 9), dtype=torch.long)
+    ids[0], ids[1, :5] = long_prefix, short_prefix
+    families = PrefixFamilies(ids, torch.tensor([9, 5]), torch.tensor([0, 0, 1, 1, -1]))
+    assert not families.is_single
+    logprobs, _ = token_logprobs(model, rows, prefixes=families)
+    total = torch.zeros((), dtype=torch.float64)
+    for row, (rest, weight) in enumerate(zip([*rests, whole_row], weights, strict=True)):
+        torch.testing.assert_close(logprobs[row, : len(rest) - 1].detach(), whole[row])
+        total = total + (logprobs[row, : len(rest) - 1] * weight).sum()
+    total.backward()
+    for a, b in zip(grads_whole, [p.grad for p in model.parameters() if p.requires_grad], strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_many_small_groups_share_one_micro_batch() -> None:
+    """8 prompts × 4 samples (an RL step's shape): one decoder call for all the prompts, one for all the samples."""
+    sequences = grpo_groups(groups=8, system=0, prompt=(40,) * 8)
+    plans = plan_step(sequences, token_budget=4096, share_prefixes=True)
+    assert len(plans) == 1 and plans[0].families == ((39, 4),) * 8
+    assert sorted(plans[0].members) == list(range(32))
+    lengths = [s.num_tokens for s in sequences]
+    # 8 prefixes of 39 tokens (up to the position that predicts the first sampled token), then 32 rows of the
+    # prompt's last token and up to 9 sampled ones (the last is only a target)
+    assert plans[0].decoder_positions(lengths) == 8 * 39 + 32 * (1 + 9 - 1)
+    tight = plan_step(sequences, token_budget=200, share_prefixes=True)
+    assert all(plan.decoder_positions(lengths) <= 200 for plan in tight) and len(tight) > 1
+
+
+@pytest.mark.parametrize(("micro_batch_tokens", "calls"), [(4096, [3]), (200, [2, 1])])
+def test_an_optimizer_step_over_many_families_equals_one_without(micro_batch_tokens: int, calls: list[int]) -> None:
+    sequences = grpo_groups(groups=3, system=0, prompt=(38, 45, 30))
+    plans = plan_step(sequences, micro_batch_tokens, share_prefixes=True)
+    assert [[p for p, _ in plan.families] for plan in plans] == ([[44, 37, 29]] if calls == [3] else [[44, 37], [29]])
+    whole_events, whole_params = _train(False, micro_batch_tokens, sequences=sequences)
+    shared_events, shared_params = _train(True, micro_batch_tokens, sequences=sequences)
+    for a, b in zip(whole_params, shared_params, strict=True):
+        torch.testing.assert_close(a, b)
+    for field in ("loss", "policy_loss", "grad_norm", "entropy", "logprob_mismatch"):
+        assert getattr(shared_events[0], field) == pytest.approx(getattr(whole_events[0], field), rel=1e-7, abs=1e-12)
+    assert shared_events[0].decoder_positions < whole_events[0].decoder_positions
+
+
+def grpo_groups(seed: int = 2, *, groups: int = 2, system: int = 12,
+                prompt: tuple[int, ...] = ()) -> list[TrainSequence]:
+    """`groups` groups of four samples: each group shares a prompt (8 tokens, or `prompt[g]`) after a
+    system prompt of `system` tokens that all groups share."""
     g = torch.Generator().manual_seed(seed)
-    system = torch.randint(3, VOCAB, (12,), generator=g).tolist()
+    shared = torch.randint(3, VOCAB, (system,), generator=g).tolist()
     sequences = []
-    for group in range(2):
-        prompt = system + torch.randint(3, VOCAB, (8,), generator=g).tolist()
+    for group in range(groups):
+        prompt_ids = shared + torch.randint(3, VOCAB, (prompt[group] if prompt else 8,), generator=g).tolist()
         for sample in range(4):
             sampled = torch.randint(3, VOCAB, (3 + 2 * sample,), generator=g).tolist()
-            ids = prompt + sampled
-            trainable = [i >= len(prompt) for i in range(len(ids))]
+            ids = prompt_ids + sampled
+            trainable = [i >= len(prompt_ids) for i in range(len(ids))]
             behaviour = [-3.0 - 0.05 * i if t else 0.0 for i, t in enumerate(trainable)]
             sequences.append(TrainSequence(ids, trainable, behaviour, advantage=(-1.0) ** sample * (1 + group)))
     return sequences
 
 
-def _train(share: bool, micro_batch_tokens: int, kl_beta: float = 0.0) -> tuple[list[StepEvent], list[torch.Tensor]]:
+def _train(share: bool, micro_batch_tokens: int, kl_beta: float = 0.0,
+           sequences: list[TrainSequence] | None = None) -> tuple[list[StepEvent], list[torch.Tensor]]:
     model = _model()
     params = [p for p in model.parameters() if p.requires_grad]
     config = GRPOConfig(learning_rate=0.1, micro_batch_tokens=micro_batch_tokens, max_grad_norm=None,
                          kl_beta=kl_beta, share_prefixes=share)  # fmt: skip
     events: list[StepEvent] = []
-    run_optimizer_steps(model, torch.optim.SGD(params, lr=0.1), grpo_groups(), config, pad_token_id=0,
+    run_optimizer_steps(model, torch.optim.SGD(params, lr=0.1), sequences or grpo_groups(), config, pad_token_id=0,
                         on_step=events.append, reference=model.disable_adapter if kl_beta else None)  # fmt: skip
     return events, [p.detach().clone() for p in params]
 
@@ -171,7 +250,7 @@ def test_an_optimizer_step_with_shared_prefixes_equals_one_without(micro_batch_t
     plans = plan_step(grpo_groups(), micro_batch_tokens, share_prefixes=True)
     # One family over the 12-token system prompt: two families over each group's 20-token prompt would save
     # 30 positions but cost a second pass (64).
-    assert {p.prefix_length for p in plans} == {12}
+    assert {prefix for plan in plans for prefix, _ in plan.families} == {12}
     assert sorted(m for p in plans for m in p.members) == list(range(8))
     whole_events, whole_params = _train(False, micro_batch_tokens, kl_beta)
     shared_events, shared_params = _train(True, micro_batch_tokens, kl_beta)
@@ -194,7 +273,7 @@ def test_collate_after_a_prefix_keeps_only_what_follows_it() -> None:
         TrainSequence([1, 2, 3, 7], [False, False, False, True], [0.0, 0.0, 0.0, -0.7], -1.0),
     ]
     mb = collate(seqs, pad_token_id=0, prefix_length=2)
-    assert mb.prefix_ids is not None and mb.prefix_ids.tolist() == [1, 2]
+    assert mb.prefixes is not None and mb.prefixes.ids.tolist() == [[1, 2]] and mb.prefixes.is_single
     assert mb.input_ids.tolist() == [[3, 5, 6], [3, 7, 0]]
     assert mb.mask.tolist() == [[True, True], [True, False]]
     torch.testing.assert_close(mb.behaviour_logprobs, torch.tensor([[-0.5, -0.6], [-0.7, 0.0]]))

@@ -93,6 +93,38 @@ def test_selected_logprobs_match_log_softmax_in_value_entropy_and_gradient() -> 
     assert torch.autograd.gradcheck(lambda h, w, b: SelectedLogprobs.apply(h, w, b, targets)[0], (hidden, weight, bias))
 
 
+@pytest.mark.parametrize("entropy_gradient", [False, True])
+def test_a_bf16_head_keeps_its_log_probabilities_and_its_gradient_stays_within_bf16_rounding(
+    entropy_gradient: bool,
+) -> None:
+    """A 16-bit model keeps log p in its dtype for the backward instead of recomputing the logits: the
+    gradient matches float64 autograd to bf16's rounding (2⁻⁸ relative), also for confident targets (p ≈ 1,
+    where a kept p would lose 1 − p)."""
+    g = torch.Generator().manual_seed(3)
+    hidden64 = torch.randn(16, 32, dtype=torch.float64, generator=g)
+    weight64 = torch.randn(50, 32, dtype=torch.float64, generator=g) * 0.5
+    targets = torch.randint(0, 50, (16,), generator=g)
+    hidden64[:4] = 3 * weight64[targets[:4]]  # four near-certain targets
+    hidden = hidden64.to(torch.bfloat16).requires_grad_()
+    weight = weight64.to(torch.bfloat16)
+    chosen, entropy = SelectedLogprobs.apply(hidden, weight, None, targets, entropy_gradient)
+    upstream = torch.linspace(-1, 1, 16, dtype=torch.float32)
+    ((chosen * upstream).sum() + (entropy.sum() if entropy_gradient else 0)).backward()
+    # The reference: float64 from the same bf16 logits (the matmul's own rounding is not what is tested).
+    logits = torch.nn.functional.linear(hidden.detach(), weight).double().requires_grad_()
+    log_probs = logits.log_softmax(-1)
+    expected = log_probs.gather(-1, targets[:, None]).squeeze(-1)
+    assert float(expected[:4].detach().exp().min()) > 0.99
+    reference_entropy = -(log_probs.exp() * log_probs).sum(-1)
+    ((expected * upstream.double()).sum() + (reference_entropy.sum() if entropy_gradient else 0)).backward()
+    assert hidden.grad is not None and logits.grad is not None
+    reference = logits.grad @ weight.double()  # [16, 32]
+    torch.testing.assert_close(chosen.double(), expected.detach(), rtol=0, atol=1e-5)
+    torch.testing.assert_close(hidden.grad.double(), reference, rtol=2**-7, atol=2**-7 * float(reference.abs().max()))
+    confident = float(reference[:4].abs().max())
+    torch.testing.assert_close(hidden.grad[:4].double(), reference[:4], rtol=2**-6, atol=2**-7 * confident)
+
+
 def test_selected_logprobs_leave_a_frozen_head_without_gradient() -> None:
     hidden = torch.randn(4, 5, requires_grad=True)
     weight = torch.randn(9, 5)  # the LM head is frozen in LoRA training

@@ -46,6 +46,21 @@ def split_cpus(cpus: Sequence[int] | None, engines: int) -> list[tuple[int, ...]
     return groups
 
 
+def trainer_owns_its_cores(engine_cpus: Sequence[int] | None, trainer_cpus: Sequence[int] | None,
+                           local_engines: int) -> bool:
+    """Whether no local engine runs on the trainer's cores (None: every usable core), so that the trainer's
+    OpenMP threads may spin briefly between parallel regions instead of sleeping (`TrainerProcess`).
+
+    >>> trainer_owns_its_cores([0], [1], local_engines=1), trainer_owns_its_cores(None, [1], local_engines=1)
+    (True, False)
+    """
+    if local_engines == 0:
+        return True
+    if engine_cpus is None or trainer_cpus is None:
+        return False
+    return not set(engine_cpus) & set(trainer_cpus)
+
+
 def devices_per_engine(engine_args: Sequence[str]) -> int:
     """GPUs one engine uses: the product of the parallel sizes among vLLM's arguments (1 by default)."""
     sizes = {"tp": 1, "pp": 1, "dp": 1}

@@ -6,11 +6,15 @@ take 0.8–2.5 GB. So the LM head runs on chunks of positions, and only on the p
 keeps one number per position for the backward pass (the log-normaliser) and recomputes the chunk's logits
 there: the gradient of logπ(target) is g·(onehot − softmax), formed in place in one [C, V] buffer, instead
 of the zero-filled scatter of gather's backward plus log_softmax's backward plus the recomputation of the
-whole forward that activation checkpointing did.
+whole forward that activation checkpointing did. A 16-bit model keeps the chunk's log-probabilities in
+its own dtype instead (2 bytes a logit, 100 MB per 1,024 positions of a 49k vocabulary): the recomputed
+matmul was ~5% of a bf16 GRPO step on a CPU, and log p in bf16 keeps 1 − p precise where p is near 1 (the
+target's gradient); the gradient is rounded to that dtype before its matmul anyway.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -35,12 +39,16 @@ class SelectedLogprobs(torch.autograd.Function):
         ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor,
         entropy_gradient: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = _logits(hidden, weight, bias)  # [C, V]
+        logits = _logits(hidden, weight, bias)  # [C, V], a tensor of its own
         log_normaliser = torch.logsumexp(logits, dim=-1)  # [C]
-        chosen = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - log_normaliser  # [C]
-        probs = (logits - log_normaliser.unsqueeze(-1)).exp_()  # [C, V]
-        entropy = log_normaliser - (probs * logits).sum(dim=-1)  # H = logZ − Σ p·logit
-        ctx.save_for_backward(hidden, weight, bias, targets, log_normaliser, entropy)
+        log_probs = logits.sub_(log_normaliser.unsqueeze(-1))  # [C, V], in place
+        chosen = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # [C]
+        entropy = -(log_probs.exp() * log_probs).sum(dim=-1)  # H = −Σ p·log p
+        # A 16-bit model keeps log p for the backward (module docstring); others recompute the logits there.
+        kept = None
+        if hidden.dtype in (torch.float16, torch.bfloat16) and any(ctx.needs_input_grad[:3]):
+            kept = log_probs.to(hidden.dtype)
+        ctx.save_for_backward(hidden, weight, bias, targets, log_normaliser, entropy, kept)
         ctx.set_materialize_grads(False)  # an unused output's gradient arrives as None, not zeros
         if not entropy_gradient:
             ctx.mark_non_differentiable(entropy)
@@ -50,9 +58,12 @@ class SelectedLogprobs(torch.autograd.Function):
     def backward(
         ctx: Any, grad_chosen: torch.Tensor | None, grad_entropy: torch.Tensor | None
     ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None, None, None]:
-        hidden, weight, bias, targets, log_normaliser, entropy = ctx.saved_tensors
-        grad_logits = _logits(hidden, weight, bias)  # [C, V], recomputed
-        grad_logits.sub_(log_normaliser.unsqueeze(-1))  # log p
+        hidden, weight, bias, targets, log_normaliser, entropy, kept = ctx.saved_tensors
+        if kept is not None:
+            grad_logits = kept.float()  # [C, V] log p
+        else:
+            grad_logits = _logits(hidden, weight, bias)  # [C, V], recomputed
+            grad_logits.sub_(log_normaliser.unsqueeze(-1))  # log p
         if grad_entropy is not None:
             probs = grad_logits.exp()  # [C, V]
             grad_logits.add_(entropy.unsqueeze(-1)).mul_(probs).mul_(-grad_entropy.unsqueeze(-1))  # −g_H·p·(log p + H)
@@ -78,6 +89,7 @@ def token_logprobs(
     mask: torch.Tensor | None = None,
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
     prefix_ids: torch.Tensor | None = None,
+    prefixes: PrefixFamilies | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """logπ(input_ids[:, t+1] | prefix, input_ids[:, :t+1]) and the entropy of that distribution, for t < T-1.
 
@@ -89,23 +101,80 @@ def token_logprobs(
 
     With `prefix_ids` [P], every row continues the same P tokens (`prefixes.py`): the decoder runs over
     them once, and the rows attend to their keys and values, which carry gradient back into the prefix's
-    forward pass once for the whole batch. The prefix itself gets no logprobs.
+    forward pass once for the whole batch. The prefix itself gets no logprobs. `prefixes`: several families'
+    prefixes in one call instead (`PrefixFamilies`).
     """
-    hidden = decoder_states(model, input_ids, prefix_ids=prefix_ids)  # [B, T-1, H]
+    hidden = decoder_states(model, input_ids, prefix_ids=prefix_ids, prefixes=prefixes)  # [B, T-1, H]
     return logprobs_from_states(model, hidden, input_ids[:, 1:], mask=mask, chunk_tokens=chunk_tokens)
 
 
 def decoder_states(model: nn.Module, input_ids: torch.Tensor, *, prefix_ids: torch.Tensor | None = None,
-                   last: bool = False) -> torch.Tensor:
+                   last: bool = False, prefixes: PrefixFamilies | None = None) -> torch.Tensor:
     """The decoder's last hidden states at every position but the last ([B, T-1, H]: those that predict a
-    target), or at every position with `last` ([B, T, H]: a reward head pools the last token's)."""
+    target), or at every position with `last` ([B, T, H]: a reward head pools the last token's).
+
+    Rows may continue shared prefixes: `prefix_ids` [P] (every row continues it) or `prefixes` (several
+    families in one call, `PrefixFamilies`)."""
     causal_lm: Any = getattr(model, "get_base_model", lambda: model)()  # PEFT wraps; plain models don't
     decoder = causal_lm.get_decoder()
-    past = None if prefix_ids is None else _prefix_cache(decoder, causal_lm.config, prefix_ids, input_ids.shape[0])
-    hidden: torch.Tensor = decoder(
-        input_ids=input_ids if last else input_ids[:, :-1], past_key_values=past, use_cache=past is not None
-    ).last_hidden_state
+    if prefix_ids is not None:
+        prefixes = PrefixFamilies.single(prefix_ids, input_ids.shape[0])
+    rows = input_ids if last else input_ids[:, :-1]
+    if prefixes is None:
+        hidden: torch.Tensor = decoder(input_ids=rows, use_cache=False).last_hidden_state
+        return hidden
+    if prefixes.is_single:
+        past = _prefix_cache(decoder, causal_lm.config, prefixes.ids, input_ids.shape[0])
+        hidden = decoder(input_ids=rows, past_key_values=past, use_cache=True).last_hidden_state
+        return hidden
+    past = _family_caches(decoder, causal_lm.config, prefixes)
+    hidden = decoder(input_ids=rows, past_key_values=past, use_cache=True, attention_mask=prefixes.attention_mask(
+        rows.shape[1]), position_ids=prefixes.position_ids(rows.shape[1])).last_hidden_state
     return hidden
+
+
+@dataclass(frozen=True)
+class PrefixFamilies:
+    """Several prefix families in one micro-batch: their prefixes run as one batch, each row continues its own.
+
+    ids [F, P] right-padded (family f's real tokens are its first `lengths[f]`); `row_family` [B] is each
+    row's family (-1: the row runs whole). A row's keys are its family's real prefix tokens then its own,
+    and its positions continue its prefix (`attention_mask`, `position_ids`): the same logprobs and
+    gradients as one call per family (tests/unit/test_prefixes.py), for larger and fewer matmuls.
+    """
+
+    ids: torch.Tensor  # [F, P] long
+    lengths: torch.Tensor  # [F] long
+    row_family: torch.Tensor  # [B] long
+
+    @classmethod
+    def single(cls, prefix_ids: torch.Tensor, rows: int) -> PrefixFamilies:
+        """One prefix [P] that every row continues."""
+        ids = prefix_ids.view(1, -1)
+        return cls(ids, torch.tensor([ids.shape[1]], device=ids.device),
+                   torch.zeros(rows, dtype=torch.long, device=ids.device))
+
+    @property
+    def is_single(self) -> bool:
+        """One unpadded prefix that every row continues (the rows attend to it with a plain causal mask)."""
+        return self.ids.shape[0] == 1 and bool((self.row_family == 0).all()) and int(self.lengths[0]) == self.ids.shape[1]
+
+    def row_prefix_lengths(self) -> torch.Tensor:
+        """[B] long: the real prefix tokens each row continues (0 for a row that runs whole)."""
+        lengths = self.lengths[self.row_family.clamp(min=0)]
+        return torch.where(self.row_family >= 0, lengths, torch.zeros_like(lengths))
+
+    def attention_mask(self, length: int) -> torch.Tensor:
+        """[B, P + T] long, transformers' 2D padding mask: row b sees its prefix's real keys and its own T
+        tokens (the decoder makes it causal in cache order, in whatever form its attention takes)."""
+        keys = torch.arange(self.ids.shape[1], device=self.ids.device)
+        prefix = keys.view(1, -1) < self.row_prefix_lengths().view(-1, 1)  # [B, P]
+        own = torch.ones((prefix.shape[0], length), dtype=torch.bool, device=self.ids.device)
+        return torch.cat([prefix, own], dim=1).long()
+
+    def position_ids(self, length: int) -> torch.Tensor:
+        """[B, T] long: each row's positions continue its prefix."""
+        return self.row_prefix_lengths().view(-1, 1) + torch.arange(length, device=self.ids.device).view(1, -1)
 
 
 def logprobs_from_states(
@@ -164,4 +233,19 @@ def _prefix_cache(decoder: nn.Module, config: Any, prefix_ids: torch.Tensor, row
     return DynamicCache(
         [(keys.expand(rows, -1, -1, -1), values.expand(rows, -1, -1, -1)) for keys, values, *_ in cache],
         config=config,
+    )
+
+
+def _family_caches(decoder: nn.Module, config: Any, prefixes: PrefixFamilies) -> DynamicCache:
+    """Every family's prefix keys and values from one batched call (with their autograd graph), each row's
+    family's picked out (a copy: the rows' own tokens are concatenated onto them anyway)."""
+    ids = prefixes.ids
+    cache = decoder(input_ids=ids, use_cache=True).past_key_values
+    if cache is None or cache.get_seq_length() != ids.shape[1]:
+        raise PrefixCacheError(
+            "the decoder kept no keys/values for the shared prefixes (gradient checkpointing is on?)"
+        )
+    rows = prefixes.row_family.clamp(min=0)  # a row that runs whole gets any family's, masked out
+    return DynamicCache(
+        [(keys.index_select(0, rows), values.index_select(0, rows)) for keys, values, *_ in cache], config=config
     )

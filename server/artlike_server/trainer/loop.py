@@ -23,6 +23,7 @@ from artlike_server.trainer.distributed import SINGLE, Ranks
 from artlike_server.trainer.heads import RewardHead
 from artlike_server.trainer.logprobs import (
     DEFAULT_CHUNK_TOKENS,
+    PrefixFamilies,
     decoder_states,
     logprobs_from_states,
     supports_prefix_sharing,
@@ -37,6 +38,7 @@ from artlike_server.trainer.objectives import (
 )
 from artlike_server.trainer.packing import (
     MicroBatchPlan,
+    pack_families,
     pack_units,
     plan_micro_batches,
     plan_optimizer_steps,
@@ -64,11 +66,11 @@ class NonFiniteGradient(ArithmeticError):
 
 @dataclass(frozen=True)
 class MicroBatch:
-    input_ids: torch.Tensor  # [B, T] long, right-padded: each row's tokens after the shared prefix
+    input_ids: torch.Tensor  # [B, T] long, right-padded: each row's tokens after its shared prefix
     mask: torch.Tensor  # [B, T-1] bool: target token t+1 is trainable
     behaviour_logprobs: torch.Tensor  # [B, T-1] float32, aligned with the targets
     advantages: torch.Tensor  # [B] float32
-    prefix_ids: torch.Tensor | None = None  # [P] long: the tokens every row starts with (prefixes.py)
+    prefixes: PrefixFamilies | None = None  # the shared prefixes the rows continue (prefixes.py)
     ref_logprobs: torch.Tensor | None = None  # [B, T-1] float32: the reference policy's, aligned with the targets
     pairs: torch.Tensor | None = None  # [P, 2] long: (chosen row, rejected row) of each preference pair
     lengths: torch.Tensor | None = None  # [B] long: each row's tokens (after the shared prefix)
@@ -76,8 +78,8 @@ class MicroBatch:
 
     @property
     def decoder_positions(self) -> int:
-        """Positions the decoder runs over, padding included: P + B × (T − 1)."""
-        prefix = 0 if self.prefix_ids is None else self.prefix_ids.numel()
+        """Positions the decoder runs over, padding included: F × P + B × (T − 1) (F prefixes of P tokens)."""
+        prefix = 0 if self.prefixes is None else self.prefixes.ids.numel()
         return prefix + self.input_ids.shape[0] * (self.input_ids.shape[1] - 1)
 
 
@@ -87,44 +89,64 @@ def collate(
     device: torch.device | None = None,
     *,
     prefix_length: int = 0,
+    families: Sequence[tuple[int, int]] = (),
     reference: Sequence[torch.Tensor] | None = None,
     extras: Mapping[str, Sequence[torch.Tensor]] | None = None,
 ) -> MicroBatch:
     """Right-pad into tensors; per-token fields shift by one to align with next-token targets.
 
-    The first token of a sequence has no context and is never a target, even if marked trainable. With
-    `prefix_length` P > 0 the sequences share their first P tokens, which become `prefix_ids`; the rows
-    hold what follows (their targets start at token P + 1: nothing up to P may be trainable). `reference`
-    holds each sequence's reference logprobs ([num_tokens − 1], target-aligned: `reference_logprobs`), and
-    each of `extras` target-aligned tensors of an objective's `prepare` likewise. Preference pairs among the
-    sequences (`TrainSequence.preference`) become `pairs`; reward-model targets become `extras["targets"]`.
+    The first token of a sequence has no context and is never a target, even if marked trainable.
+    `families` cuts the sequences in order (`MicroBatchPlan.families`): (P, n) says the next n share their
+    first P tokens, which become one of the `prefixes`, and their rows hold what follows (their targets
+    start at token P + 1: nothing up to P may be trainable); sequences past the families run whole.
+    `prefix_length` P > 0 is one family of all the sequences. `reference` holds each sequence's reference
+    logprobs ([num_tokens − 1], target-aligned: `reference_logprobs`), and each of `extras` target-aligned
+    tensors of an objective's `prepare` likewise. Preference pairs among the sequences
+    (`TrainSequence.preference`) become `pairs`; reward-model targets become `extras["targets"]`.
     """
     if prefix_length:
-        shared = sequences[0].token_ids[:prefix_length]
-        if any(s.token_ids[:prefix_length] != shared or any(s.trainable[1 : prefix_length + 1])
-               for s in sequences):  # fmt: skip
-            raise ValueError(f"the sequences do not share {prefix_length} untrained tokens")
-    length = max(s.num_tokens for s in sequences) - prefix_length
+        families = [(prefix_length, len(sequences))]
+    starts = [0] * len(sequences)  # each sequence's shared-prefix length
+    family_of = [-1] * len(sequences)
+    prefix_rows: list[list[int]] = []
+    row = 0
+    for index, (length, count) in enumerate(families):
+        members = sequences[row : row + count]
+        shared = members[0].token_ids[:length]
+        if any(s.token_ids[:length] != shared or any(s.trainable[1 : length + 1]) for s in members):
+            raise ValueError(f"the sequences do not share {length} untrained tokens")
+        prefix_rows.append(list(shared))
+        for offset in range(count):
+            starts[row + offset], family_of[row + offset] = length, index
+        row += count
+    length = max(s.num_tokens - start for s, start in zip(sequences, starts, strict=True))
     count = len(sequences)
     input_ids = torch.full((count, length), pad_token_id, dtype=torch.long)
     mask = torch.zeros((count, length - 1), dtype=torch.bool)
     behaviour = torch.zeros((count, length - 1), dtype=torch.float32)
     ref = None if reference is None else torch.zeros((count, length - 1), dtype=torch.float32)
-    for row, seq in enumerate(sequences):
-        n = seq.num_tokens - prefix_length
-        input_ids[row, :n] = torch.tensor(seq.token_ids[prefix_length:], dtype=torch.long)
-        mask[row, : n - 1] = torch.tensor(seq.trainable[prefix_length + 1 :], dtype=torch.bool)
-        behaviour[row, : n - 1] = torch.tensor(seq.behaviour_logprobs[prefix_length + 1 :], dtype=torch.float32)
+    for row, (seq, start) in enumerate(zip(sequences, starts, strict=True)):
+        n = seq.num_tokens - start
+        input_ids[row, :n] = torch.tensor(seq.token_ids[start:], dtype=torch.long)
+        mask[row, : n - 1] = torch.tensor(seq.trainable[start + 1 :], dtype=torch.bool)
+        behaviour[row, : n - 1] = torch.tensor(seq.behaviour_logprobs[start + 1 :], dtype=torch.float32)
         if ref is not None and reference is not None:
-            ref[row, : n - 1] = reference[row][prefix_length:]
+            ref[row, : n - 1] = reference[row][start:]
     advantages = torch.tensor([s.advantage for s in sequences], dtype=torch.float32)
-    prefix_ids = torch.tensor(sequences[0].token_ids[:prefix_length], dtype=torch.long) if prefix_length else None
+    prefixes = None
+    if prefix_rows:
+        width = max(len(ids) for ids in prefix_rows)
+        prefix_ids = torch.full((len(prefix_rows), width), pad_token_id, dtype=torch.long)
+        for index, ids in enumerate(prefix_rows):
+            prefix_ids[index, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+        prefixes = PrefixFamilies(prefix_ids.to(device), torch.tensor([len(ids) for ids in prefix_rows]).to(device),
+                                  torch.tensor(family_of, dtype=torch.long).to(device))  # fmt: skip
     pairs = _pair_rows(sequences)
     collated: dict[str, torch.Tensor] = {}
     for name, values in (extras or {}).items():
         padded = torch.zeros((count, length - 1), dtype=torch.float32)
-        for row, seq in enumerate(sequences):
-            padded[row, : seq.num_tokens - prefix_length - 1] = values[row][prefix_length:]
+        for row, (seq, start) in enumerate(zip(sequences, starts, strict=True)):
+            padded[row, : seq.num_tokens - start - 1] = values[row][start:]
         collated[name] = padded.to(device)
     width = max((len(s.targets) for s in sequences if s.targets is not None), default=0)
     if width:
@@ -133,13 +155,13 @@ def collate(
             if seq.targets is not None:
                 targets[row, : len(seq.targets)] = torch.tensor(seq.targets, dtype=torch.float32)
         collated["targets"] = targets.to(device)
-    lengths = torch.tensor([s.num_tokens - prefix_length for s in sequences], dtype=torch.long)
+    lengths = torch.tensor([s.num_tokens - start for s, start in zip(sequences, starts, strict=True)], dtype=torch.long)
     return MicroBatch(
         input_ids=input_ids.to(device),
         mask=mask.to(device),
         behaviour_logprobs=behaviour.to(device),
         advantages=advantages.to(device),
-        prefix_ids=None if prefix_ids is None else prefix_ids.to(device),
+        prefixes=prefixes,
         ref_logprobs=None if ref is None else ref.to(device),
         pairs=None if pairs is None else pairs.to(device),
         lengths=lengths.to(device),
@@ -176,7 +198,7 @@ def plan_step(sequences: Sequence[TrainSequence], token_budget: int, *, share_pr
     else:
         families = [Family((index,), 0) for index in range(len(trained))]
     return [
-        MicroBatchPlan(tuple(trained[i] for i in plan.members), plan.prefix_length)
+        MicroBatchPlan(tuple(trained[i] for i in plan.members), families=plan.families)
         for plan in plan_micro_batches(lengths, families, token_budget)
     ]
 
@@ -186,16 +208,18 @@ def my_micro_batches(plans: Sequence[MicroBatchPlan], sequences: Sequence[TrainS
     decoder positions each costs); all of them on a single rank."""
     if not ranks.distributed:
         return list(range(len(plans)))
-    costs = [plan.prefix_length + len(plan.members) * (max(sequences[i].num_tokens for i in plan.members)
-                                                       - plan.prefix_length) for plan in plans]  # fmt: skip
+    lengths = [s.num_tokens for s in sequences]
+    costs = [plan.decoder_positions(lengths) for plan in plans]
     return distributed.shard_micro_batches(costs, ranks.world_size)[ranks.rank]
 
 
 def _plan_pairs(sequences: Sequence[TrainSequence], token_budget: int, *, share_prefixes: bool) -> list[MicroBatchPlan]:
     """Micro-batches that hold whole preference pairs: a pair whose answers share a prompt of at least
-    `DEFAULT_CALL_OVERHEAD` tokens runs it once, in a micro-batch of its own; the other pairs are packed."""
+    `DEFAULT_CALL_OVERHEAD` tokens is a prefix family of two (its prompt runs once; such pairs share
+    micro-batches, `pack_families`); the other pairs are packed whole."""
     units = units_of([s.group_index for s in sequences], [s.preference for s in sequences])
-    plans: list[MicroBatchPlan] = []
+    lengths = [s.num_tokens for s in sequences]
+    shared: list[tuple[int, tuple[int, ...]]] = []
     packed: list[list[int]] = []
     for unit in units:
         prefix = 0
@@ -204,10 +228,10 @@ def _plan_pairs(sequences: Sequence[TrainSequence], token_budget: int, *, share_
             needed = min(first_needed_position(first.trainable) or 0, first_needed_position(second.trainable) or 0)
             prefix = min(needed, common_prefix_length(first.token_ids, second.token_ids))
         if prefix >= DEFAULT_CALL_OVERHEAD:
-            plans.append(MicroBatchPlan(tuple(unit), prefix))
+            shared.append((prefix, tuple(unit)))
         else:
             packed.append(unit)
-    lengths = [s.num_tokens for s in sequences]
+    plans = pack_families(shared, lengths, token_budget)
     plans.extend(MicroBatchPlan(tuple(members)) for members in pack_units(packed, lengths, token_budget))
     return plans
 
@@ -268,15 +292,15 @@ def policy_outputs(
         with torch.no_grad(), context():
             for plan in (plans[i] for i in my_micro_batches(plans, sequences, ranks)):
                 batch = collate([sequences[i] for i in plan.members], pad_token_id, device,
-                                prefix_length=plan.prefix_length)  # fmt: skip
-                hidden = decoder_states(model, batch.input_ids, prefix_ids=batch.prefix_ids)  # [B, T-1, H]
+                                families=plan.families)  # fmt: skip
+                hidden = decoder_states(model, batch.input_ids, prefixes=batch.prefixes)  # [B, T-1, H]
                 logprobs, _ = logprobs_from_states(model, hidden, batch.input_ids[:, 1:], mask=batch.mask,
                                                    chunk_tokens=chunk_tokens)  # fmt: skip
                 values = None if value_head is None else value_head(hidden) * batch.mask  # [B, T-1]
-                for row, index in enumerate(plan.members):
+                for row, (index, start) in enumerate(zip(plan.members, plan.prefixes(), strict=True)):
                     computed[index] = (
-                        _sequence_logprobs(logprobs[row], sequences[index], plan.prefix_length),
-                        None if values is None else _sequence_logprobs(values[row], sequences[index], plan.prefix_length),
+                        _sequence_logprobs(logprobs[row], sequences[index], start),
+                        None if values is None else _sequence_logprobs(values[row], sequences[index], start),
                     )
     finally:
         model.train(was_training)
@@ -449,7 +473,7 @@ def forward_backward(
             on_micro_batch(index, len(micro_batches))
         members = micro_batch.members
         batch = collate([sequences[i] for i in members], pad_token_id, device,
-                        prefix_length=micro_batch.prefix_length,
+                        families=micro_batch.families,
                         reference=None if references is None else [references[i] for i in members],
                         extras=None if extras is None else {k: [v[i] for i in members] for k, v in extras.items()})  # fmt: skip
         # A reward head reads the last token's state too: the decoder runs over all T positions of each row.
@@ -464,9 +488,8 @@ def forward_backward(
                 master.accumulate_grads()
         totals.add(out, float((entropy.detach() * batch.mask).sum()) if entropy is not None else 0.0)
         if keep_logprobs:
-            for row, member in enumerate(members):
-                totals.sequence_logprobs[member] = _sequence_logprobs(logprobs[row].detach(), sequences[member],
-                                                                      micro_batch.prefix_length)
+            for row, (member, start) in enumerate(zip(members, micro_batch.prefixes(), strict=True)):
+                totals.sequence_logprobs[member] = _sequence_logprobs(logprobs[row].detach(), sequences[member], start)
     return PassTotals.merged(distributed.gather(ranks, totals)) if ranks.distributed else totals
 
 
@@ -474,7 +497,7 @@ def _forward(model: nn.Module, batch: MicroBatch, objective: Objective, heads: M
              chunk_tokens: int) -> PolicyBatch:
     """What the objective asked for of one micro-batch: logprobs and entropies (unless it needs none), the
     value head at every target position, the reward head's pooled scores."""
-    hidden = decoder_states(model, batch.input_ids, prefix_ids=batch.prefix_ids,
+    hidden = decoder_states(model, batch.input_ids, prefixes=batch.prefixes,
                             last="reward" in objective.heads)  # [B, T or T-1, H]
     states = hidden[:, : batch.input_ids.shape[1] - 1]  # [B, T-1, H]: the states that predict a target
     if objective.needs_logprobs:

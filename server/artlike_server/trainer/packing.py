@@ -126,10 +126,33 @@ def pack_units(units: Sequence[Sequence[int]], lengths: Sequence[int], token_bud
 
 @dataclass(frozen=True)
 class MicroBatchPlan:
-    """Sequences (indices, longest first) that go through one forward/backward, and the prefix they share."""
+    """Sequences (indices) that go through one forward/backward, and the prefixes they share.
+
+    `families` cuts `members` in order: (P, n) says the next n members continue one shared prefix of P
+    tokens (`prefixes.py`); the prefixes of all families run through the decoder together, once, and each
+    member runs only what follows its own. Members past the families run whole.
+    """
 
     members: tuple[int, ...]
-    prefix_length: int = 0
+    families: tuple[tuple[int, int], ...] = ()
+
+    def __post_init__(self) -> None:
+        if sum(count for _, count in self.families) > len(self.members) or any(
+            p < 1 or n < 1 for p, n in self.families
+        ):
+            raise ValueError(f"families {self.families} do not cut {len(self.members)} members")
+
+    def prefixes(self) -> list[int]:
+        """Each member's shared-prefix length (0: it runs whole), in the order of `members`."""
+        lengths = [p for p, n in self.families for _ in range(n)]
+        return lengths + [0] * (len(self.members) - len(lengths))
+
+    def decoder_positions(self, lengths: Sequence[int]) -> int:
+        """Positions the decoder runs, padding included, for sequences of `lengths` tokens (`MicroBatch`)."""
+        prefixes = self.prefixes()
+        longest_prefix = max((p for p, _ in self.families), default=0)
+        longest_rest = max(lengths[m] - p for m, p in zip(self.members, prefixes, strict=True))
+        return len(self.families) * longest_prefix + len(self.members) * (longest_rest - 1)
 
 
 def plan_micro_batches(
@@ -137,15 +160,17 @@ def plan_micro_batches(
 ) -> list[MicroBatchPlan]:
     """Micro-batches for `families` (of the sequences whose token counts are `lengths`) under `token_budget`.
 
-    A family with a shared prefix of P tokens fills micro-batches of its own, each costing
-    P + B × (longest member − P) and holding at least one member (each recomputes the prefix). Sequences
+    A family with a shared prefix of P tokens is cut into chunks that each fit the budget alone
+    (P + B × (longest member − P), at least one member each; each chunk recomputes the prefix). Chunks then
+    share micro-batches (`pack_families`): many small groups (8 prompts × 8 samples) run as one batched
+    decoder call instead of one small call each, which is what CPU matmuls of a small model need. Sequences
     without a family are packed together as before (`pack`).
 
     >>> plan_micro_batches([50, 60, 70, 20], [Family((0, 1, 2), 40), Family((3,), 0)], token_budget=100)
-    [MicroBatchPlan(members=(2, 1), prefix_length=40), MicroBatchPlan(members=(0,), prefix_length=40), \
-MicroBatchPlan(members=(3,), prefix_length=0)]
+    [MicroBatchPlan(members=(2, 1), families=((40, 2),)), MicroBatchPlan(members=(0,), families=((40, 1),)), \
+MicroBatchPlan(members=(3,), families=())]
     """
-    plans: list[MicroBatchPlan] = []
+    chunks: list[tuple[int, tuple[int, ...]]] = []
     alone: list[int] = []
     for family in families:
         if family.prefix_length == 0:
@@ -157,10 +182,41 @@ MicroBatchPlan(members=(3,), prefix_length=0)]
         for index in members:
             # members arrive longest first: the chunk's first member sets its padded suffix length
             if chunk and prefix + (len(chunk) + 1) * (lengths[chunk[0]] - prefix) > token_budget:
-                plans.append(MicroBatchPlan(tuple(chunk), prefix))
+                chunks.append((prefix, tuple(chunk)))
                 chunk = []
             chunk.append(index)
-        plans.append(MicroBatchPlan(tuple(chunk), prefix))
+        chunks.append((prefix, tuple(chunk)))
+    plans = pack_families(chunks, lengths, token_budget)
     for members in pack([lengths[i] for i in alone], token_budget):
         plans.append(MicroBatchPlan(tuple(alone[i] for i in members)))
     return plans
+
+
+def pack_families(chunks: Sequence[tuple[int, Sequence[int]]], lengths: Sequence[int],
+                  token_budget: int) -> list[MicroBatchPlan]:
+    """Prefix families (prefix length, members) into shared micro-batches, first-fit-decreasing by prefix
+    length under the padded cost F × longest prefix + B × longest remainder (`MicroBatchPlan.decoder_positions`).
+
+    >>> pack_families([(40, (0,)), (10, (1, 2)), (40, (3,))], [50, 20, 20, 45], token_budget=120)
+    [MicroBatchPlan(members=(0, 3), families=((40, 1), (40, 1))), MicroBatchPlan(members=(1, 2), families=((10, 2),))]
+    """
+    def rest(chunk: tuple[int, Sequence[int]]) -> int:
+        return max(lengths[m] for m in chunk[1]) - chunk[0]
+
+    order = sorted(range(len(chunks)), key=lambda c: (-chunks[c][0], -rest(chunks[c]), c))
+    bins: list[list[int]] = []
+    for c in order:
+        for members in bins:
+            # Chunks arrive longest prefix first: a bin's first chunk has its longest prefix.
+            grown = [*members, c]
+            rows = sum(len(chunks[m][1]) for m in grown)
+            if len(grown) * chunks[members[0]][0] + rows * max(rest(chunks[m]) for m in grown) <= token_budget:
+                members.append(c)
+                break
+        else:
+            bins.append([c])
+    return [
+        MicroBatchPlan(tuple(i for c in members for i in chunks[c][1]),
+                       families=tuple((chunks[c][0], len(chunks[c][1])) for c in members))
+        for members in bins
+    ]

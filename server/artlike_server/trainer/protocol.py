@@ -156,6 +156,7 @@ class Ready(_Event):
     vocab_size: int
     load_seconds: float
     ranks: int = 1  # processes training together under torchrun (trainer/distributed.py)
+    attention: str = "sdpa"  # transformers' attention implementation (trainer/attention.py on a CPU)
 
 
 class Pong(_Event):

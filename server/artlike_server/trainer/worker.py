@@ -42,7 +42,7 @@ from artlike.types import RewardModelConfig
 from artlike_server import dtype_probe
 from artlike_server.engine.orphan_guard import set_parent_death_signal
 from artlike_server.hardware import DTYPE_CHOICES, decide_dtype
-from artlike_server.trainer import distributed, protocol
+from artlike_server.trainer import attention, distributed, protocol
 from artlike_server.trainer.adapters import AdapterSlots, check_writable, peft_lora_config
 from artlike_server.trainer.batch_file import read_batch
 from artlike_server.trainer.distributed import SINGLE, Ranks
@@ -111,8 +111,15 @@ def unsloth_available(device: torch.device) -> bool:
     return device.type == "cuda" and importlib.util.find_spec("unsloth") is not None
 
 
-def load_with_transformers(path: Path, dtype: torch.dtype, device: torch.device) -> PreTrainedModel:
-    model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, attn_implementation="sdpa")
+def load_with_transformers(path: Path, dtype: torch.dtype, device: torch.device,
+                           attention_implementation: str = "auto") -> PreTrainedModel:
+    """The base model; attention "auto": on a CPU, small attention matrices as grouped matmuls
+    (`attention.py`), else (and on CUDA) SDPA's kernels."""
+    implementation = attention_implementation
+    if implementation == "auto":
+        implementation = attention.register() if device.type == "cpu" else "sdpa"
+    model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype,
+                                                                  attn_implementation=implementation)
     model.to(device)  # type: ignore[arg-type]  # in place; transformers' wrapper hides Module.to's signature
     return model
 
@@ -360,6 +367,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     parser.add_argument("--gradient-checkpointing", action="store_true")
+    parser.add_argument("--attention", choices=("auto", "sdpa", "eager"), default="auto",
+                        help="transformers attention implementation (auto: attention.py's on a CPU, else sdpa)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: usable cores)")
     parser.add_argument("--cpus", default=None, help="run on these cores only, e.g. 1 or 2-3 (default: all usable)")
     return parser.parse_args(argv)
@@ -422,7 +431,7 @@ def main(argv: list[str] | None = None) -> int:
     model = (
         load_with_unsloth(args.base_model, dtype)
         if backend == "unsloth"
-        else load_with_transformers(args.base_model, dtype, device)
+        else load_with_transformers(args.base_model, dtype, device, args.attention)
     )
     if args.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -438,6 +447,7 @@ def main(argv: list[str] | None = None) -> int:
         vocab_size=vocab_size(model),
         load_seconds=time.perf_counter() - started,
         ranks=ranks.world_size,
+        attention=str(getattr(model.config, "_attn_implementation", None) or "sdpa"),
     ))
     logger.info("ready: %s %s on %s, %d threads, rank %d of %d", backend, dtype, device, threads, ranks.rank,
                 ranks.world_size)

@@ -106,6 +106,8 @@ class TrainerProcess:
         threads: int | None = None,
         cpus: tuple[int, ...] | None = None,
         gpus: tuple[int, ...] | None = None,
+        own_cores: bool = False,
+        attention: Literal["auto", "sdpa", "eager"] = "auto",
         ranks: int = 1,
         log_path: Path | None = None,
         log_max_bytes: int = 64 * 1024 * 1024,
@@ -119,7 +121,10 @@ class TrainerProcess:
     ) -> None:
         """`cpus`: the cores the worker runs on (its affinity; threads default to their count; several ranks
         split them). `gpus`: the CUDA devices it trains on (CUDA_VISIBLE_DEVICES); with more than one, one
-        rank per device under torchrun. `ranks`: that many CPU ranks (gloo) under torchrun instead, with
+        rank per device under torchrun. `own_cores`: nothing else computes on the worker's cores (no engine:
+        `placement.trainer_owns_its_cores`), so its threads may spin-wait. `attention`: the worker's attention
+        implementation (auto: `trainer/attention.py` on a CPU, SDPA elsewhere). `ranks`: that many CPU ranks (gloo)
+        under torchrun instead, with
         `device="cpu"`: the multi-rank path without GPUs, for tests.
         Limits, in seconds: `start_timeout` for loading the base model; `command_timeout` for ping,
         init_adapter and shutdown; `idle_timeout` for the worker's silence during training (it reports every
@@ -128,6 +133,7 @@ class TrainerProcess:
             python, *launcher_args(gpus, ranks, device), "-m", "artlike_server.trainer.worker",
             "--base-model", str(base_model), "--dtype", dtype, "--device", device,
             *(["--gradient-checkpointing"] if gradient_checkpointing else []),
+            *(["--attention", attention] if attention != "auto" else []),
             *(["--threads", str(threads)] if threads else []),
             *(["--cpus", ",".join(map(str, cpus))] if cpus else []),
         ]  # fmt: skip
@@ -135,8 +141,14 @@ class TrainerProcess:
         if gpus:
             self._env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
         # libgomp's default spin-waiting makes torch 50-100x slower when the cores are shared (vLLM, other
-        # jobs): a parallel region waits for a descheduled thread. Passive waiting costs little when idle.
-        self._env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+        # jobs): a parallel region waits for a descheduled thread, so there threads sleep at once. On cores
+        # of its own a step's many small parallel regions pay for that sleep: a GRPO step ran 1.3x faster
+        # with 10^4 spins (~tens of microseconds, then sleep: an idle worker burns nothing; bench/README.md).
+        if own_cores and "OMP_WAIT_POLICY" not in self._env:
+            self._env.setdefault("GOMP_SPINCOUNT", "10000")
+        else:
+            self._env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+        self.own_cores = own_cores
         self._log_path = log_path
         self._log_max_bytes = log_max_bytes  # log_path rotates at this size (artlike_server.logfiles)
         self._log_backups = log_backups
