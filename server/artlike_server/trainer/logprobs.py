@@ -6,10 +6,11 @@ take 0.8–2.5 GB. So the LM head runs on chunks of positions, and only on the p
 keeps one number per position for the backward pass (the log-normaliser) and recomputes the chunk's logits
 there: the gradient of logπ(target) is g·(onehot − softmax), formed in place in one [C, V] buffer, instead
 of the zero-filled scatter of gather's backward plus log_softmax's backward plus the recomputation of the
-whole forward that activation checkpointing did. A 16-bit model keeps the chunk's log-probabilities in
-its own dtype instead (2 bytes a logit, 100 MB per 1,024 positions of a 49k vocabulary): the recomputed
-matmul was ~5% of a bf16 GRPO step on a CPU, and log p in bf16 keeps 1 − p precise where p is near 1 (the
-target's gradient); the gradient is rounded to that dtype before its matmul anyway.
+whole forward that activation checkpointing did. A 16-bit model on a CPU keeps the chunk's
+log-probabilities in its own dtype instead (2 bytes a logit, 100 MB per 1,024 positions of a 49k
+vocabulary): the recomputed matmul was ~5% of a bf16 GRPO step there, and log p in bf16 keeps 1 − p
+precise where p is near 1 (the target's gradient); the gradient is rounded to that dtype before its
+matmul anyway.
 """
 
 from __future__ import annotations
@@ -44,9 +45,11 @@ class SelectedLogprobs(torch.autograd.Function):
         log_probs = logits.sub_(log_normaliser.unsqueeze(-1))  # [C, V], in place
         chosen = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # [C]
         entropy = -(log_probs.exp() * log_probs).sum(dim=-1)  # H = −Σ p·log p
-        # A 16-bit model keeps log p for the backward (module docstring); others recompute the logits there.
+        # A 16-bit model on a CPU keeps log p for the backward (module docstring); others recompute the
+        # logits there (on a GPU the matmul is cheap and memory is what runs out).
         kept = None
-        if hidden.dtype in (torch.float16, torch.bfloat16) and any(ctx.needs_input_grad[:3]):
+        if (hidden.dtype in (torch.float16, torch.bfloat16) and hidden.device.type == "cpu"
+                and any(ctx.needs_input_grad[:3])):  # fmt: skip
             kept = log_probs.to(hidden.dtype)
         ctx.save_for_backward(hidden, weight, bias, targets, log_normaliser, entropy, kept)
         ctx.set_materialize_grads(False)  # an unused output's gradient arrives as None, not zeros
