@@ -61,7 +61,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import httpx
 import orjson
@@ -322,11 +322,12 @@ def workloads(vocab: int, steps: int) -> dict[str, Workload]:
 
 
 async def trainer_throughput(model_dir: Path, dtype: str, rows: dict[str, Workload], work: Path, *,
-                             own_cores: bool = True, attention: str = "auto") -> dict[str, dict[str, Any]]:
+                             own_cores: bool = True, attention: Literal["auto", "sdpa", "eager"] = "auto",
+                             ) -> dict[str, dict[str, Any]]:
     """Train each row on one trainer worker (one base model load); step events per row. `own_cores`: the
     worker's threads spin-wait as on cores of its own (nothing else runs here), else sleep at once as beside
     an engine; `attention`: the worker's attention implementation."""
-    trainer = TrainerProcess(model_dir, dtype=dtype, own_cores=own_cores, attention=attention,  # type: ignore[arg-type]
+    trainer = TrainerProcess(model_dir, dtype=dtype, own_cores=own_cores, attention=attention,
                              log_path=work / f"trainer-{dtype}.log")
     await trainer.start()
     results = {}

@@ -272,15 +272,15 @@ def test_collate_after_a_prefix_keeps_only_what_follows_it() -> None:
         TrainSequence([1, 2, 3, 5, 6], [False, False, False, True, True], [0.0, 0.0, 0.0, -0.5, -0.6], 2.0),
         TrainSequence([1, 2, 3, 7], [False, False, False, True], [0.0, 0.0, 0.0, -0.7], -1.0),
     ]
-    mb = collate(seqs, pad_token_id=0, prefix_length=2)
+    mb = collate(seqs, pad_token_id=0, families=[(2, 2)])
     assert mb.prefixes is not None and mb.prefixes.ids.tolist() == [[1, 2]] and mb.prefixes.is_single
     assert mb.input_ids.tolist() == [[3, 5, 6], [3, 7, 0]]
     assert mb.mask.tolist() == [[True, True], [True, False]]
     torch.testing.assert_close(mb.behaviour_logprobs, torch.tensor([[-0.5, -0.6], [-0.7, 0.0]]))
     with pytest.raises(ValueError, match="do not share"):
-        collate(seqs, pad_token_id=0, prefix_length=3)  # token 3 of the first sequence is trained
+        collate(seqs, pad_token_id=0, families=[(3, 2)])  # token 3 of the first sequence is trained
     with pytest.raises(ValueError, match="do not share"):
-        collate([seqs[0], TrainSequence([9, 2, 3, 7], [False] * 3 + [True], [0.0] * 4, 1.0)], 0, prefix_length=2)
+        collate([seqs[0], TrainSequence([9, 2, 3, 7], [False] * 3 + [True], [0.0] * 4, 1.0)], 0, families=[(2, 2)])
 
 
 def test_gradient_checkpointing_turns_sharing_off_instead_of_dropping_the_prefix() -> None:

@@ -126,11 +126,10 @@ def decoder_states(model: nn.Module, input_ids: torch.Tensor, *, prefix_ids: tor
     if prefixes is None:
         hidden: torch.Tensor = decoder(input_ids=rows, use_cache=False).last_hidden_state
         return hidden
-    if prefixes.is_single:
-        past = _prefix_cache(decoder, causal_lm.config, prefixes.ids, input_ids.shape[0])
+    past = _prefix_caches(decoder, causal_lm.config, prefixes)
+    if prefixes.is_single:  # the plain causal mask over the cache is already right
         hidden = decoder(input_ids=rows, past_key_values=past, use_cache=True).last_hidden_state
         return hidden
-    past = _family_caches(decoder, causal_lm.config, prefixes)
     hidden = decoder(input_ids=rows, past_key_values=past, use_cache=True, attention_mask=prefixes.attention_mask(
         rows.shape[1]), position_ids=prefixes.position_ids(rows.shape[1])).last_hidden_state
     return hidden
@@ -225,30 +224,20 @@ def supports_prefix_sharing(model: nn.Module) -> bool:
     return not bool(getattr(causal_lm, "is_gradient_checkpointing", False))
 
 
-def _prefix_cache(decoder: nn.Module, config: Any, prefix_ids: torch.Tensor, rows: int) -> DynamicCache:
-    """The prefix's keys and values (with their autograd graph), seen by each of `rows` rows."""
-    cache = decoder(input_ids=prefix_ids.view(1, -1), use_cache=True).past_key_values
-    if cache is None or cache.get_seq_length() != prefix_ids.numel():
-        raise PrefixCacheError(
-            "the decoder kept no keys/values for the shared prefix (gradient checkpointing is on?)"
-        )
-    # expand() is a view: each row's first update concatenates its own tokens onto the shared tensors.
-    return DynamicCache(
-        [(keys.expand(rows, -1, -1, -1), values.expand(rows, -1, -1, -1)) for keys, values, *_ in cache],
-        config=config,
-    )
-
-
-def _family_caches(decoder: nn.Module, config: Any, prefixes: PrefixFamilies) -> DynamicCache:
-    """Every family's prefix keys and values from one batched call (with their autograd graph), each row's
-    family's picked out (a copy: the rows' own tokens are concatenated onto them anyway)."""
+def _prefix_caches(decoder: nn.Module, config: Any, prefixes: PrefixFamilies) -> DynamicCache:
+    """Every family's prefix keys and values from one batched call (with their autograd graph), as each row
+    sees them: one prefix is expanded (a view: each row's first update concatenates its own tokens onto
+    it), several are picked per row (a row that runs whole gets any family's, masked out)."""
     ids = prefixes.ids
     cache = decoder(input_ids=ids, use_cache=True).past_key_values
     if cache is None or cache.get_seq_length() != ids.shape[1]:
         raise PrefixCacheError(
-            "the decoder kept no keys/values for the shared prefixes (gradient checkpointing is on?)"
+            "the decoder kept no keys/values for the shared prefix (gradient checkpointing is on?)"
         )
-    rows = prefixes.row_family.clamp(min=0)  # a row that runs whole gets any family's, masked out
-    return DynamicCache(
-        [(keys.index_select(0, rows), values.index_select(0, rows)) for keys, values, *_ in cache], config=config
-    )
+    rows = prefixes.row_family.shape[0]
+    if ids.shape[0] == 1:
+        layers = [(keys.expand(rows, -1, -1, -1), values.expand(rows, -1, -1, -1)) for keys, values, *_ in cache]
+    else:
+        pick = prefixes.row_family.clamp(min=0)
+        layers = [(keys.index_select(0, pick), values.index_select(0, pick)) for keys, values, *_ in cache]
+    return DynamicCache(layers, config=config)

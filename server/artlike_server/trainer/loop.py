@@ -88,7 +88,6 @@ def collate(
     pad_token_id: int,
     device: torch.device | None = None,
     *,
-    prefix_length: int = 0,
     families: Sequence[tuple[int, int]] = (),
     reference: Sequence[torch.Tensor] | None = None,
     extras: Mapping[str, Sequence[torch.Tensor]] | None = None,
@@ -99,13 +98,11 @@ def collate(
     `families` cuts the sequences in order (`MicroBatchPlan.families`): (P, n) says the next n share their
     first P tokens, which become one of the `prefixes`, and their rows hold what follows (their targets
     start at token P + 1: nothing up to P may be trainable); sequences past the families run whole.
-    `prefix_length` P > 0 is one family of all the sequences. `reference` holds each sequence's reference
+    `reference` holds each sequence's reference
     logprobs ([num_tokens − 1], target-aligned: `reference_logprobs`), and each of `extras` target-aligned
     tensors of an objective's `prepare` likewise. Preference pairs among the sequences
     (`TrainSequence.preference`) become `pairs`; reward-model targets become `extras["targets"]`.
     """
-    if prefix_length:
-        families = [(prefix_length, len(sequences))]
     starts = [0] * len(sequences)  # each sequence's shared-prefix length
     family_of = [-1] * len(sequences)
     prefix_rows: list[list[int]] = []

@@ -148,7 +148,6 @@ class TrainerProcess:
             self._env.setdefault("GOMP_SPINCOUNT", "10000")
         else:
             self._env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-        self.own_cores = own_cores
         self._log_path = log_path
         self._log_max_bytes = log_max_bytes  # log_path rotates at this size (artlike_server.logfiles)
         self._log_backups = log_backups
