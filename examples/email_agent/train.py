@@ -23,7 +23,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import asdict
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 from typing import Any, cast
 from urllib.parse import urlsplit
@@ -46,6 +46,7 @@ from examples.email_agent.evaluate import (
     summarise,
 )
 from examples.email_agent.records import Question, QuestionKind
+from examples.email_agent.reward import DEFAULT_WEIGHTS, RewardWeights
 from examples.email_agent.rollout import rollout
 
 DEFAULT_BASE_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -70,7 +71,10 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     model.add_argument("--lora-rank", type=int, default=8)
     warm = parser.add_argument_group("warm start: SFT on the agent's own successful episodes (rejection sampling)")
     warm.add_argument("--warm-start-questions", type=int, default=0,
-                      help="training questions to sample for the warm start (0: no warm start)")
+                      help="training questions to sample per warm-start round (0: no warm start)")
+    warm.add_argument("--warm-start-rounds", type=int, default=1,
+                      help="rounds of rejection sampling + SFT (expert iteration): each round samples fresh "
+                           "questions from the policy the previous round trained, so successes grow more common")
     warm.add_argument("--warm-start-samples", type=int, default=4, help="episodes per warm-start question")
     warm.add_argument("--warm-start-kinds", default=None,
                       help="question kinds of the warm start (default: the first curriculum phase's)")
@@ -80,6 +84,8 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                            "the client's timeout on a CPU engine and are sent again")
     warm.add_argument("--warm-start-min-reward", type=float, default=0.5,
                       help="keep each question's best episode when its reward reaches this (a correct answer)")
+    warm.add_argument("--warm-start-top-k", type=int, default=1,
+                      help="keep up to this many such episodes per question")
     warm.add_argument("--warm-start-epochs", type=int, default=2)
     warm.add_argument("--warm-start-learning-rate", type=float, default=1e-4)
     training = parser.add_argument_group("RL (GRPO through art.PipelineTrainer)")
@@ -97,6 +103,10 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     training.add_argument("--curriculum", default=None, metavar="KINDS@STEPS,...",
                           help="phases of question kinds, easiest first, e.g. subject@6,subject+body@6 "
                                "(the last phase runs until the end; default: --kinds throughout)")
+    training.add_argument("--reward-weight", action="append", default=[], metavar="NAME=VALUE",
+                          help="override a weight of the training reward (repeatable; names as in reward.RewardWeights), "
+                               "e.g. --reward-weight wrong=0 so that a wrong guess is no worse than \"I don't know\"; "
+                               "evaluation keeps the default weights")
     training.add_argument("--max-exceptions", type=float, default=0.1, help="fraction of rollouts allowed to fail")
     training.add_argument("--ruler-model", default=None,
                           help="score each group relative to each other with this LLM judge (art.judge_group, "
@@ -118,7 +128,34 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     agent.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
     agent.add_argument("--output", type=Path, help="results JSON (default: DATA_DIR/results-NAME.json)")
     add_judge_arguments(parser)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    try:
+        args.weights = reward_weights(args.reward_weight)
+    except ValueError as bad:
+        parser.error(str(bad))
+    return args
+
+
+def reward_weights(overrides: Sequence[str]) -> RewardWeights:
+    """The default weights with `NAME=VALUE` overrides.
+
+    >>> reward_weights(["wrong=0", "dont_know=-0.1"]).wrong, reward_weights([]) == DEFAULT_WEIGHTS
+    (0.0, True)
+    >>> reward_weights(["wrongg=0"])
+    Traceback (most recent call last):
+    ValueError: --reward-weight wrongg=0: no such weight (correct, dont_know, missing, wrong, sources, found, read, turns, invalid_call, invalid_floor)
+    """
+    names = [f.name for f in fields(RewardWeights)]
+    changes: dict[str, float] = {}
+    for override in overrides:
+        name, _, value = override.partition("=")
+        if name.strip() not in names:
+            raise ValueError(f"--reward-weight {override}: no such weight ({', '.join(names)})")
+        try:
+            changes[name.strip()] = float(value)
+        except ValueError:
+            raise ValueError(f"--reward-weight {override}: {value!r} is not a number") from None
+    return replace(DEFAULT_WEIGHTS, **changes)
 
 
 # ------------------------------------------------------------------------------------------- server
@@ -196,32 +233,60 @@ def _mean(values: Sequence[float]) -> float:
     return statistics.fmean(values) if values else float("nan")
 
 
-async def warm_start(model: art.TrainableModel, questions: Sequence[Question], args: argparse.Namespace,
-                     db_path: Path, judge: Any) -> dict[str, Any]:
-    """Rejection sampling: roll out each question `--warm-start-samples` times, keep each question's best
-    episode when it answered correctly, and fine-tune on those episodes' exact sampled tokens (all turns)."""
+async def warm_start(model: art.TrainableModel, rounds: Sequence[Sequence[Question]], args: argparse.Namespace,
+                     db_path: Path, judge: Any) -> list[dict[str, Any]]:
+    """Expert iteration: each round rolls out its questions `--warm-start-samples` times with the latest
+    policy, keeps each question's best episodes when they answered correctly, and fine-tunes on those
+    episodes' exact sampled tokens (all turns); the next round samples from the policy this one trained."""
+    records: list[dict[str, Any]] = []
+    for number, questions in enumerate(rounds, start=1):
+        records.append(await _warm_start_round(model, questions, args, db_path, judge, f"{number}/{len(rounds)}"))
+    return records
+
+
+async def _warm_start_round(model: art.TrainableModel, questions: Sequence[Question], args: argparse.Namespace,
+                            db_path: Path, judge: Any, label: str) -> dict[str, Any]:
     started = time.monotonic()
     groups = await art.gather_trajectory_groups(
         (art.TrajectoryGroup(rollout(model, q, db_path, max_turns=args.max_turns, temperature=args.warm_start_temperature,
-                                     max_tokens=args.max_tokens, judge=judge, tool_choice=_tool_choice(args))
+                                     max_tokens=args.max_tokens, judge=judge, tool_choice=_tool_choice(args),
+                                     weights=args.weights)
                              for _ in range(args.warm_start_samples)) for q in questions),
-        max_exceptions=args.max_exceptions, min_group_size=1, pbar_desc="warm-start rollouts",
+        max_exceptions=args.max_exceptions, min_group_size=1, pbar_desc=f"warm-start rollouts {label}",
         concurrency=args.warm_start_concurrency)
     episodes = [t for g in groups for t in g]
-    chosen = art.best_of_groups(groups, top_k=1, min_reward=args.warm_start_min_reward)
+    chosen = art.best_of_groups(groups, top_k=args.warm_start_top_k, min_reward=args.warm_start_min_reward)
+    solved = sum(any((t.reward or 0.0) >= args.warm_start_min_reward for t in g) for g in groups)
     record: dict[str, Any] = {
-        "questions": len(questions), "episodes": len(episodes), "kept": len(chosen),
+        "questions": len(questions), "episodes": len(episodes), "solved_questions": solved, "kept": len(chosen),
         "sampled_accuracy": _mean([t.metrics.get("answer_correct", 0.0) for t in episodes]),
+        "sampled_answer_rate": _mean([t.metrics.get("answered", 0.0) for t in episodes]),
+        "sampled_invalid_tool_call_rate": _mean([t.metrics.get("invalid_tool_call_rate", 0.0) for t in episodes]),
         "rollout_seconds": time.monotonic() - started}
-    print(f"warm start: {len(chosen)} of {len(questions)} questions had a correct episode "
-          f"(sampled accuracy {record['sampled_accuracy']:.1%}, {record['rollout_seconds']:.0f}s)", flush=True)
+    print(f"warm start {label}: {solved} of {len(questions)} questions had a correct episode "
+          f"(sampled accuracy {record['sampled_accuracy']:.1%}, answered {record['sampled_answer_rate']:.0%}, "
+          f"invalid calls {record['sampled_invalid_tool_call_rate']:.0%}, {record['rollout_seconds']:.0f}s)", flush=True)
     if chosen:
         result = await model.train_sft(chosen, epochs=args.warm_start_epochs,
                                        learning_rate=args.warm_start_learning_rate, progress=False)
         record |= {"step": result.step, "sft_seconds": time.monotonic() - started - record["rollout_seconds"],
                    "loss": [m.loss for m in result.metrics]}
-        print(f"warm start: SFT on {len(chosen)} episodes -> step {result.step} ({record['sft_seconds']:.0f}s)", flush=True)
+        print(f"warm start {label}: SFT on {len(chosen)} episodes -> step {result.step} "
+              f"({record['sft_seconds']:.0f}s)", flush=True)
     return record
+
+
+def warm_start_rounds(pool: Sequence[Question], per_round: int, rounds: int, seed: int) -> list[list[Question]]:
+    """`rounds` batches of `per_round` questions, each question once before any repeats (a seeded order).
+
+    >>> qs = [Question(id=str(i), inbox="a", question="?", answer="x", answer_aliases=(), source_ids=("m",),
+    ...                kind="subject", split="train") for i in range(5)]
+    >>> batches = warm_start_rounds(qs, 2, 2, seed=0)
+    >>> [len(b) for b in batches], len({q.id for b in batches for q in b})
+    ([2, 2], 4)
+    """
+    order = _shuffled(list(pool), random.Random(seed))
+    return [[next(order) for _ in range(min(per_round, len(pool)))] for _ in range(rounds)]
 
 
 def _ruler_judge(args: argparse.Namespace, server_v1: str) -> art.Judge | None:
@@ -273,17 +338,17 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         await evaluate_step("before", first_step)
         warm = None
         if args.warm_start_questions:
-            rng = random.Random(args.seed + 1)
             warm_kinds = _kinds(args.warm_start_kinds) if args.warm_start_kinds else phases[0][0]
             pool = list(iter_questions(data.corpus, "train", warm_kinds))
-            warm = await warm_start(model, rng.sample(pool, min(len(pool), args.warm_start_questions)), args,
-                                    data.db_path, judge)
+            rounds = warm_start_rounds(pool, args.warm_start_questions, args.warm_start_rounds, args.seed + 1)
+            warm = await warm_start(model, rounds, args, data.db_path, judge)
 
         ruler = _ruler_judge(args, model.inference_base_url)
         trainer = art.PipelineTrainer(
             model,
             lambda q: rollout(model, q, data.db_path, max_turns=args.max_turns, temperature=args.temperature,
-                              max_tokens=args.max_tokens, judge=judge, tool_choice=_tool_choice(args)),
+                              max_tokens=args.max_tokens, judge=judge, tool_choice=_tool_choice(args),
+                              weights=args.weights),
             curriculum(phases, train_questions, args.questions_per_step, args.seed),
             group_size=args.group_size, groups_per_step=args.questions_per_step,
             max_steps_off_policy=args.max_steps_off_policy, max_exceptions=args.max_exceptions,

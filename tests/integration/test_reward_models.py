@@ -208,9 +208,8 @@ def test_ratings_train_a_reward_model(http: httpx.Client, server: Any) -> None:
     assert start["sequences"] >= len(rated) and events[-1]["type"] == "done", events[-1]
 
 
-def sample_scores(http: httpx.Client, server: Any, reward_model: str, model: str, questions: list[str],
-                  n: int) -> tuple[list[str], float]:
-    """n fresh answers to each question (one trajectory per question); their mean reward-model score."""
+def sample(http: httpx.Client, server: Any, model: str, questions: list[str], n: int) -> tuple[list[str], list[str]]:
+    """n fresh answers to each question (one trajectory per question): the trajectories and completion ids."""
     async def one(client: httpx.AsyncClient, question: str) -> str:
         trajectory = f"ppo-{uuid4().hex[:10]}"
         response = await client.post(f"/t/{trajectory}/v1/chat/completions", json={
@@ -224,18 +223,26 @@ def sample_scores(http: httpx.Client, server: Any, reward_model: str, model: str
             return list(await asyncio.gather(*(one(client, q) for q in questions)))
 
     trajectories = asyncio.run(every_question())
-    ids = [c["id"] for t in trajectories for c in http.get(f"/v1/trajectories/{t}").json()["completions"]]
+    return trajectories, [c["id"] for t in trajectories for c in http.get(f"/v1/trajectories/{t}").json()["completions"]]
+
+
+def sample_scores(http: httpx.Client, server: Any, reward_model: str, model: str, questions: list[str],
+                  n: int) -> tuple[list[str], float]:
+    """n fresh answers to each question (one trajectory per question); their mean reward-model score."""
+    trajectories, ids = sample(http, server, model, questions, n)
     return trajectories, statistics.fmean(scores(http, reward_model, [{"completion_id": i} for i in ids]))
 
 
-def ppo_jobs(http: httpx.Client, server: Any, reward_model: str, policy: str, iterations: int) -> list[dict[str, Any]]:
-    """`iterations` PPO jobs against the reward model, each on fresh samples of the current step; the first
-    gradient step's metrics of each. Scoring is asked for while each job runs, and must be answered."""
+def ppo_jobs(http: httpx.Client, server: Any, reward_model: str, policy: str, iterations: int,
+             samples: int = 8) -> list[dict[str, Any]]:
+    """`iterations` PPO jobs against the reward model, each on `samples` fresh answers per training question
+    from the current step; the first gradient step's metrics of each. Scoring is asked for while each job
+    runs, and must be answered."""
     config = {"objective": "ppo", "reward_model": reward_model, "learning_rate": 5e-4, "epochs": 2,
               "kl_horizon": 100}
     jobs = []
     for iteration in range(iterations):
-        trajectories, _ = sample_scores(http, server, reward_model, policy, TRAIN_QUESTIONS[:8], 8)
+        trajectories, _ = sample(http, server, policy, TRAIN_QUESTIONS[:8], samples)
         scored_while_training: list[bool] = []
 
         def score_now(step: dict[str, Any], answered: list[bool] = scored_while_training,
@@ -274,7 +281,7 @@ def test_ppo_against_the_reward_model_adapts_the_kl_coefficient_and_saves_its_st
     assert missing.status_code == 400 and missing.json()["error"]["code"] == "missing_reward"
     assert "reward_model" in missing.json()["error"]["message"]
 
-    jobs = ppo_jobs(http, server, yes_reward_model, policy, iterations=2)
+    jobs = ppo_jobs(http, server, yes_reward_model, policy, iterations=2, samples=4)  # mechanics: half the samples
     first, *later = jobs
     assert first["kl_coef"] == pytest.approx(0.05) and first["kl_old_ref"] == pytest.approx(0.0, abs=1e-6)
     for job, following in zip(jobs, later, strict=False):

@@ -1,4 +1,5 @@
-"""The email agent's training script helpers: the curriculum of question kinds and the paired bootstrap."""
+"""The email agent's training script helpers: the curriculum of question kinds, the warm-start rounds, reward
+weight overrides and the paired bootstrap."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import pytest
 
 from examples.email_agent.evaluate import paired_bootstrap
 from examples.email_agent.records import Question
-from examples.email_agent.train import curriculum, parse_curriculum
+from examples.email_agent.reward import DEFAULT_WEIGHTS
+from examples.email_agent.train import curriculum, parse_curriculum, reward_weights, warm_start_rounds
 
 
 def _questions() -> list[Question]:
@@ -51,3 +53,24 @@ def test_paired_bootstrap_worked_examples() -> None:
     assert one.low == 0.0 and one.high > 0
     with pytest.raises(ValueError, match="same questions"):
         paired_bootstrap([1.0], [])
+
+
+def test_warm_start_rounds_take_fresh_questions_until_the_pool_is_used_up() -> None:
+    pool = _questions()  # 9 questions
+    rounds = warm_start_rounds(pool, 4, 3, seed=1)
+    assert [len(r) for r in rounds] == [4, 4, 4]
+    first_eight = [q.id for r in rounds[:2] for q in r]
+    assert len(set(first_eight)) == 8  # no repeats before every question has had its turn
+    assert len({q.id for r in rounds for q in r}) == 9
+    assert rounds == warm_start_rounds(pool, 4, 3, seed=1)  # seeded
+    assert [len(r) for r in warm_start_rounds(pool[:2], 4, 2, seed=0)] == [2, 2]  # a round never repeats a question
+
+
+def test_reward_weight_overrides() -> None:
+    weights = reward_weights(["wrong=0", " dont_know = -0.25"])
+    assert (weights.wrong, weights.dont_know, weights.correct) == (0.0, -0.25, DEFAULT_WEIGHTS.correct)
+    assert reward_weights([]) == DEFAULT_WEIGHTS
+    with pytest.raises(ValueError, match="no such weight"):
+        reward_weights(["right=1"])
+    with pytest.raises(ValueError, match="not a number"):
+        reward_weights(["wrong=zero"])
