@@ -21,7 +21,7 @@ import random
 import statistics
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import asdict, fields, replace
 from pathlib import Path
@@ -248,9 +248,7 @@ async def _warm_start_round(model: art.TrainableModel, questions: Sequence[Quest
                             db_path: Path, judge: Any, label: str) -> dict[str, Any]:
     started = time.monotonic()
     groups = await art.gather_trajectory_groups(
-        (art.TrajectoryGroup(rollout(model, q, db_path, max_turns=args.max_turns, temperature=args.warm_start_temperature,
-                                     max_tokens=args.max_tokens, judge=judge, tool_choice=_tool_choice(args),
-                                     weights=args.weights)
+        (art.TrajectoryGroup(_rollout(model, q, db_path, args, judge, args.warm_start_temperature)
                              for _ in range(args.warm_start_samples)) for q in questions),
         max_exceptions=args.max_exceptions, min_group_size=1, pbar_desc=f"warm-start rollouts {label}",
         concurrency=args.warm_start_concurrency)
@@ -296,6 +294,13 @@ def _ruler_judge(args: argparse.Namespace, server_v1: str) -> art.Judge | None:
     api_key = args.ruler_api_key or os.environ.get("ARTLIKE_API_KEY") or os.environ.get("OPENAI_API_KEY") or "artlike"
     return art.Judge(model=args.ruler_model, base_url=args.ruler_base_url or server_v1, api_key=api_key,
                      max_tokens=1024, max_explanation_chars=200)
+
+
+def _rollout(model: art.TrainableModel, question: Question, db_path: Path, args: argparse.Namespace, judge: Any,
+             temperature: float) -> Awaitable[art.Trajectory]:
+    """One recorded training episode with the command line's agent settings and training reward."""
+    return rollout(model, question, db_path, max_turns=args.max_turns, temperature=temperature,
+                   max_tokens=args.max_tokens, judge=judge, tool_choice=_tool_choice(args), weights=args.weights)
 
 
 def _tool_choice(args: argparse.Namespace) -> str | None:
@@ -346,9 +351,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         ruler = _ruler_judge(args, model.inference_base_url)
         trainer = art.PipelineTrainer(
             model,
-            lambda q: rollout(model, q, data.db_path, max_turns=args.max_turns, temperature=args.temperature,
-                              max_tokens=args.max_tokens, judge=judge, tool_choice=_tool_choice(args),
-                              weights=args.weights),
+            lambda q: _rollout(model, q, data.db_path, args, judge, args.temperature),
             curriculum(phases, train_questions, args.questions_per_step, args.seed),
             group_size=args.group_size, groups_per_step=args.questions_per_step,
             max_steps_off_policy=args.max_steps_off_policy, max_exceptions=args.max_exceptions,
