@@ -133,9 +133,11 @@ def same(a: tuple[str, list[float]], b: tuple[str, list[float]]) -> bool:
 
 
 def train_one_step(server: Any, name: str) -> dict[str, Any]:
-    """Train `name` one step on 2 groups of 2 fresh rollouts; returns the `done` line. Rewards go by position:
-    two samples of equal length would leave a group without signal."""
-    groups = rollout_groups(server, name, groups=2, size=2, max_tokens=8)
+    """Train `name` one step on 2 groups of 4 fresh rollouts; returns the `done` line. Rewards go by position:
+    two samples of equal length would leave a group without signal. Four a group, not two: a pair can sample
+    the same 8 tokens, and identical samples' gradients cancel (seen once in a fresh-clone run, when both
+    pairs did: a step that left the greedy output unchanged)."""
+    groups = rollout_groups(server, name, groups=2, size=4, max_tokens=8)
     for group in groups:
         for index, trajectory in enumerate(group["trajectories"]):
             trajectory["reward"] = float(index)
