@@ -254,7 +254,7 @@ async def _warm_start_round(model: art.TrainableModel, questions: Sequence[Quest
         concurrency=args.warm_start_concurrency)
     episodes = [t for g in groups for t in g]
     chosen = art.best_of_groups(groups, top_k=args.warm_start_top_k, min_reward=args.warm_start_min_reward)
-    solved = sum(any((t.reward or 0.0) >= args.warm_start_min_reward for t in g) for g in groups)
+    solved = len(art.best_of_groups(groups, top_k=1, min_reward=args.warm_start_min_reward))  # one per solved question
     record: dict[str, Any] = {
         "questions": len(questions), "episodes": len(episodes), "solved_questions": solved, "kept": len(chosen),
         "sampled_accuracy": _mean([t.metrics.get("answer_correct", 0.0) for t in episodes]),

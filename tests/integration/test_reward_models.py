@@ -208,8 +208,8 @@ def test_ratings_train_a_reward_model(http: httpx.Client, server: Any) -> None:
     assert start["sequences"] >= len(rated) and events[-1]["type"] == "done", events[-1]
 
 
-def sample(http: httpx.Client, server: Any, model: str, questions: list[str], n: int) -> tuple[list[str], list[str]]:
-    """n fresh answers to each question (one trajectory per question): the trajectories and completion ids."""
+def sample(server: Any, model: str, questions: list[str], n: int) -> list[str]:
+    """n fresh answers to each question (one trajectory per question): the trajectory ids."""
     async def one(client: httpx.AsyncClient, question: str) -> str:
         trajectory = f"ppo-{uuid4().hex[:10]}"
         response = await client.post(f"/t/{trajectory}/v1/chat/completions", json={
@@ -222,14 +222,14 @@ def sample(http: httpx.Client, server: Any, model: str, questions: list[str], n:
         async with httpx.AsyncClient(base_url=server.base_url, headers=server.headers, timeout=300) as client:
             return list(await asyncio.gather(*(one(client, q) for q in questions)))
 
-    trajectories = asyncio.run(every_question())
-    return trajectories, [c["id"] for t in trajectories for c in http.get(f"/v1/trajectories/{t}").json()["completions"]]
+    return asyncio.run(every_question())
 
 
 def sample_scores(http: httpx.Client, server: Any, reward_model: str, model: str, questions: list[str],
                   n: int) -> tuple[list[str], float]:
     """n fresh answers to each question (one trajectory per question); their mean reward-model score."""
-    trajectories, ids = sample(http, server, model, questions, n)
+    trajectories = sample(server, model, questions, n)
+    ids = [c["id"] for t in trajectories for c in http.get(f"/v1/trajectories/{t}").json()["completions"]]
     return trajectories, statistics.fmean(scores(http, reward_model, [{"completion_id": i} for i in ids]))
 
 
@@ -242,7 +242,7 @@ def ppo_jobs(http: httpx.Client, server: Any, reward_model: str, policy: str, it
               "kl_horizon": 100}
     jobs = []
     for iteration in range(iterations):
-        trajectories, _ = sample(http, server, policy, TRAIN_QUESTIONS[:8], samples)
+        trajectories = sample(server, policy, TRAIN_QUESTIONS[:8], samples)
         scored_while_training: list[bool] = []
 
         def score_now(step: dict[str, Any], answered: list[bool] = scored_while_training,
