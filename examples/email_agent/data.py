@@ -33,13 +33,14 @@ from examples.email_agent import _scenarios
 from examples.email_agent.records import Email, Question, QuestionKind, Split
 
 __all__ = [
-    "DEFAULT_DATA_DIR", "Corpus", "Email", "EmailData", "Question", "QuestionKind", "Split",
-    "build_database", "generate", "load_or_build",
+    "DEFAULT_DATA_DIR", "DEFAULT_INBOXES", "MAX_INBOXES", "Corpus", "Email", "EmailData", "Question",
+    "QuestionKind", "Split", "build_database", "generate", "load_or_build",
 ]
 SPLIT_FRACTIONS: dict[Split, float] = {"train": 0.7, "val": 0.1, "test": 0.2}
 
 DEFAULT_SEED = 0
 DEFAULT_INBOXES = 4
+MAX_INBOXES = _scenarios.MAX_INBOXES
 DEFAULT_EMAILS_PER_INBOX = 750
 DEFAULT_DATA_DIR = Path(__file__).parent / "data"  # gitignored
 
@@ -80,8 +81,8 @@ def generate(
     emails_per_inbox: int = DEFAULT_EMAILS_PER_INBOX,
 ) -> Corpus:
     """The whole corpus, a pure function of its arguments. Each inbox gets at least `emails_per_inbox`."""
-    if not 1 <= inboxes <= _scenarios.MAX_INBOXES:
-        raise ValueError(f"inboxes must be between 1 and {_scenarios.MAX_INBOXES}, got {inboxes}")
+    if not 1 <= inboxes <= MAX_INBOXES:
+        raise ValueError(f"inboxes must be between 1 and {MAX_INBOXES}, got {inboxes}")
     if emails_per_inbox < 20:
         raise ValueError(f"emails_per_inbox must be at least 20, got {emails_per_inbox}")
     rng = random.Random(seed)

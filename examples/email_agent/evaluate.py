@@ -28,7 +28,15 @@ import orjson
 from tqdm import tqdm
 
 from examples.email_agent.agent import DEFAULT_MAX_TOKENS, DEFAULT_MAX_TURNS, grade_result, run_agent
-from examples.email_agent.data import DEFAULT_DATA_DIR, DEFAULT_SEED, Corpus, iter_questions, load_or_build
+from examples.email_agent.data import (
+    DEFAULT_DATA_DIR,
+    DEFAULT_INBOXES,
+    DEFAULT_SEED,
+    MAX_INBOXES,
+    Corpus,
+    iter_questions,
+    load_or_build,
+)
 from examples.email_agent.judge import LLMJudge
 from examples.email_agent.records import Question, QuestionKind, Split
 from examples.email_agent.reward import AsyncJudge
@@ -242,6 +250,8 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--tool-choice", choices=("auto", "required"), default="auto",
                         help="required: every reply is a valid tool call (the server's structured output)")
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help="corpus seed")
+    parser.add_argument("--inboxes", type=int, default=DEFAULT_INBOXES, choices=range(1, MAX_INBOXES + 1), metavar="N",
+                        help=f"inboxes in the generated corpus (1-{MAX_INBOXES})")
     parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
     parser.add_argument("--output", type=Path, help="write the summary and every episode (with messages) as JSON")
     add_judge_arguments(parser)
@@ -249,7 +259,7 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 async def _main(args: argparse.Namespace) -> int:
-    data = load_or_build(args.data_dir, args.seed)
+    data = load_or_build(args.data_dir, args.seed, inboxes=args.inboxes)
     questions = select_questions(data.corpus, args.split, args.limit)
     client = openai.AsyncOpenAI(base_url=args.base_url, api_key=args.api_key)
     episodes = await evaluate(client, args.model, questions, data.db_path, concurrency=args.concurrency,

@@ -74,3 +74,18 @@ def test_reward_weight_overrides() -> None:
         reward_weights(["right=1"])
     with pytest.raises(ValueError, match="not a number"):
         reward_weights(["wrong=zero"])
+
+
+def test_inboxes_option_scales_the_test_split_and_refuses_out_of_range(capsys: pytest.CaptureFixture[str]) -> None:
+    from examples.email_agent.data import MAX_INBOXES, generate
+    from examples.email_agent.train import _parse_args
+
+    assert _parse_args([]).inboxes == 4
+    assert _parse_args(["--inboxes", str(MAX_INBOXES)]).inboxes == MAX_INBOXES
+    with pytest.raises(SystemExit):
+        _parse_args(["--inboxes", str(MAX_INBOXES + 1)])
+    assert "--inboxes" in capsys.readouterr().err
+    # Why the option exists: twice the inboxes, about twice the held-out questions of each kind.
+    small, large = (sum(q.split == "test" and q.kind == "subject" for q in generate(0, inboxes=n).questions)
+                    for n in (4, 8))
+    assert 1.7 * small <= large <= 2.3 * small
