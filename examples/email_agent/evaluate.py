@@ -34,6 +34,7 @@ from examples.email_agent.data import (
     DEFAULT_SEED,
     MAX_INBOXES,
     Corpus,
+    EmailData,
     iter_questions,
     load_or_build,
 )
@@ -222,6 +223,20 @@ def format_table(columns: Mapping[str, EvalSummary]) -> str:
     return "\n".join(lines)
 
 
+def add_corpus_arguments(parser: argparse.ArgumentParser, *, seed_help: str) -> None:
+    """--seed, --inboxes and --data-dir: which generated corpus, and where its database is cached."""
+    parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help=seed_help)
+    parser.add_argument("--inboxes", type=int, default=DEFAULT_INBOXES, choices=range(1, MAX_INBOXES + 1), metavar="N",
+                        help=f"inboxes in the generated corpus (1-{MAX_INBOXES}); each adds its own questions, so 8 "
+                             f"inboxes give about twice the test questions of each kind that the default "
+                             f"{DEFAULT_INBOXES} give")
+    parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
+
+
+def corpus_from_arguments(args: argparse.Namespace) -> EmailData:
+    return load_or_build(args.data_dir, args.seed, inboxes=args.inboxes)
+
+
 def add_judge_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--judge-model", help="also accept answers an LLM judge calls correct (rules first)")
     parser.add_argument("--judge-base-url", help="OpenAI-compatible endpoint of the judge (default: OpenAI)")
@@ -249,17 +264,14 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--tool-choice", choices=("auto", "required"), default="auto",
                         help="required: every reply is a valid tool call (the server's structured output)")
-    parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help="corpus seed")
-    parser.add_argument("--inboxes", type=int, default=DEFAULT_INBOXES, choices=range(1, MAX_INBOXES + 1), metavar="N",
-                        help=f"inboxes in the generated corpus (1-{MAX_INBOXES})")
-    parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
+    add_corpus_arguments(parser, seed_help="corpus seed")
     parser.add_argument("--output", type=Path, help="write the summary and every episode (with messages) as JSON")
     add_judge_arguments(parser)
     return parser.parse_args(argv)
 
 
 async def _main(args: argparse.Namespace) -> int:
-    data = load_or_build(args.data_dir, args.seed, inboxes=args.inboxes)
+    data = corpus_from_arguments(args)
     questions = select_questions(data.corpus, args.split, args.limit)
     client = openai.AsyncOpenAI(base_url=args.base_url, api_key=args.api_key)
     episodes = await evaluate(client, args.model, questions, data.db_path, concurrency=args.concurrency,

@@ -33,19 +33,14 @@ import orjson
 
 import artlike as art
 from examples.email_agent.agent import DEFAULT_MAX_TOKENS, DEFAULT_MAX_TURNS
-from examples.email_agent.data import (
-    DEFAULT_DATA_DIR,
-    DEFAULT_INBOXES,
-    DEFAULT_SEED,
-    MAX_INBOXES,
-    iter_questions,
-    load_or_build,
-)
+from examples.email_agent.data import iter_questions
 from examples.email_agent.evaluate import (
     Episode,
     EvalSummary,
     accuracy_difference,
+    add_corpus_arguments,
     add_judge_arguments,
+    corpus_from_arguments,
     evaluate,
     format_table,
     judge_from_arguments,
@@ -131,12 +126,8 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     agent.add_argument("--eval-kinds", default=None,
                        help="question kinds to evaluate on (default: the --kinds trained on)")
     agent.add_argument("--eval-concurrency", type=int, default=8)
-    agent.add_argument("--seed", type=int, default=DEFAULT_SEED, help="corpus and question-order seed")
-    agent.add_argument("--inboxes", type=int, default=DEFAULT_INBOXES, choices=range(1, MAX_INBOXES + 1), metavar="N",
-                       help=f"inboxes in the generated corpus (1-{MAX_INBOXES}); the questions grow with them, so 8 "
-                            "gives an evaluation about twice as many test questions per kind as the default 4")
-    agent.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
     agent.add_argument("--output", type=Path, help="results JSON (default: DATA_DIR/results-NAME.json)")
+    add_corpus_arguments(parser, seed_help="corpus and question-order seed")
     add_judge_arguments(parser)
     args = parser.parse_args(argv)
     try:
@@ -319,7 +310,7 @@ def _tool_choice(args: argparse.Namespace) -> str | None:
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     """Baseline eval, optional warm start, RL steps through the pipeline, final eval; returns the results JSON."""
-    data = load_or_build(args.data_dir, args.seed, inboxes=args.inboxes)
+    data = corpus_from_arguments(args)
     phases = parse_curriculum(args.curriculum, args.kinds)
     trained_kinds = tuple(dict.fromkeys(k for kinds, _ in phases for k in kinds))
     train_questions = list(iter_questions(data.corpus, "train", trained_kinds))
