@@ -44,6 +44,9 @@ pytestmark = pytest.mark.integration
 
 EXTERNAL_KEY = "external-engine-key"
 PROBE = [{"role": "user", "content": "Write one sentence about rivers."}]
+# Every engine this module starts holds 0.25 GiB of KV cache, not the default 1 GiB: ~100 of its short
+# requests at once fit, and three engines beside the session's server leave the machine memory to spare.
+SMALL_KV_CACHE_GIB = 0.25
 
 
 def engines(server: Any) -> dict[str, dict[str, Any]]:
@@ -63,22 +66,46 @@ def both_serving(server: Any) -> bool:
     return all(engine["serving"] for engine in engines(server).values())
 
 
+class ExternalEngine:
+    """The operator's engine process: `ready()` waits for it to serve and returns its URL, or fails at once,
+    with its log, if it exited (rather than leaving a proxy to wait out its start-up timeout for it)."""
+
+    def __init__(self, process: subprocess.Popen[bytes], base_url: str, log_path: Path) -> None:
+        self.process, self.base_url, self.log_path = process, base_url, log_path
+
+    def ready(self, timeout: float = 600) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                log = self.log_path.read_text(errors="replace")[-3000:]
+                raise AssertionError(f"the external engine exited ({self.process.returncode}):\n{log}")
+            try:
+                if httpx.get(f"{self.base_url}/health", timeout=5).status_code == 200:
+                    return self.base_url
+            except httpx.TransportError:
+                pass  # not listening yet
+            time.sleep(1)  # another process's start-up: nothing to await instead
+        raise AssertionError(f"the external engine did not serve within {timeout:.0f}s")
+
+
 @pytest.fixture(scope="module")
-def external_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def external_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ExternalEngine]:
     """A vLLM OpenAI server as someone else would run it: same weights, name, template and dtype as the
-    proxy's own engine would have, runtime LoRA on, its own key. Not waited for: whoever uses it polls."""
+    proxy's own engine would have, runtime LoRA on, its own key. Not waited for here: its tests call
+    `ready()`. A quarter GiB of KV cache (these tests send a few short requests): at this point the session's
+    server and the pool's two engines hold memory too, and an engine that finds too little at start exits."""
     model_dir = ensure_default_model()
     tools = choose_tool_calling(model_dir)
     log_path = tmp_path_factory.mktemp("external") / "engine.log"
     config = EngineConfig(model_path=model_dir, served_model_name=DEFAULT_MODEL_ID, port=free_port(),
                           log_path=log_path, dtype="float32", chat_template=tools.chat_template,
-                          tool_call_parser=tools.parser)
+                          tool_call_parser=tools.parser, kv_cache_gib=SMALL_KV_CACHE_GIB)
     with open(log_path, "ab") as log:
         process = subprocess.Popen(build_command(config, sys.executable),
                                    env=build_env(config, os.environ, api_key=EXTERNAL_KEY),
                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        yield config.base_url
+        yield ExternalEngine(process, config.base_url, log_path)
     finally:
         os.killpg(process.pid, signal.SIGTERM)
         try:
@@ -89,11 +116,12 @@ def external_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def pool_server(tmp_path_factory: pytest.TempPathFactory, external_engine: str) -> Iterator[ServerProcess]:
+def pool_server(tmp_path_factory: pytest.TempPathFactory, external_engine: ExternalEngine) -> Iterator[ServerProcess]:
     """Two local engines. (`external_engine` only boots meanwhile, idle until the last tests use it: its
     start-up overlaps the pool's instead of adding to the suite's time.)"""
     data_dir = tmp_path_factory.mktemp("scale-out")
-    with ServerProcess(data_dir, args=[*SERVER_ARGS, "--engines", "2"], api_key=TEST_API_KEY) as running:
+    args = [*SERVER_ARGS, "--engines", "2", "--kv-cache-gib", str(SMALL_KV_CACHE_GIB)]
+    with ServerProcess(data_dir, args=args, api_key=TEST_API_KEY) as running:
         wait_for(lambda: both_serving(running), 600, "both engines serving")
         yield running
 
@@ -217,26 +245,28 @@ def test_a_trained_step_reaches_both_engines_and_survives_a_killed_engine(pool_s
 
 
 def test_an_external_engine_serves_and_gets_the_adapters(tmp_path: Path, pool_server: ServerProcess,
-                                                         external_engine: str) -> None:
+                                                         external_engine: ExternalEngine) -> None:
     pool_server.stop()  # two engines on two cores at most: the pool's are done
-    args = [*SERVER_ARGS, "--engines", "0", "--engine-url", f"{external_engine}/v1", "--engine-key", EXTERNAL_KEY]
+    external_url = external_engine.ready()
+    args = [*SERVER_ARGS, "--engines", "0", "--engine-url", f"{external_url}/v1", "--engine-key", EXTERNAL_KEY]
     with ServerProcess(tmp_path / "remote-only", args=args, api_key=TEST_API_KEY) as server:
         listed = engines(server)
-        assert list(listed) == ["remote-0"] and listed["remote-0"]["url"] == external_engine  # /v1 dropped
+        assert list(listed) == ["remote-0"] and listed["remote-0"]["url"] == external_url  # /v1 dropped
         assert listed["remote-0"]["kind"] == "remote" and listed["remote-0"]["pid"] is None
         register(server, "far")
         completion = chat(server, "far", trajectory_id=uuid.uuid4().hex)
         assert completion.model == "far@0" and completion.choices[0].logprobs.content
         # The adapter was loaded by the path the proxy sent (a shared filesystem: here, the same machine).
-        with httpx.Client(base_url=external_engine, headers={"Authorization": f"Bearer {EXTERNAL_KEY}"}) as http:
+        with httpx.Client(base_url=external_url, headers={"Authorization": f"Bearer {EXTERNAL_KEY}"}) as http:
             models = {m["id"]: m for m in http.get("/v1/models", timeout=30).json()["data"]}
         assert models["far@0"]["root"] == str(tmp_path / "remote-only" / "models" / "far" / "steps" / "0")
         assert engines(server)["remote-0"]["requests"] >= 1
 
 
-def test_a_misconfigured_external_engine_is_refused_at_start(tmp_path: Path, external_engine: str) -> None:
+def test_a_misconfigured_external_engine_is_refused_at_start(tmp_path: Path, external_engine: ExternalEngine) -> None:
     """A wrong key for the only engine: the server says so and exits instead of serving nothing."""
-    args = [*SERVER_ARGS, "--engines", "0", "--engine-url", external_engine, "--engine-key", "wrong"]
+    external_url = external_engine.ready()
+    args = [*SERVER_ARGS, "--engines", "0", "--engine-url", external_url, "--engine-key", "wrong"]
     with pytest.raises(ServerStartError, match="is --engine-key right"), \
             ServerProcess(tmp_path, args=args, api_key=TEST_API_KEY, start_timeout_s=300):
         pass

@@ -42,7 +42,7 @@ from artlike.types import RewardModelConfig
 from artlike_server import dtype_probe
 from artlike_server.engine.orphan_guard import set_parent_death_signal
 from artlike_server.hardware import DTYPE_CHOICES, decide_dtype
-from artlike_server.trainer import attention, distributed, protocol
+from artlike_server.trainer import attention, distributed, memory, protocol
 from artlike_server.trainer.adapters import AdapterSlots, check_writable, peft_lora_config
 from artlike_server.trainer.batch_file import read_batch
 from artlike_server.trainer.distributed import SINGLE, Ranks
@@ -488,6 +488,8 @@ def run_command(worker: Worker, events: EventWriter,
         logger.exception("command %s failed", command_id)
         events.emit(protocol.Failed(id=command_id, kind=type(exc).__name__, message=str(exc) or repr(exc)))
         return ("main_only" if worker.main_only_failed else "failed", type(exc).__name__), None
+    finally:
+        memory.release_freed_memory()  # the step's peak is not kept from the engines beside it
     return ("ok", ""), command
 
 
