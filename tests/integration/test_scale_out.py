@@ -44,9 +44,10 @@ pytestmark = pytest.mark.integration
 
 EXTERNAL_KEY = "external-engine-key"
 PROBE = [{"role": "user", "content": "Write one sentence about rivers."}]
-# Every engine this module starts holds 0.25 GiB of KV cache, not the default 1 GiB: ~100 of its short
-# requests at once fit, and three engines beside the session's server leave the machine memory to spare.
-SMALL_KV_CACHE_GIB = 0.25
+# Every engine this module starts holds 0.5 GiB of KV cache, not the default 1 GiB: three engines beside the
+# session's server leave the machine memory to spare. (vLLM refuses to start with less KV cache than one
+# request of the model's whole context needs: 8,192 tokens x 45 KB for SmolLM2-135M in float32, 0.35 GiB.)
+SMALL_KV_CACHE_GIB = 0.5
 
 
 def engines(server: Any) -> dict[str, dict[str, Any]]:
@@ -92,7 +93,7 @@ class ExternalEngine:
 def external_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ExternalEngine]:
     """A vLLM OpenAI server as someone else would run it: same weights, name, template and dtype as the
     proxy's own engine would have, runtime LoRA on, its own key. Not waited for here: its tests call
-    `ready()`. A quarter GiB of KV cache (these tests send a few short requests): at this point the session's
+    `ready()`. Half a GiB of KV cache (these tests send a few short requests): at this point the session's
     server and the pool's two engines hold memory too, and an engine that finds too little at start exits."""
     model_dir = ensure_default_model()
     tools = choose_tool_calling(model_dir)
