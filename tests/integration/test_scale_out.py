@@ -75,18 +75,17 @@ class ExternalEngine:
         self.process, self.base_url, self.log_path = process, base_url, log_path
 
     def ready(self, timeout: float = 600) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                log = self.log_path.read_text(errors="replace")[-3000:]
-                raise AssertionError(f"the external engine exited ({self.process.returncode}):\n{log}")
-            try:
-                if httpx.get(f"{self.base_url}/health", timeout=5).status_code == 200:
-                    return self.base_url
-            except httpx.TransportError:
-                pass  # not listening yet
-            time.sleep(1)  # another process's start-up: nothing to await instead
-        raise AssertionError(f"the external engine did not serve within {timeout:.0f}s")
+        wait_for(self._serving, timeout, "the external engine serving")
+        return self.base_url
+
+    def _serving(self) -> bool:
+        if self.process.poll() is not None:
+            log = self.log_path.read_text(errors="replace")[-3000:]
+            raise AssertionError(f"the external engine exited ({self.process.returncode}):\n{log}")
+        try:
+            return httpx.get(f"{self.base_url}/health", timeout=5).status_code == 200
+        except httpx.TransportError:
+            return False  # not listening yet
 
 
 @pytest.fixture(scope="module")
