@@ -27,3 +27,17 @@ def load_chat_tokenizer(model_path: Path | str) -> Any:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(model_path))
+
+
+def decode_as_engine(tokenizer: Any, token_ids: list[int]) -> str:
+    """The text vLLM returns for these output ids (special tokens skipped). Its detokenizer holds back a
+    token whose bytes end inside a multi-byte character until a later token completes it, so an output cut
+    off there (finish "length") ends before that whole token: with byte-level BPE one token can carry a
+    space and the first bytes of an emoji (" \\xf0\\x9f"), and dropping only the U+FFFD would keep the space.
+    The last tokens are dropped until the text ends in a whole character (at most three for UTF-8)."""
+    end = len(token_ids)
+    while True:
+        text: str = tokenizer.decode(token_ids[:end], skip_special_tokens=True)
+        if end == 0 or not text.endswith("\ufffd"):
+            return text
+        end -= 1

@@ -52,6 +52,7 @@ from ..errors import Conflict, InvalidRequest, NotFound, ServiceUnavailable
 from ..metrics import Metrics
 from ..models.manager import AdapterRefused, ModelManager, served_name
 from ..models.store import ModelStore
+from ..tokenizer import decode_as_engine
 from ..trainer import protocol
 from ..trainer.batch_file import write_batch
 from ..trainer.packing import count_gradient_steps, units_of
@@ -168,11 +169,9 @@ class TrainingService:
 
     def decode_text(self, token_ids: list[int]) -> str:
         """The text of a token sequence without special tokens, as the engine returned it (blocking: call it in
-        a thread). An output cut off inside a multi-byte character ends in U+FFFD here; vLLM's detokenizer
-        holds such bytes back, so they are dropped to give the same text."""
+        a thread; see `decode_as_engine` for an output cut off inside a character)."""
         with self._tokenizer_lock:
-            text: str = self._tokenizer().decode(token_ids, skip_special_tokens=True)
-        return text.rstrip("\ufffd")
+            return decode_as_engine(self._tokenizer(), token_ids)
 
     def conversation_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
         """The token ids of a conversation that ends with an assistant answer, as training renders it (the
