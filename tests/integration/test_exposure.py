@@ -1,13 +1,12 @@
 """Who can drive the server and its engine, and how it stops: against the real server.
 
-The shared `server` fixture answers the engine and second-server tests; one extra server of its own is
-started (and SIGTERMed mid-training) by the shutdown test."""
+The shared `server` fixture answers the engine and second-server tests. How a SIGTERM stops it mid-training
+is in test_restart.py."""
 
 from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -15,13 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import orjson
 import psutil
 import pytest
-from artlike_server.launcher import ServerProcess, free_port
+from artlike_server.launcher import free_port
 
-from tests.conftest import SERVER_ARGS, TEST_API_KEY
-from tests.integration.test_training import health, register, rollout_groups
+from tests.conftest import SERVER_ARGS
+from tests.integration.test_training import health
 
 pytestmark = pytest.mark.integration
 
@@ -78,52 +76,3 @@ def test_a_non_loopback_bind_without_an_api_key_is_refused(tmp_path: Path) -> No
     refused = serve("--host", "0.0.0.0", "--port", str(free_port()), "--data-dir", str(tmp_path))
     assert refused.returncode == 2
     assert "refusing to serve on 0.0.0.0 without an API key" in refused.stderr
-
-
-def test_sigterm_during_training_cancels_the_job_and_stops_promptly(tmp_path: Path) -> None:
-    name = "interrupted"
-    with ServerProcess(tmp_path / "data", args=SERVER_ARGS, api_key=TEST_API_KEY) as server:
-        register(server, name)
-        groups = rollout_groups(server, name)
-        details = health(server)
-        engine_pid, trainer_pid = details["engine"]["pid"], details["trainer"]["pid"]
-        engine_group = [p.pid for p in psutil.process_iter() if _pgid(p.pid) == engine_pid]
-        assert server.process is not None
-        body = {"model": name, "groups": groups, "config": {"epochs": 30, "learning_rate": 1e-4}}
-        events: list[dict[str, Any]] = []
-        signalled: float | None = None
-        with httpx.Client(timeout=600, headers=server.headers) as http, \
-                http.stream("POST", f"{server.base_url}/_train_model", json=body) as response:
-            for line in response.iter_lines():
-                events.append(orjson.loads(line))
-                if events[-1]["type"] == "step" and signalled is None:
-                    signalled = time.monotonic()
-                    server.process.send_signal(signal.SIGTERM)  # the proxy alone, as a service manager does
-                    events.append({"type": "-- SIGTERM --"})
-        assert events[-1]["type"] == "error", events[-3:]
-        assert events[-1]["code"] == "server_shutting_down" and events[-1]["served_step"] == 0
-        assert "shutting down" in events[-1]["message"]
-        server.process.wait(timeout=60)
-        assert signalled is not None and time.monotonic() - signalled < 60
-        assert server.process.returncode in (0, -signal.SIGTERM), server.process.returncode
-    leftovers = [pid for pid in [*engine_group, trainer_pid] if _alive(pid)]
-    assert leftovers == [], "engine or trainer processes outlived the server"
-    model_dir = tmp_path / "data" / "models" / name
-    assert sorted(p.name for p in (model_dir / "steps").iterdir()) == ["0"]  # the old step is still the latest
-    assert not (model_dir / "history.jsonl").exists() or not (model_dir / "history.jsonl").read_text().strip()
-    staging = model_dir / ".staging"
-    assert not staging.exists() or not any(staging.iterdir())  # staging discarded
-
-
-def _pgid(pid: int) -> int | None:
-    try:
-        return os.getpgid(pid)
-    except ProcessLookupError:
-        return None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False

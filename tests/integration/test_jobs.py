@@ -1,6 +1,7 @@
 """Managed jobs on the real server: MotteRL's API with its own payload and reward functions verbatim, the
 official `openai` SDK's files + fine_tuning.jobs flow with SeekrFlow-style graders, multi-step episodes,
-reward errors and timeouts (the server keeps serving), bad requests, and a restart in the middle of a job."""
+reward errors and timeouts (the server keeps serving) and bad requests. A restart in the middle of a job is in
+test_restart.py."""
 
 from __future__ import annotations
 
@@ -317,27 +318,6 @@ async def test_openai_bad_requests(http: httpx.AsyncClient, server: Any) -> None
     no_tool_function = await create(training_file=tool_row["id"], method={"type": "reinforcement", "reinforcement": {
         "grader": {"type": "python", "name": "p", "source": "def grade(sample, item):\n    return 1.0\n"}}})
     assert no_tool_function.status_code == 400 and "get_weather" in no_tool_function.json()["error"]["message"]
-
-
-@pytest.mark.disruptive
-async def test_a_restart_resumes_a_running_job_from_its_last_committed_iteration(server: Any) -> None:
-    async with httpx.AsyncClient(base_url=server.base_url, headers=server.headers, timeout=120) as http:
-        started = await http.post("/api/training/start", json={
-            "model": server.model_id, "learningRate": 1e-4, "iterations": 3, "batchSize": 1,
-            "rewardFunction": "def reward_fn(completion, **kwargs):\n    return len(completion[0]['content']) / 50\n",
-            "trainingData": MOTTERL_ROWS, "groupSize": 2, "maxTokens": 8})
-        job_id = started.json()["job_id"]
-        await wait_for(http, job_id, lambda j: j["artlike"]["iteration"] >= 1 or finished(j))
-    server.stop()
-    server.start()
-    async with httpx.AsyncClient(base_url=server.base_url, headers=server.headers, timeout=120) as http:
-        job = await wait_for(http, job_id, finished)
-        assert job["status"] == "succeeded", job["error"]
-        events = await events_of(http, job_id)
-        messages = [e["message"] for e in events]
-        assert any("the server restarted; the job resumes from iteration" in m for m in messages), messages
-        iterations = [e["data"]["iteration"] for e in events if e["type"] == "metrics"]
-        assert sorted(set(iterations)) == [1, 2, 3]
 
 
 async def test_pause_and_resume_through_the_sdk(server: Any) -> None:

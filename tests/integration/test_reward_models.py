@@ -85,17 +85,33 @@ def http(server: Any) -> Iterator[httpx.Client]:
         yield client
 
 
-@pytest.fixture(scope="module")
-def yes_reward_model(http: httpx.Client, server: Any) -> str:
-    """A reward model trained on 48 pairs (16 questions × 3): step 1 prefers answers that say yes."""
+def train_yes_reward_model(http: httpx.Client, server: Any, *, pairs_per_question: int, epochs: int,
+                           gradient_steps_per_epoch: int, learning_rate: float) -> str:
+    """A reward model trained on the 16 training questions' pairs; its step 1 prefers answers that say yes."""
     name = register(http, server, "rm-yes", kind="reward")
     rng = random.Random(0)
-    pairs = [yes_pair(rng, question) for question in TRAIN_QUESTIONS for _ in range(3)]
+    pairs = [yes_pair(rng, question) for question in TRAIN_QUESTIONS for _ in range(pairs_per_question)]
     steps = train(http, {"model": name, "pairs": pairs, "config": {
-        "objective": "reward_model", "epochs": 2, "gradient_steps_per_epoch": 3, "learning_rate": 3e-4}})
-    assert [s["objective"] for s in steps] == ["reward_model"] * 6
+        "objective": "reward_model", "epochs": epochs, "gradient_steps_per_epoch": gradient_steps_per_epoch,
+        "learning_rate": learning_rate}})
+    assert [s["objective"] for s in steps] == ["reward_model"] * epochs * gradient_steps_per_epoch
     assert steps[-1]["metrics"]["accuracy"] == 1.0 and steps[-1]["metrics"]["bt_loss"] < steps[0]["metrics"]["bt_loss"]
     return f"{name}@1"
+
+
+@pytest.fixture(scope="module")
+def yes_reward_model(http: httpx.Client, server: Any) -> str:
+    """32 pairs, one epoch of 2 gradient steps (18 s on 2 cores). Measured: every held-out pair ordered
+    right, the smallest yes-over-no margin 0.54."""
+    return train_yes_reward_model(http, server, pairs_per_question=2, epochs=1, gradient_steps_per_epoch=2,
+                                  learning_rate=5e-4)
+
+
+@pytest.fixture(scope="module")
+def strong_yes_reward_model(http: httpx.Client, server: Any) -> str:
+    """For the learning test: 48 pairs, 2 epochs of 3 gradient steps (49 s), smallest held-out margin 1.8."""
+    return train_yes_reward_model(http, server, pairs_per_question=3, epochs=2, gradient_steps_per_epoch=3,
+                                  learning_rate=3e-4)
 
 
 def test_a_reward_model_learns_a_preference_and_scores_it_everywhere(http: httpx.Client, server: Any,
@@ -281,7 +297,7 @@ def test_ppo_against_the_reward_model_adapts_the_kl_coefficient_and_saves_its_st
     assert missing.status_code == 400 and missing.json()["error"]["code"] == "missing_reward"
     assert "reward_model" in missing.json()["error"]["message"]
 
-    jobs = ppo_jobs(http, server, yes_reward_model, policy, iterations=2, samples=4)  # mechanics: half the samples
+    jobs = ppo_jobs(http, server, yes_reward_model, policy, iterations=2, samples=2)  # mechanics: a quarter of the samples
     first, *later = jobs
     assert first["kl_coef"] == pytest.approx(0.05) and first["kl_old_ref"] == pytest.approx(0.0, abs=1e-6)
     for job, following in zip(jobs, later, strict=False):
@@ -295,11 +311,12 @@ def test_ppo_against_the_reward_model_adapts_the_kl_coefficient_and_saves_its_st
 
 
 @pytest.mark.learning
-def test_ppo_raises_the_reward_model_score(http: httpx.Client, server: Any, yes_reward_model: str) -> None:
+def test_ppo_raises_the_reward_model_score(http: httpx.Client, server: Any,
+                                           strong_yes_reward_model: str) -> None:
     policy = register(http, server, "ppo-learns")
-    _, before = sample_scores(http, server, yes_reward_model, f"{policy}@0", HELD_OUT, 16)
-    jobs = ppo_jobs(http, server, yes_reward_model, policy, iterations=4)
-    _, after = sample_scores(http, server, yes_reward_model, policy, HELD_OUT, 16)
+    _, before = sample_scores(http, server, strong_yes_reward_model, f"{policy}@0", HELD_OUT, 16)
+    jobs = ppo_jobs(http, server, strong_yes_reward_model, policy, iterations=4)
+    _, after = sample_scores(http, server, strong_yes_reward_model, policy, HELD_OUT, 16)
     # Measured: +0.33 and +0.37 over four jobs (the reward model's yes/no margin is ~1.5); 128 samples each
     # put the noise at ~0.09. The policy's own probability of a yes is read without sampling.
     assert after > before + 0.1, (before, after, [job["score_mean"] for job in jobs])

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import time
 import uuid
@@ -15,9 +14,6 @@ import httpx
 import openai
 import orjson
 import pytest
-from artlike_server.launcher import ServerProcess
-
-from tests.conftest import SERVER_ARGS
 
 pytestmark = pytest.mark.integration
 
@@ -228,52 +224,3 @@ def test_trainer_crash_mid_job_reports_error_and_keeps_serving(server: Any) -> N
     # the trainer comes back for the next job
     lines = train_lines(server, {"model": name, "groups": groups})
     assert lines[-1][1]["type"] == "done" and lines[-1][1]["step"] == 1
-
-
-def clone_model(data_dir: Path, source: str, name: str) -> Path:
-    """A copy of a stored model under another name (its model.json renamed), as a second user's model."""
-    target = data_dir / "models" / name
-    shutil.copytree(data_dir / "models" / source, target)
-    record = orjson.loads((target / "model.json").read_bytes())
-    (target / "model.json").write_bytes(orjson.dumps({**record, "name": name}))
-    return target
-
-
-def test_restarted_server_serves_latest_step_and_nothing_on_disk_bricks_a_start(server: Any, tmp_path: Path) -> None:
-    name = "survivor"
-    register(server, name)
-    train_lines(server, {"model": name, "groups": rollout_groups(server, name),
-                         "config": {"learning_rate": 2e-3, "max_grad_norm": 10.0}})
-    expected = greedy_probe(server, name)
-    base_output = greedy_probe(server, server.model_id)
-    copy = tmp_path / "data"
-    shutil.copytree(server.data_dir, copy, ignore=shutil.ignore_patterns("completions.sqlite*", "logs", "*.log"))
-    # A step whose weights were cut short (a disk fault): the engine refuses it, the model falls back.
-    corrupt = clone_model(copy, name, "corrupt")
-    weights = corrupt / "steps" / "1" / "adapter_model.safetensors"
-    weights.write_bytes(weights.read_bytes()[:1000])
-    # What a kill -9 between a step's rename and its history line leaves: the step was never committed.
-    interrupted = clone_model(copy, name, "interrupted")
-    (interrupted / "history.jsonl").write_bytes(b"")
-    # A model.json that cannot be read: that model is left out, the others are served.
-    (copy / "models" / "garbled").mkdir()
-    (copy / "models" / "garbled" / "model.json").write_text("{not json")
-    with ServerProcess(copy, args=SERVER_ARGS, api_key=server.api_key) as restarted:
-        assert health(restarted)["status"] == "ok"
-        assert latest_step(restarted, name) == 1
-        assert_same_output(greedy_probe(restarted, name), expected)
-        assert_same_output(greedy_probe(restarted, f"{name}@1"), expected)
-        for fallback in ("corrupt", "interrupted"):
-            assert latest_step(restarted, fallback) == 0, fallback
-            # step 0 is the untrained adapter: it answers as the base model does
-            assert_same_output(greedy_probe(restarted, fallback), base_output)
-        assert not (interrupted / "steps" / "1").exists()  # removed: it can never be served
-        assert (corrupt / "steps" / "1").exists()  # committed: kept on disk for the operator, logged
-        listed = httpx.get(f"{restarted.base_url}/v1/trainable_models", headers=restarted.headers, timeout=30)
-        assert "garbled" not in {m["name"] for m in listed.json()["data"]}
-        # the next job of the fallen-back model commits past the refused step instead of colliding with it
-        lines = train_lines(restarted, {"model": "corrupt", "groups": rollout_groups(restarted, "corrupt"),
-                                        "config": {"learning_rate": 1e-4}})
-        assert lines[-1][1]["type"] == "done" and lines[-1][1]["step"] == 2, lines[-1]
-    log = restarted.log_path.read_text()
-    assert "step 1 of 'corrupt' cannot be served" in log and "removing step 1 of 'interrupted'" in log

@@ -1,0 +1,190 @@
+"""Stopping and starting the shared server: one SIGTERM, one start, and what each promises.
+
+- **SIGTERM while it trains** (as a service manager stops it: the proxy alone is signalled): the
+  `/_train_model` stream ends with `server_shutting_down`, the proxy, engine, trainer and reward workers all
+  exit within a minute, and nothing of the interrupted step is left on disk.
+- **A managed job that was running resumes** from its last committed iteration once the server is back.
+- **The restarted server serves each model's latest committed step, and nothing on disk bricks a start**:
+  a step whose weights were cut short falls back to the step before, a step never committed is removed,
+  an unreadable model.json leaves that model out.
+
+The three used to start a server each; a start costs ~35 s on 2 cores, so they share this one stop of the
+session's server (`disruptive`: after every other test). The scenario runs once, in the module fixture;
+each test checks one promise on what it recorded."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import psutil
+import pytest
+
+from tests.integration.test_training import (
+    assert_same_output,
+    greedy_probe,
+    health,
+    latest_step,
+    register,
+    rollout_groups,
+    train_lines,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.disruptive]
+
+SURVIVOR = "survivor"  # trained one step before the stop
+INTERRUPTED = "interrupted"  # training when the SIGTERM comes
+JOB_ITERATIONS = 5  # enough that the job is still running when the SIGTERM comes (it shares the trainer)
+JOB_REWARD = "def reward_fn(completion, **kwargs):\n    return len(completion[0]['content']) / 50\n"
+
+
+@dataclass
+class Restart:
+    events: list[dict[str, Any]]  # the interrupted /_train_model stream, a "-- SIGTERM --" marker included
+    exit_s: float  # from the SIGTERM to the proxy's exit
+    returncode: int
+    leftovers: list[str]  # the proxy's descendants still alive after it exited
+    job_id: str
+    survivor_output: tuple[str, list[float]]  # greedy, before the stop
+    base_output: tuple[str, list[float]]
+
+
+def wait_job(http: httpx.Client, job_id: str, predicate: Callable[[dict[str, Any]], bool],
+             limit_s: float = 420) -> dict[str, Any]:
+    deadline = time.monotonic() + limit_s
+    while not predicate(job := http.get(f"/v1/fine_tuning/jobs/{job_id}").json()):
+        assert time.monotonic() < deadline, f"job {job_id} never got there: {job}"
+        time.sleep(0.5)  # polling another process: nothing to await instead
+    return job
+
+
+def finished(job: dict[str, Any]) -> bool:
+    return job["status"] in {"succeeded", "failed", "cancelled"}
+
+
+def train_until_sigterm(server: Any, groups: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], float]:
+    """A long /_train_model job of INTERRUPTED; the proxy gets SIGTERM at its first step. Returns the stream's
+    lines and when the signal was sent."""
+    body = {"model": INTERRUPTED, "groups": groups, "config": {"epochs": 30, "learning_rate": 1e-4}}
+    events: list[dict[str, Any]] = []
+    signalled: float | None = None
+    with httpx.Client(timeout=600, headers=server.headers) as http, \
+            http.stream("POST", f"{server.base_url}/_train_model", json=body) as response:
+        for line in response.iter_lines():
+            events.append(orjson.loads(line))
+            if events[-1]["type"] == "step" and signalled is None:
+                signalled = time.monotonic()
+                server.process.send_signal(signal.SIGTERM)
+                events.append({"type": "-- SIGTERM --"})
+    assert signalled is not None, events
+    return events, signalled
+
+
+def clone_model(data_dir: Path, source: str, name: str) -> Path:
+    """A copy of a stored model under another name (its model.json renamed), as a second user's model."""
+    target = data_dir / "models" / name
+    shutil.copytree(data_dir / "models" / source, target)
+    record = orjson.loads((target / "model.json").read_bytes())
+    (target / "model.json").write_bytes(orjson.dumps({**record, "name": name}))
+    return target
+
+
+def damage(data_dir: Path) -> None:
+    """What disks and kills leave behind, planted while the server is down."""
+    corrupt = clone_model(data_dir, SURVIVOR, "corrupt")  # a step whose weights were cut short: a disk fault
+    weights = corrupt / "steps" / "1" / "adapter_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    # What a kill -9 between a step's rename and its history line leaves: the step was never committed.
+    uncommitted = clone_model(data_dir, SURVIVOR, "uncommitted")
+    (uncommitted / "history.jsonl").write_bytes(b"")
+    (data_dir / "models" / "garbled").mkdir()  # a model.json that cannot be read
+    (data_dir / "models" / "garbled" / "model.json").write_text("{not json")
+
+
+@pytest.fixture(scope="module")
+def restart(server: Any) -> Restart:
+    register(server, SURVIVOR)
+    train_lines(server, {"model": SURVIVOR, "groups": rollout_groups(server, SURVIVOR),
+                         "config": {"learning_rate": 2e-3, "max_grad_norm": 10.0}})
+    survivor_output, base_output = greedy_probe(server, SURVIVOR), greedy_probe(server, server.model_id)
+    register(server, INTERRUPTED)
+    groups = rollout_groups(server, INTERRUPTED)
+
+    with httpx.Client(base_url=server.base_url, headers=server.headers, timeout=120) as http:
+        started = http.post("/api/training/start", json={
+            "model": server.model_id, "learningRate": 1e-4, "iterations": JOB_ITERATIONS, "batchSize": 1,
+            "rewardFunction": JOB_REWARD, "trainingData": [{"prompt": "What is AI?"}, {"prompt": "Define ML"}],
+            "groupSize": 2, "maxTokens": 8})
+        assert started.status_code == 200, started.text
+        job_id = started.json()["job_id"]
+        wait_job(http, job_id, lambda j: j["artlike"]["iteration"] >= 1 or finished(j))
+
+    assert server.process is not None
+    descendants = psutil.Process(server.process.pid).children(recursive=True)  # engine, trainer, reward workers
+    events, signalled = train_until_sigterm(server, groups)
+    returncode = server.process.wait(timeout=120)
+    exit_s = time.monotonic() - signalled
+    _, alive = psutil.wait_procs(descendants, timeout=10)  # the proxy waited for its engine and trainer already
+    leftovers = [f"{p.pid} {p.name()}" for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+
+    damage(Path(server.data_dir))
+    server.start()
+    return Restart(events=events, exit_s=exit_s, returncode=returncode, leftovers=leftovers, job_id=job_id,
+                   survivor_output=survivor_output, base_output=base_output)
+
+
+def test_sigterm_during_training_cancels_the_job_and_stops_promptly(restart: Restart, server: Any) -> None:
+    last = restart.events[-1]
+    assert last["type"] == "error", restart.events[-3:]
+    assert last["code"] == "server_shutting_down" and last["served_step"] == 0
+    assert "shutting down" in last["message"]
+    assert restart.exit_s < 60, restart.exit_s
+    assert restart.returncode in (0, -signal.SIGTERM), restart.returncode
+    assert restart.leftovers == [], "engine, trainer or reward processes outlived the server"
+    model_dir = Path(server.data_dir) / "models" / INTERRUPTED
+    assert sorted(p.name for p in (model_dir / "steps").iterdir()) == ["0"]  # the old step is still the latest
+    assert not (model_dir / "history.jsonl").exists() or not (model_dir / "history.jsonl").read_text().strip()
+    staging = model_dir / ".staging"
+    assert not staging.exists() or not any(staging.iterdir())  # staging discarded
+    assert latest_step(server, INTERRUPTED) == 0
+
+
+def test_a_running_job_resumes_from_its_last_committed_iteration(restart: Restart, server: Any) -> None:
+    with httpx.Client(base_url=server.base_url, headers=server.headers, timeout=120) as http:
+        job = wait_job(http, restart.job_id, finished)
+        assert job["status"] == "succeeded", job["error"]
+        body = http.get(f"/v1/fine_tuning/jobs/{restart.job_id}/events", params={"limit": 1000}).json()
+    events = list(reversed(body["data"]))  # oldest first
+    messages = [e["message"] for e in events]
+    assert any("the server restarted; the job resumes from iteration" in m for m in messages), messages
+    iterations = [e["data"]["iteration"] for e in events if e["type"] == "metrics"]
+    assert sorted(set(iterations)) == list(range(1, JOB_ITERATIONS + 1))
+
+
+def test_the_latest_step_is_served_and_nothing_on_disk_bricks_a_start(restart: Restart, server: Any) -> None:
+    assert health(server)["status"] == "ok"
+    assert latest_step(server, SURVIVOR) == 1
+    assert_same_output(greedy_probe(server, SURVIVOR), restart.survivor_output)
+    assert_same_output(greedy_probe(server, f"{SURVIVOR}@1"), restart.survivor_output)
+    models = Path(server.data_dir) / "models"
+    for fallback in ("corrupt", "uncommitted"):
+        assert latest_step(server, fallback) == 0, fallback
+        # step 0 is the untrained adapter: it answers as the base model does
+        assert_same_output(greedy_probe(server, fallback), restart.base_output)
+    assert not (models / "uncommitted" / "steps" / "1").exists()  # removed: it can never be served
+    assert (models / "corrupt" / "steps" / "1").exists()  # committed: kept on disk for the operator, logged
+    listed = httpx.get(f"{server.base_url}/v1/trainable_models", headers=server.headers, timeout=30)
+    assert "garbled" not in {m["name"] for m in listed.json()["data"]}
+    # the next job of the fallen-back model commits past the refused step instead of colliding with it
+    lines = train_lines(server, {"model": "corrupt", "groups": rollout_groups(server, "corrupt"),
+                                 "config": {"learning_rate": 1e-4}})
+    assert lines[-1][1]["type"] == "done" and lines[-1][1]["step"] == 2, lines[-1]
+    log = server.log_path.read_text()
+    assert "step 1 of 'corrupt' cannot be served" in log and "removing step 1 of 'uncommitted'" in log
