@@ -110,6 +110,14 @@ def damage(data_dir: Path) -> None:
 
 @pytest.fixture(scope="module")
 def restart(server: Any) -> Restart:
+    try:
+        return stop_and_start(server)
+    finally:
+        if server.process.poll() is not None:  # the scenario failed while the server was down: later tests need it
+            server.start()
+
+
+def stop_and_start(server: Any) -> Restart:
     register(server, SURVIVOR)
     train_lines(server, {"model": SURVIVOR, "groups": rollout_groups(server, SURVIVOR),
                          "config": {"learning_rate": 2e-3, "max_grad_norm": 10.0}})
