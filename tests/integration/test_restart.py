@@ -27,6 +27,7 @@ import orjson
 import psutil
 import pytest
 
+from tests.integration.test_jobs import finished
 from tests.integration.test_training import (
     assert_same_output,
     greedy_probe,
@@ -63,10 +64,6 @@ def wait_job(http: httpx.Client, job_id: str, predicate: Callable[[dict[str, Any
         assert time.monotonic() < deadline, f"job {job_id} never got there: {job}"
         time.sleep(0.5)  # polling another process: nothing to await instead
     return job
-
-
-def finished(job: dict[str, Any]) -> bool:
-    return job["status"] in {"succeeded", "failed", "cancelled"}
 
 
 def train_until_sigterm(server: Any, groups: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], float]:

@@ -35,7 +35,7 @@ import pytest
 from artlike_server.default_model import DEFAULT_MODEL_ID, ensure_default_model
 from artlike_server.engine.launch import EngineConfig, build_command, build_env, free_port
 from artlike_server.engine.tool_calling import choose_tool_calling
-from artlike_server.launcher import ServerProcess, ServerStartError
+from artlike_server.launcher import ServerProcess, ServerStartError, log_tail
 
 from tests.conftest import SERVER_ARGS, TEST_API_KEY
 from tests.integration.test_training import LOGPROB_TOLERANCE, health, register, rollout_groups, train_lines
@@ -80,8 +80,7 @@ class ExternalEngine:
 
     def _serving(self) -> bool:
         if self.process.poll() is not None:
-            log = self.log_path.read_text(errors="replace")[-3000:]
-            raise AssertionError(f"the external engine exited ({self.process.returncode}):\n{log}")
+            raise AssertionError(f"the external engine exited ({self.process.returncode}):\n{log_tail(self.log_path)}")
         try:
             return httpx.get(f"{self.base_url}/health", timeout=5).status_code == 200
         except httpx.TransportError:
