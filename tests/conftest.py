@@ -12,8 +12,9 @@ from artlike_server.launcher import ServerProcess
 TEST_API_KEY = "test-key"
 # No tool flags: the default server turns tool calling on by itself (tool-chatml + hermes for the default
 # model), and the tool tests prove it.
-# A short reward timeout: the jobs tests' reward that loops forever is killed after 3 s, not 10.
-SERVER_ARGS = ["--dtype", "float32", "--trainer-dtype", "float32", "--reward-timeout", "3"]
+# A short reward timeout: the jobs tests' reward that loops forever is killed after 3 s, not 10; a stuck
+# text grader after 2 s, not 5.
+SERVER_ARGS = ["--dtype", "float32", "--trainer-dtype", "float32", "--reward-timeout", "3", "--grader-timeout", "2"]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -27,8 +27,10 @@ from .engine.placement import trainer_owns_its_cores
 from .engine.pool_setup import build_engine_pool
 from .engine.supervisor import EngineState
 from .errors import install_error_handlers
+from .hosts import HostPolicy
 from .jobs.files import FileStore
 from .jobs.files_router import router as files_router
+from .jobs.grader_pool import GraderLimits, GraderPool
 from .jobs.graders_router import router as graders_router
 from .jobs.graders_service import GraderService
 from .jobs.intake import check_grade_source
@@ -134,6 +136,7 @@ def create_app(settings: ServerSettings, *, on_fatal: Callable[[BaseException], 
             if state.tensorboard is not None:
                 state.tensorboard.close()
             await state.sandbox.close()
+            await state.graders.close()
             await judge.aclose()
             await scorer.aclose()
 
@@ -144,7 +147,8 @@ def create_app(settings: ServerSettings, *, on_fatal: Callable[[BaseException], 
     app.add_middleware(CompletionRoutes)  # innermost: the completion hot path skips FastAPI's layers
     # Outermost last: every request is counted (401/413 too); a bad key is rejected before the body is read.
     app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=settings.max_body_bytes)
-    app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key, sessions=ui_sessions)
+    app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key, sessions=ui_sessions,
+                       hosts=HostPolicy.from_options(settings.allowed_hosts, settings.host))
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
     app.include_router(openai_router)
     app.include_router(models_router)
@@ -211,10 +215,16 @@ def _build_state(settings: ServerSettings, metrics: Metrics, judge: ServerJudge,
     sandbox_limits = SandboxLimits(call_timeout_s=settings.reward_timeout_s, workers=settings.reward_workers,
                                    memory_bytes=settings.reward_memory_bytes)
     sandbox = Sandbox(Path(tempfile.mkdtemp(prefix="artlike-sandbox-")), hidden_paths=[settings.data_dir],
-                      limits=sandbox_limits)
+                      limits=sandbox_limits, allow_unsafe=settings.unsafe_user_code)
+    _log_sandbox(sandbox)
+    # The text graders' work runs in killable worker processes, never on the event loop.
+    grader_pool = GraderPool(GraderLimits(timeout_s=settings.grader_timeout_s, workers=settings.grader_workers,
+                                          memory_bytes=settings.grader_memory_bytes,
+                                          max_text_chars=settings.max_grader_chars))
+    graders = GraderService(python_grader_runner(sandbox), judge, check_source=check_grade_source, scorer=scorer,
+                            pool=grader_pool, require_sandbox=sandbox.require)
     jobs = JobService(JobStore(settings.data_dir / "jobs"), sandbox, ServerAccess(self_url(settings), settings.api_key),
-                      judge, scorer)
-    graders = GraderService(python_grader_runner(sandbox), judge, check_source=check_grade_source, scorer=scorer)
+                      judge, scorer, compute=graders.compute)
     studio = StudioStore(settings.data_dir / "studio.sqlite")
     training.step_observers.append(studio.record_rewards)  # the trajectory browser's rewards
     continual = ContinualTrainer(studio, training, models, completion_log, engine)
@@ -232,6 +242,18 @@ def _build_state(settings: ServerSettings, metrics: Metrics, judge: ServerJudge,
                     scoring=RewardScoring(store, models, completion_log, trainer, training.conversation_ids,
                                           max_input_tokens=settings.sequence_token_limit),
                     dialects={"responses": ResponsesDialect(response_store), "messages": MessagesDialect()})
+
+
+def _log_sandbox(sandbox: Sandbox) -> None:
+    """Say at start how user code runs here: isolated (and how), unisolated by the operator's choice, or refused."""
+    report = sandbox.enforcement()
+    if sandbox.isolated:
+        log.info("sandbox: user code runs isolated (%s; memory %s)", report["isolation"], report["memory"])
+    elif sandbox.allow_unsafe:
+        log.warning("sandbox: user code runs UNISOLATED as the server's own user, with its network and files "
+                    "(--unsafe-user-code): %s", sandbox.isolation.missing)
+    else:
+        log.warning("sandbox: %s", sandbox.refusal())
 
 
 SESSION_REAP_INTERVAL_S = 5.0

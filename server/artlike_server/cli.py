@@ -14,6 +14,7 @@ from typing import Annotated
 import typer
 import uvicorn
 
+from .child_env import drop_secrets
 from .data_dir_lock import DataDirInUse, DataDirLock
 from .default_model import DEFAULT_MODEL_ID, ensure_default_model
 from .engine.launch import detect_device, parse_cpu_list
@@ -22,6 +23,7 @@ from .engine.pool_setup import remote_keys
 from .engine.templates import resolve_chat_template
 from .engine.tool_calling import choose_tool_calling
 from .hardware import DTYPE_CHOICES, DtypeChoice, Role, choose_dtypes
+from .hosts import ALLOW_ANY, HostPolicy
 from .settings import ServerSettings
 
 _MIB = 1024 * 1024
@@ -42,7 +44,19 @@ def serve(
     host: str = "127.0.0.1",
     port: int = 8000,
     data_dir: Annotated[Path, typer.Option(help="Adapters, history, completion log, logs.")] = Path("~/.artlike"),
-    api_key: Annotated[str | None, typer.Option(envvar="ARTLIKE_API_KEY", help="Require this bearer token.")] = None,
+    api_key: Annotated[str | None, typer.Option(
+        envvar="ARTLIKE_API_KEY", help="Require this bearer token. Every local user can read a command line: prefer "
+                                       "--api-key-file or the environment variable.")] = None,
+    api_key_file: Annotated[Path | None, typer.Option(
+        help="Read the API key from this file (its first line; keep it readable by this user only).")] = None,
+    allowed_hosts: Annotated[list[str] | None, typer.Option(
+        envvar="ARTLIKE_ALLOWED_HOSTS", help="A name this server is reached by besides localhost and IP addresses "
+        "(repeatable, or comma-separated); requests naming any other host are refused, against DNS rebinding. "
+        "The --host name is allowed by itself. '*' allows any name: unsafe without an API key.")] = None,
+    forwarded_allow_ips: Annotated[str | None, typer.Option(
+        help="Proxies whose X-Forwarded-For and X-Forwarded-Proto are trusted (comma-separated addresses, '*': "
+             "any), e.g. 127.0.0.1 behind a TLS-terminating proxy on this machine: the studio page's cookie is "
+             "then marked Secure for https requests. Default: none.")] = None,
     insecure_no_api_key: Annotated[bool, typer.Option(
         "--insecure-no-api-key", help="Serve a non-loopback --host without an API key: anyone who can reach "
         "the port can then generate, train and delete models.")] = False,
@@ -84,6 +98,8 @@ def serve(
     engine_key: Annotated[list[str] | None, typer.Option(
         envvar="ARTLIKE_ENGINE_KEY", help="The key --engine-url engines require: one for all, or one per URL in "
                                           "order (repeatable).")] = None,
+    engine_key_file: Annotated[Path | None, typer.Option(
+        help="Read the --engine-key values from this file instead, one a line.")] = None,
     engine_api_key: Annotated[str | None, typer.Option(
         envvar="ARTLIKE_ENGINE_API_KEY", help="The key vLLM requires on every route but /health. Default: a "
         "random one per engine start; set it only for tools that call vLLM directly (the benchmarks).")] = None,
@@ -102,6 +118,10 @@ def serve(
              "GPU (docs/multi-gpu-training.md). Default: the first visible one.")] = None,
     max_recorded_choices: Annotated[int, typer.Option(
         min=1, help="Largest `n` of one request through a trajectory URL (each choice is a log row).")] = 16,
+    max_request_tokens: Annotated[int, typer.Option(
+        min=1, help="Most output token entries one completion request may ask for: n x max_tokens (the model's "
+                    "length when absent) x (1 + top_logprobs); bounds the engine answer the server reads.")
+    ] = 16 * 4096 * 21,
     max_train_records: Annotated[int, typer.Option(
         min=1, help="Most recorded completions one /_train_model request may read.")] = 16_384,
     max_train_mb: Annotated[float, typer.Option(
@@ -122,12 +142,40 @@ def serve(
         min=0.1, help="Seconds one call of user reward code (reward_fn, grade, tools) may take in the sandbox.")] = 10.0,
     reward_workers: Annotated[int, typer.Option(min=1, help="Sandbox worker processes for user reward code.")] = 2,
     reward_memory_mb: Annotated[int, typer.Option(
-        min=64, help="Address-space limit of one sandbox worker in MiB.")] = 1024,
+        min=64, help="Memory of one sandbox worker in MiB (all its processes; without a writable cgroup, split "
+                     "over its few processes' address spaces).")] = 1024,
+    unsafe_user_code: Annotated[bool, typer.Option(
+        "--unsafe-user-code", help="Run user code (reward functions, python graders, tools, next_turn) even where "
+                                   "it cannot be isolated (no unshare, no user namespaces): it then runs as the "
+                                   "server's own user, with its network and files. Refused otherwise.")] = False,
+    grader_timeout: Annotated[float, typer.Option(
+        min=0.1, help="Seconds one text grader (text_similarity, math_accuracy, format) may compute before its "
+                      "worker is killed: graders/run answers 504, a job's sample scores 0.")] = 5.0,
+    grader_workers: Annotated[int, typer.Option(min=1, help="Worker processes for the text graders.")] = 2,
+    grader_memory_mb: Annotated[int, typer.Option(
+        min=128, help="Address-space limit of one grader worker in MiB.")] = 1024,
+    max_grader_chars: Annotated[int, typer.Option(
+        min=1, help="Longest text a grader compares (the sample, a rendered input or reference), in characters.")
+    ] = 20_000,
     tensorboard_dir: Annotated[Path | None, typer.Option(
         help="Also write every trained step's metrics as TensorBoard event files here (one run per model).")] = None,
     log_level: str = "info",
 ) -> None:
     """Serve the OpenAI API with recording and training (and the studio page at /ui)."""
+    api_key = _one_secret(api_key, api_key_file, "--api-key")
+    if engine_key_file is not None:
+        if engine_key:
+            raise typer.BadParameter("give --engine-key or --engine-key-file, not both", param_hint="--engine-key-file")
+        engine_key = _secret_lines(engine_key_file, "--engine-key-file")
+    # Read once, kept out of every child process's environment (child_env.py).
+    drop_secrets(os.environ, [s for s in (api_key, engine_api_key, *(engine_key or ())) if s])
+    try:
+        HostPolicy.from_options(allowed_hosts or (), host)
+    except ValueError as error:
+        raise typer.BadParameter(str(error), param_hint="--allowed-hosts") from error
+    if not api_key and ALLOW_ANY in " ".join(allowed_hosts or ()).replace(",", " ").split():
+        typer.echo("artlike: WARNING: --allowed-hosts '*' without an API key: any web page the browser on this "
+                   "machine opens can drive this server (DNS rebinding).", err=True)
     if not api_key and not is_loopback_host(host):
         if not insecure_no_api_key:
             typer.echo(f"artlike: refusing to serve on {host} without an API key: anyone who can reach it could "
@@ -182,6 +230,8 @@ def serve(
         host=host,
         port=port,
         api_key=api_key or None,
+        allowed_hosts=tuple(allowed_hosts or ()),
+        forwarded_allow_ips=forwarded_allow_ips or None,
         reject_seed=_seed_is_unsafe(resolved_device, engine_arg or []) if reject_seed is None else reject_seed,
         device=resolved_device,
         engine_dtype=dtypes["engine"].dtype,
@@ -207,6 +257,7 @@ def serve(
         trainer_dtype_source=dtypes["trainer"].source,
         gradient_checkpointing=gradient_checkpointing,
         max_recorded_choices=max_recorded_choices,
+        max_request_tokens=max_request_tokens,
         max_train_records=max_train_records,
         max_train_bytes=int(max_train_mb * _MIB),
         max_gradient_steps=max_gradient_steps,
@@ -218,6 +269,11 @@ def serve(
         reward_timeout_s=reward_timeout,
         reward_workers=reward_workers,
         reward_memory_bytes=reward_memory_mb * _MIB,
+        unsafe_user_code=unsafe_user_code,
+        grader_timeout_s=grader_timeout,
+        grader_workers=grader_workers,
+        grader_memory_bytes=grader_memory_mb * _MIB,
+        max_grader_chars=max_grader_chars,
         tensorboard_dir=tensorboard_dir.expanduser().resolve() if tensorboard_dir else None,
     )
     raise typer.Exit(run(settings, log_level=log_level))
@@ -232,6 +288,34 @@ def _engine_url(url: str) -> str:
     path = parsed.path.rstrip("/")
     path = path.removesuffix("/v1")
     return urllib.parse.urlunsplit((parsed.scheme, parsed.netloc, path, "", ""))
+
+
+def _one_secret(value: str | None, path: Path | None, option: str) -> str | None:
+    """`value`, or the first line of the file `path` (`option`-file); BadParameter if both or the file is unusable."""
+    if path is None:
+        return value
+    if value:
+        raise typer.BadParameter(f"give {option} (or its environment variable) or {option}-file, not both",
+                                 param_hint=f"{option}-file")
+    lines = _secret_lines(path, f"{option}-file")
+    if len(lines) != 1:
+        raise typer.BadParameter(f"{path} must hold the key on one line", param_hint=f"{option}-file")
+    return lines[0]
+
+
+def _secret_lines(path: Path, option: str) -> list[str]:
+    """The non-empty lines of a key file; a warning if other users may read it."""
+    try:
+        text = path.expanduser().read_text()
+        mode = path.expanduser().stat().st_mode
+    except OSError as error:
+        raise typer.BadParameter(f"cannot read {path}: {error.strerror}", param_hint=option) from error
+    if mode & 0o077:
+        typer.echo(f"artlike: WARNING: {path} is readable by other users: chmod 600 it", err=True)
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not lines:
+        raise typer.BadParameter(f"{path} is empty", param_hint=option)
+    return lines
 
 
 def _choose_dtypes(engine: str, trainer: str, device: str) -> dict[Role, DtypeChoice]:
@@ -318,10 +402,12 @@ def _serve(settings: ServerSettings, log_level: str) -> int:
     from .app import begin_shutdown, create_app
 
     fatal: list[BaseException] = []
-    # proxy_headers off: nothing here reads the client address, and uvicorn's X-Forwarded-* layer costs
-    # every request a trusted-host check on the hot path.
+    # proxy_headers only with --forwarded-allow-ips: without a proxy to trust, uvicorn's X-Forwarded-* layer
+    # would cost every request a trusted-host check on the hot path for nothing.
+    trusted = settings.forwarded_allow_ips
     config = uvicorn.Config(None, host=settings.host, port=settings.port, log_level=log_level,  # type: ignore[arg-type]
-                            timeout_graceful_shutdown=10, access_log=False, proxy_headers=False)
+                            timeout_graceful_shutdown=10, access_log=False, proxy_headers=trusted is not None,
+                            forwarded_allow_ips=trusted)
     server = _Server(config, lambda: begin_shutdown(fastapi_app))
 
     def on_fatal(error: BaseException) -> None:

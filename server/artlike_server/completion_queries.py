@@ -25,6 +25,7 @@ from .completion_log import _SELECT, _record
 from .errors import InvalidRequest
 
 MAX_PAGE = 1000
+MAX_METADATA_KEY = 64
 
 
 @dataclass(frozen=True)
@@ -47,8 +48,10 @@ class CompletionFilter:
             clauses.append("c.step = ?")
             params.append(self.step)
         for key, value in self.metadata.items():
-            clauses.append(f"json_extract(CAST(r.body AS TEXT), '$.metadata.\"{_json_key(key)}\"') = ?")
-            params.append(value)
+            # The key is bound, never spliced into the SQL or a JSON path: any key text is just data.
+            clauses.append("EXISTS (SELECT 1 FROM json_each(CAST(r.body AS TEXT), '$.metadata') AS m "
+                           "WHERE m.key = ? AND m.value = ?)")
+            params += [_metadata_key(key), value]
         if self.since is not None:
             clauses.append("c.created_at >= ?")
             params.append(self.since)
@@ -61,9 +64,10 @@ class CompletionFilter:
         return clauses, params
 
 
-def _json_key(key: str) -> str:
-    if not key or '"' in key or "\\" in key or len(key) > 64:
-        raise InvalidRequest(f"metadata key {key!r} is not usable as a filter (1-64 characters, no quotes)",
+def _metadata_key(key: str) -> str:
+    # OpenAI's metadata keys are 1-64 characters; any characters, quotes included, since the key is bound.
+    if not 1 <= len(key) <= MAX_METADATA_KEY:
+        raise InvalidRequest(f"a metadata filter key must be 1-{MAX_METADATA_KEY} characters, not {len(key)}",
                              param="metadata", code="invalid_filter")
     return key
 
@@ -76,7 +80,7 @@ def parse_metadata_filter(values: Sequence[str]) -> dict[str, str]:
         if not sep:
             raise InvalidRequest(f"metadata filter {item!r} must be key=value", param="metadata",
                                  code="invalid_filter")
-        parsed[_json_key(key.strip())] = value.strip()
+        parsed[_metadata_key(key.strip())] = value.strip()
     return parsed
 
 

@@ -3,7 +3,8 @@
     APIError                      any error the API returns on purpose (status + OpenAI error body)
     ├── InvalidRequest            400  bad JSON, schema violations, bad values (names the parameter)
     ├── Unauthorized              401  missing or wrong API key
-    ├── Forbidden                 403  a page session without its CSRF token; /ui from afar without a key
+    ├── Forbidden                 403  a page session without its CSRF token; /ui from afar without a key;
+                                       a Host the server does not answer (DNS rebinding)
     ├── NotFound                  404  unknown model, step, trajectory or route
     ├── Conflict                  409  register with a different config; a second training job per model
     ├── PayloadTooLarge           413  request body over the configured limit

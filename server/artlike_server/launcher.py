@@ -64,11 +64,12 @@ class ServerProcess:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         command = [sys.executable, "-m", "artlike_server.cli", "serve", "--port", str(self.port),
                    "--data-dir", str(self.data_dir), *self.args]
-        if self.api_key:
-            command += ["--api-key", self.api_key]
+        # The key goes in the environment, never on the command line (any local user reads /proc/*/cmdline);
+        # the server keeps it out of its own children's environments.
+        env = dict(os.environ, ARTLIKE_API_KEY=self.api_key) if self.api_key else None
         with open(self.log_path, "ab") as log_file:
             # Its own session: stop() signals the whole group (proxy, engine, trainer) at once.
-            self.process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT,
+            self.process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, env=env,
                                             start_new_session=True)
         self.wait_healthy(self.start_timeout_s)
         return self

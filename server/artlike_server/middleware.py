@@ -1,7 +1,8 @@
 """Pure ASGI middleware (no BaseHTTPMiddleware: it buffers and adds a task per request on the hot path).
 
     ApiKeyMiddleware          `Authorization: Bearer <key>` or `x-api-key: <key>` on every route but /health -> 401
-                              (or the studio page's session cookie + X-CSRF-Token on writes -> 403 without)
+                              (or the studio page's session cookie + X-CSRF-Token on writes -> 403 without);
+                              a `Host` it does not know (hosts.py) -> 403 where no key stands in the way
     BodySizeLimitMiddleware   Content-Length over the limit -> 413 before reading; chunked bodies counted
     RequestMetricsMiddleware  count, latency and status per route template, in-flight gauge
 
@@ -19,6 +20,7 @@ from collections.abc import Collection
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from artlike_server.errors import APIError, Forbidden, PayloadTooLarge, Unauthorized, error_response
+from artlike_server.hosts import DEFAULT_HOSTS, HostPolicy, host_name
 from artlike_server.metrics import Metrics
 from artlike_server.studio.ui_sessions import (
     CSRF_HEADER,
@@ -54,14 +56,29 @@ def _same_origin(origin: bytes, host: bytes) -> bool:
     return bool(sep) and scheme in (b"http", b"https") and rest == host
 
 
+def _host_not_allowed(hosts: list[bytes]) -> Forbidden:
+    shown = ", ".join(repr(h.decode("latin-1")) for h in hosts)
+    name = host_name(hosts[0]) if len(hosts) == 1 else None
+    hint = f"--allowed-hosts {name}" if name else "--allowed-hosts NAME"
+    return Forbidden(f"this server does not answer requests for host {shown}: open it as localhost, 127.0.0.1 or "
+                     f"its IP address, or start it with {hint} to allow that name (a check against DNS "
+                     "rebinding)", code="host_not_allowed")
+
+
 class ApiKeyMiddleware:
     """The API key on every route but the open ones; the studio page's session cookie (with its CSRF token
     on writes) stands in for it. Browser writes from another origin are refused, key or not: a page on
-    another site must not drive a loopback server that has no key."""
+    another site must not drive a loopback server that has no key.
+
+    A `Host` that `hosts` does not allow is refused (403) on every route of a server without a key (its
+    /health answers, with no details), and for the page and its cookie on a server with one: a valid key
+    is the defence there, whatever name the request used."""
 
     def __init__(self, app: ASGIApp, api_key: str | None, open_paths: Collection[str] = OPEN_PATHS,
-                 sessions: UiSessions | None = None) -> None:
+                 sessions: UiSessions | None = None, hosts: HostPolicy = DEFAULT_HOSTS) -> None:
         self.app = app
+        self._hosts = hosts
+        self._host_verdicts: dict[bytes, bool] = {}  # parsing costs ~10 us; clients use few names
         self._expected = f"Bearer {api_key}".encode() if api_key else None
         self._expected_key = api_key.encode() if api_key else b""
         self._open_paths = frozenset(open_paths)
@@ -73,6 +90,7 @@ class ApiKeyMiddleware:
             return
         # `Authorization: Bearer <key>` (OpenAI's SDKs) or `x-api-key: <key>` (Anthropic's); the page's cookie.
         supplied = anthropic_key = cookie = csrf = origin = host = b""
+        hosts: list[bytes] = []
         for name, value in scope["headers"]:
             if name == b"authorization":
                 supplied = value
@@ -86,14 +104,23 @@ class ApiKeyMiddleware:
                 origin = value
             elif name == b"host":
                 host = value
+                hosts.append(value)
         writes = scope["method"] not in SAFE_METHODS
+        path = scope["path"]
+        # Every request's Host is checked without a key, and the page's with one; elsewhere a keyed server
+        # checks it only where the page's cookie may be what authenticates the request.
+        guarded = self._expected is None or _is_page(path)
+        known_host = self._known_host(hosts) if guarded or cookie else True
+        if guarded and not known_host and path not in self._open_paths:
+            await _reject(_host_not_allowed(hosts), scope, receive, send)
+            return
         if writes and origin and not _same_origin(origin, host):
             await _reject(Forbidden("cross-origin request refused: this server takes browser writes only from "
                                     "its own pages", code="cross_origin"), scope, receive, send)
             return
         if self._expected is None:
-            if scope["path"] in self._open_paths:
-                scope.setdefault("state", {})[_AUTHORIZED] = True
+            if path in self._open_paths:
+                scope.setdefault("state", {})[_AUTHORIZED] = known_host
             await self.app(scope, receive, send)
             return
         authorized = hmac.compare_digest(supplied, self._expected) or (
@@ -102,6 +129,9 @@ class ApiKeyMiddleware:
         if not authorized and cookie and self._sessions is not None:
             expected_csrf = self._sessions.csrf_token(cookie_value(cookie))
             if expected_csrf is not None:
+                if not known_host:
+                    await _reject(_host_not_allowed(hosts), scope, receive, send)
+                    return
                 if writes and not csrf_matches(expected_csrf, csrf):
                     await _reject(Forbidden(f"missing or wrong {CSRF_HEADER} header for this page session",
                                             code="csrf_failed"), scope, receive, send)
@@ -126,6 +156,16 @@ class ApiKeyMiddleware:
         )
         error.headers["WWW-Authenticate"] = "Bearer"
         await _reject(error, scope, receive, send)
+
+    def _known_host(self, hosts: list[bytes]) -> bool:
+        if len(hosts) != 1:
+            return self._hosts.allows(hosts)
+        verdict = self._host_verdicts.get(hosts[0])
+        if verdict is None:
+            verdict = self._hosts.allows(hosts)
+            if len(self._host_verdicts) < 1024:  # bounded: a client may send any number of names
+                self._host_verdicts[hosts[0]] = verdict
+        return verdict
 
 
 class BodySizeLimitMiddleware:

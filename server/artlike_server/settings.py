@@ -16,11 +16,17 @@ class ServerSettings:
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str | None = None
+    # names a request's Host may carry besides loopback and IP addresses ("*": any); hosts.py
+    allowed_hosts: tuple[str, ...] = ()
+    # proxies whose X-Forwarded-For/-Proto uvicorn trusts (a comma list, "*": any; None: none)
+    forwarded_allow_ips: str | None = None
     max_body_bytes: int = 32 * 1024 * 1024
     # A per-request `seed` can crash vLLM-CPU when chunked prefill is on (DESIGN §8); see cli.py.
     reject_seed: bool = False
     # limits (issue #11): no request can fill the disk or memory
     max_recorded_choices: int = 16  # `n` of one request through a trajectory URL
+    # n x max_tokens x (1 + top_logprobs) of one completion request: bounds the engine JSON the proxy reads
+    max_request_tokens: int = 16 * 4096 * 21
     max_train_records: int = 16_384  # recorded completions one /_train_model may read
     max_train_bytes: int = 128 * 1024 * 1024  # their stored token ids + logprobs (~9x that as Python lists)
     max_gradient_steps: int = 1024  # epochs x gradient_steps_per_epoch of one job
@@ -61,6 +67,12 @@ class ServerSettings:
     reward_timeout_s: float = 10.0
     reward_workers: int = 2
     reward_memory_bytes: int = 1 << 30
+    unsafe_user_code: bool = False  # run user code even where it cannot be isolated (as the server's user)
+    # graders' text work (text_similarity, math_accuracy, format) runs in killable workers (jobs/grader_pool.py)
+    grader_timeout_s: float = 5.0
+    grader_workers: int = 2
+    grader_memory_bytes: int = 1 << 30
+    max_grader_chars: int = 20_000  # each text a grader compares
     # per-step metrics also written as TensorBoard event files here (None: off)
     tensorboard_dir: Path | None = None
     # trainer

@@ -53,7 +53,9 @@ def add_parser(commands: Any) -> None:
 def _describe(job: Job) -> str:
     progress = job.artlike
     where = f"{progress.get('iteration', '?')}/{progress.get('total_iterations', '?')}" if progress else ""
-    return f"{job.id}  {job.status:<10} {where:>7}  {job.fine_tuned_model or progress.get('target_model', '')}"
+    pending = progress.get("stop_request")  # a cancel or pause waiting for the end of the current step
+    return (f"{job.id}  {job.status:<10} {where:>7}  {job.fine_tuned_model or progress.get('target_model', '')}"
+            + (f"  ({pending} pending: after the current step)" if pending else ""))
 
 
 def follow(jobs: Jobs, job_id: str, out: Any = sys.stdout) -> int:

@@ -36,7 +36,8 @@ class Job(_Open):
     metadata: dict[str, str] | None = None
     seed: int | None = None
     trained_tokens: int | None = None
-    artlike: dict[str, Any] = Field(default_factory=dict)  # target_model, iteration, total_iterations, metrics
+    artlike: dict[str, Any] = Field(default_factory=dict)  # target_model, iteration, total_iterations, metrics,
+    # stop_request ("cancel" | "pause" waiting for the end of the current step)
 
     @property
     def done(self) -> bool:

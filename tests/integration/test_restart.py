@@ -4,11 +4,14 @@
   `/_train_model` stream ends with `server_shutting_down`, the proxy, engine, trainer and reward workers all
   exit within a minute, and nothing of the interrupted step is left on disk.
 - **A managed job that was running resumes** from its last committed iteration once the server is back.
+- **A cancel that waited for a training step is applied at the restart**: cancelled while its step waits
+  for the trainer, a job answers `running` with the cancel pending; the SIGTERM comes before the step ends,
+  and the restarted server cancels the job instead of resuming it, so its model stays where it was.
 - **The restarted server serves each model's latest committed step, and nothing on disk bricks a start**:
   a step whose weights were cut short falls back to the step before, a step never committed is removed,
   an unreadable model.json leaves that model out.
 
-The three used to start a server each; a start costs ~35 s on 2 cores, so they share this one stop of the
+A server start is the costliest thing a test can do, so they share this one stop of the
 session's server (`disruptive`: after every other test). The scenario runs once, in the module fixture;
 each test checks one promise on what it recorded."""
 
@@ -20,7 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import orjson
@@ -44,6 +47,20 @@ SURVIVOR = "survivor"  # trained one step before the stop
 INTERRUPTED = "interrupted"  # training when the SIGTERM comes
 JOB_ITERATIONS = 5  # enough that the job is still running when the SIGTERM comes (it shares the trainer)
 JOB_REWARD = "def reward_fn(completion, **kwargs):\n    return len(completion[0]['content']) / 50\n"
+T = TypeVar("T")
+
+
+def job_body(iterations: int) -> dict[str, Any]:
+    return {"learningRate": 1e-4, "iterations": iterations, "batchSize": 1, "rewardFunction": JOB_REWARD,
+            "trainingData": [{"prompt": "What is AI?"}, {"prompt": "Define ML"}], "groupSize": 2, "maxTokens": 8}
+
+
+@dataclass
+class PendingCancel:
+    job_id: str
+    target_model: str
+    step: int  # the target model's latest step when the cancel came
+    answer: dict[str, Any]  # the cancel request's answer
 
 
 @dataclass
@@ -53,6 +70,7 @@ class Restart:
     returncode: int
     leftovers: list[str]  # the proxy's descendants still alive after it exited
     job_id: str
+    cancelled: PendingCancel  # a second job, cancelled while its step waited for the trainer
     survivor_output: tuple[str, list[float]]  # greedy, before the stop
     base_output: tuple[str, list[float]]
 
@@ -66,22 +84,39 @@ def wait_job(http: httpx.Client, job_id: str, predicate: Callable[[dict[str, Any
     return job
 
 
-def train_until_sigterm(server: Any, groups: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], float]:
-    """A long /_train_model job of INTERRUPTED; the proxy gets SIGTERM at its first step. Returns the stream's
-    lines and when the signal was sent."""
+def cancel_during_step(server: Any, job_id: str) -> PendingCancel:
+    """Cancel `job_id` once its training step has begun: it waits for the trainer, which INTERRUPTED holds."""
+    with httpx.Client(base_url=server.base_url, headers=server.headers, timeout=120) as http:
+        target = http.get(f"/v1/fine_tuning/jobs/{job_id}").json()["artlike"]["target_model"]
+        deadline = time.monotonic() + 120
+        while target not in health(server)["training"]:
+            assert time.monotonic() < deadline, "the job never began a training step"
+            time.sleep(0.2)  # polling another process: nothing to await instead
+        step = latest_step(server, target)
+        answer = http.post(f"/v1/fine_tuning/jobs/{job_id}/cancel")
+        assert answer.status_code == 200, answer.text
+    return PendingCancel(job_id, target, step, answer.json())
+
+
+def train_until_sigterm(server: Any, groups: list[dict[str, Any]], before_sigterm: Callable[[], T]
+                        ) -> tuple[list[dict[str, Any]], float, T]:
+    """A long /_train_model job of INTERRUPTED; at its first step `before_sigterm` runs, then the proxy gets
+    SIGTERM. Returns the stream's lines, when the signal was sent and what `before_sigterm` returned."""
     body = {"model": INTERRUPTED, "groups": groups, "config": {"epochs": 30, "learning_rate": 1e-4}}
     events: list[dict[str, Any]] = []
     signalled: float | None = None
+    result: T | None = None
     with httpx.Client(timeout=600, headers=server.headers) as http, \
             http.stream("POST", f"{server.base_url}/_train_model", json=body) as response:
         for line in response.iter_lines():
             events.append(orjson.loads(line))
             if events[-1]["type"] == "step" and signalled is None:
+                result = before_sigterm()
                 signalled = time.monotonic()
                 server.process.send_signal(signal.SIGTERM)
                 events.append({"type": "-- SIGTERM --"})
-    assert signalled is not None, events
-    return events, signalled
+    assert signalled is not None and result is not None, events
+    return events, signalled, result
 
 
 def clone_model(data_dir: Path, source: str, name: str) -> Path:
@@ -123,17 +158,18 @@ def stop_and_start(server: Any) -> Restart:
     groups = rollout_groups(server, INTERRUPTED)
 
     with httpx.Client(base_url=server.base_url, headers=server.headers, timeout=120) as http:
-        started = http.post("/api/training/start", json={
-            "model": server.model_id, "learningRate": 1e-4, "iterations": JOB_ITERATIONS, "batchSize": 1,
-            "rewardFunction": JOB_REWARD, "trainingData": [{"prompt": "What is AI?"}, {"prompt": "Define ML"}],
-            "groupSize": 2, "maxTokens": 8})
+        started = http.post("/api/training/start", json={"model": server.model_id, **job_body(JOB_ITERATIONS)})
         assert started.status_code == 200, started.text
         job_id = started.json()["job_id"]
+        # long enough to be mid-step when cancelled; it trains its own model beside the first job
+        to_cancel = http.post("/api/training/start", json={"model": server.model_id, **job_body(100)})
+        assert to_cancel.status_code == 200, to_cancel.text
         wait_job(http, job_id, lambda j: j["artlike"]["iteration"] >= 1 or finished(j))
 
     assert server.process is not None
     descendants = psutil.Process(server.process.pid).children(recursive=True)  # engine, trainer, reward workers
-    events, signalled = train_until_sigterm(server, groups)
+    events, signalled, cancelled = train_until_sigterm(
+        server, groups, lambda: cancel_during_step(server, to_cancel.json()["job_id"]))
     returncode = server.process.wait(timeout=120)
     exit_s = time.monotonic() - signalled
     _, alive = psutil.wait_procs(descendants, timeout=10)  # the proxy waited for its engine and trainer already
@@ -142,7 +178,7 @@ def stop_and_start(server: Any) -> Restart:
     damage(Path(server.data_dir))
     server.start()
     return Restart(events=events, exit_s=exit_s, returncode=returncode, leftovers=leftovers, job_id=job_id,
-                   survivor_output=survivor_output, base_output=base_output)
+                   cancelled=cancelled, survivor_output=survivor_output, base_output=base_output)
 
 
 def test_sigterm_during_training_cancels_the_job_and_stops_promptly(restart: Restart, server: Any) -> None:
@@ -171,6 +207,21 @@ def test_a_running_job_resumes_from_its_last_committed_iteration(restart: Restar
     assert any("the server restarted; the job resumes from iteration" in m for m in messages), messages
     iterations = [e["data"]["iteration"] for e in events if e["type"] == "metrics"]
     assert sorted(set(iterations)) == list(range(1, JOB_ITERATIONS + 1))
+
+
+def test_a_cancel_pending_at_the_stop_is_applied_at_restart(restart: Restart, server: Any) -> None:
+    cancelled = restart.cancelled
+    # the answer told the truth: the step had not ended, so the job ran on with the cancel pending
+    assert cancelled.answer["status"] == "running", cancelled.answer
+    assert cancelled.answer["artlike"]["stop_request"] == "cancel"
+    with httpx.Client(base_url=server.base_url, headers=server.headers, timeout=120) as http:
+        job = http.get(f"/v1/fine_tuning/jobs/{cancelled.job_id}").json()
+        body = http.get(f"/v1/fine_tuning/jobs/{cancelled.job_id}/events", params={"limit": 1000}).json()
+    assert job["status"] == "cancelled" and job["artlike"]["stop_request"] is None, job
+    messages = [e["message"] for e in body["data"]]
+    assert any(m.startswith("cancelled at restart") for m in messages), messages
+    assert not any("resumes" in m or "running from iteration" in m for m in messages), messages
+    assert latest_step(server, cancelled.target_model) == cancelled.step  # its model did not move
 
 
 def test_the_latest_step_is_served_and_nothing_on_disk_bricks_a_start(restart: Restart, server: Any) -> None:

@@ -111,7 +111,8 @@ async def test_an_idle_session_ends_by_itself(server: Any) -> None:
             await session.refresh()
             assert asyncio.get_running_loop().time() < deadline, "the idle session was never ended"
             await asyncio.sleep(0.5)
-    async with await model.training_session():  # the model is free again
+    # At once, no retry: the session leaves in the same step its model is freed, so the 404 means it is free.
+    async with await model.training_session():
         pass
 
 

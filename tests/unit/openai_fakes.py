@@ -112,6 +112,8 @@ class Settings:
     max_body_bytes: int = 1 << 20
     reject_seed: bool = False
     max_recorded_choices: int = 16
+    max_request_tokens: int = 16 * 4096 * 21
+    max_model_len: int | None = 4096
 
 
 def build_app(

@@ -93,7 +93,7 @@ async def test_a_bug_behind_the_real_apps_completion_fast_path_is_a_json_500(tmp
     completion routes (answered by a pure ASGI layer ahead of FastAPI) as much as the FastAPI ones."""
     settings = ServerSettings(model_path=tmp_path, served_model_name="base", data_dir=tmp_path)
     transport = httpx.ASGITransport(app=create_app(settings), raise_app_exceptions=False)
-    async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:8000") as client:
         for method, path in (("POST", "/t/abc/v1/chat/completions"), ("POST", "/v1/completions"),
                              ("GET", "/v1/trainable_models"), ("GET", "/health")):
             response = await client.request(method, path, json={"model": "base", "prompt": "hi"})

@@ -79,7 +79,7 @@ def health_client(api_key: str | None) -> httpx.AsyncClient:
         jobs=SimpleNamespace(running_jobs=lambda: ["ftjob-1"]),
         sandbox=SimpleNamespace(enforcement=lambda: {"network": "enforced (network namespace)"}),
     )
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://artlike")
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://localhost")
 
 
 async def test_health_without_the_key_says_up_or_down_and_nothing_else() -> None:

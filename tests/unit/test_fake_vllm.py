@@ -131,7 +131,7 @@ async def proxy(fake: str, tmp_path: Path) -> AsyncIterator[tuple[httpx.AsyncCli
     log = CompletionLog(tmp_path / "completions.sqlite")
     log.open()
     app = build_app(upstream, log, models=FakeModels(DEFAULT_MODEL))
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://proxy") as client:
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://localhost") as client:
         yield client, log
     await upstream.aclose()
     log.close()

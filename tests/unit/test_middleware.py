@@ -48,7 +48,7 @@ def small_app(metrics: Metrics, *, api_key: str | None = KEY) -> tuple[FastAPI, 
 async def client() -> AsyncIterator[tuple[httpx.AsyncClient, list[int], Metrics]]:
     metrics = Metrics()
     app, calls = small_app(metrics)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://localhost:8000") as http:
         yield http, calls, metrics
 
 
@@ -86,7 +86,7 @@ async def test_anthropic_sdks_x_api_key_header_is_accepted_too(
 
 async def test_no_key_configured_means_open() -> None:
     app, _ = small_app(Metrics(), api_key=None)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://localhost:8000") as http:
         assert (await http.post("/t/a/echo", content=b"abc")).text == "3"
 
 
@@ -140,7 +140,7 @@ async def test_openai_routes_and_metrics_endpoint_behind_the_key(tmp_path: Path)
     upstream = await fake.start()
     app = build_app(upstream, log, models=FakeModels("base"), settings=Settings(api_key=KEY))
     try:
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://localhost:8000") as http:
             assert (await http.get("/v1/models")).status_code == 401
             assert (await http.get("/metrics")).status_code == 401
             body = {"model": "base", "messages": [{"role": "user", "content": "hi"}]}
@@ -166,7 +166,7 @@ async def test_metrics_middleware_can_find_the_metrics_at_request_time() -> None
         return Response(b"{}")
 
     app.state.artlike = SimpleNamespace(metrics=metrics)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://localhost:8000") as http:
         await http.get("/v1/models")
     assert (
         'artlike_requests_total{method="GET",route="/v1/models",status="200"} 1.0'
@@ -178,8 +178,8 @@ async def test_metrics_middleware_can_find_the_metrics_at_request_time() -> None
 async def test_browser_writes_from_another_origin_are_refused_with_or_without_a_key(api_key: str | None) -> None:
     app, calls = small_app(Metrics(), api_key=api_key)
     headers = bearer(KEY) if api_key else {}
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
-        for origin, status in (("http://evil.example", 403), ("null", 403), ("http://test", 200), (None, 200)):
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://localhost:8000") as http:
+        for origin, status in (("http://evil.example", 403), ("null", 403), ("http://localhost:8000", 200), (None, 200)):
             extra = {"Origin": origin} if origin else {}
             response = await http.post("/t/x/echo", content=b"{}", headers=headers | extra)
             assert response.status_code == status, (origin, response.text)
@@ -204,7 +204,7 @@ async def test_a_page_session_cookie_authenticates_and_writes_need_its_csrf_toke
         return Response(b"ok")
 
     cookie = {"Cookie": f"other=1; {COOKIE}={token}"}
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://localhost:8000") as http:
         assert (await http.post("/v1/thing", headers=cookie | {CSRF_HEADER: csrf})).status_code == 200
         refused = await http.post("/v1/thing", headers=cookie)
         assert refused.status_code == 403 and refused.json()["error"]["code"] == "csrf_failed"

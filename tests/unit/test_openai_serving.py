@@ -414,7 +414,7 @@ class Proxy:
             metrics=self.metrics,
             **app_options,
         )
-        self.http = httpx.AsyncClient(transport=httpx.ASGITransport(app=self.app), base_url="http://proxy")
+        self.http = httpx.AsyncClient(transport=httpx.ASGITransport(app=self.app), base_url="http://localhost")
 
     @classmethod
     async def start(cls, tmp_path: Path, **app_options: Any) -> Proxy:

@@ -183,7 +183,9 @@ def test_check_program_compiles_without_running(tmp_path: Path) -> None:
 
 def test_enforcement_says_what_holds_here(tmp_path: Path) -> None:
     report = Sandbox(tmp_path).enforcement()
-    assert set(report) >= {"network", "data_dir", "writable", "uid", "processes", "memory", "cpu", "wall_clock"}
+    assert set(report) >= {"isolation", "user_code", "network", "data_dir", "writable", "uid", "processes", "memory",
+                           "cpu", "wall_clock", "sharing"}
+    assert report["isolation"] in {"root", "userns", "none"}
 
 
 async def test_the_temp_dir_is_bounded(sandbox: Sandbox) -> None:

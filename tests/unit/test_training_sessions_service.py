@@ -32,8 +32,10 @@ class StandInTrainer:
         self.commands: list[str] = []
         self.fail_with: str | None = None
         self.gate: asyncio.Event | None = None  # when set, commands wait for it
+        self.arrived = asyncio.Event()  # set when a command reaches the stand-in (before the gate)
 
     async def session_command(self, command: Any) -> protocol.WorkerEvent:
+        self.arrived.set()
         if self.gate is not None:
             await self.gate.wait()
         self.commands.append(command.cmd)
@@ -106,6 +108,61 @@ async def test_a_call_that_waited_while_the_session_ended_is_a_404(
     await closing
     with pytest.raises(NotFound, match="ended while this call waited"):
         await waiting
+
+
+async def test_a_session_that_ends_is_there_until_its_model_is_free(
+        sessions: tuple[TrainingSessions, StandInTrainer]) -> None:
+    """The reaper's end, interleaved with callers: while the worker drops the session it is still there (not a
+    404 beside a held model); whoever gets the 404 can open the next session at once."""
+    service, trainer = sessions
+    info = await service.open(OpenSessionRequest(model="m", idle_timeout_s=5))
+    service._sessions[info.id].last_used_at = time.time() - 6
+    trainer.gate, trainer.arrived = asyncio.Event(), asyncio.Event()
+    reaping = asyncio.create_task(service.reap_idle())
+    await trainer.arrived.wait()  # the worker is dropping the session now
+    assert trainer.commands == ["session_open"] and service.get(info.id).status == "open"
+    assert service.open_models() == {"m": info.id}
+
+    async def reopen_on_404(call: Any) -> str:
+        """A caller that sees the 404 opens a new session in the same step, before anything else runs."""
+        try:
+            await call
+        except NotFound:
+            service.training.reserve_for_session("m", "next")  # 409 if the model were still held
+            service.training.release_session("m")
+            return "reopened"
+        return "answered"
+
+    waiting = asyncio.create_task(reopen_on_404(service.forward_backward(info.id, BATCH)))
+    closing = asyncio.create_task(reopen_on_404(service.close(info.id)))  # a second close, as a client's DELETE
+    for _ in range(3):  # let both reach their wait (on the lock, on the end)
+        await asyncio.sleep(0)
+    assert not waiting.done() and not closing.done()
+    trainer.gate.set()
+    await reaping
+    assert await waiting == "reopened" and await closing == "reopened"
+    assert trainer.commands == ["session_open", "session_close"]  # dropped once, and nothing ran on it after its end began
+    with pytest.raises(NotFound):
+        service.get(info.id)
+    assert (await service.open(OpenSessionRequest(model="m"))).model == "m"
+
+
+async def test_a_session_lost_while_its_end_waited_is_not_closed_again(
+        sessions: tuple[TrainingSessions, StandInTrainer]) -> None:
+    """The worker's close is keyed by model: once the session is lost, the model may hold the next session."""
+    service, trainer = sessions
+    info = await service.open(OpenSessionRequest(model="m"))
+    trainer.gate, trainer.arrived = asyncio.Event(), asyncio.Event()
+    passing = asyncio.create_task(service.forward_backward(info.id, BATCH))
+    await trainer.arrived.wait()
+    closing = asyncio.create_task(service.close(info.id))  # waits for the pass
+    trainer.fail_with = "SessionError"  # the worker no longer knows the session
+    trainer.gate.set()
+    with pytest.raises(Conflict) as lost:
+        await passing
+    assert lost.value.code == "session_lost" and (await closing).status == "ended"
+    assert trainer.commands == ["session_open", "pass"]
+    assert (await service.open(OpenSessionRequest(model="m"))).model == "m"
 
 
 async def test_a_restarted_trainer_loses_the_session_and_frees_the_model(

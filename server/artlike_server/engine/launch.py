@@ -17,6 +17,7 @@ from typing import Literal
 
 import orjson
 
+from artlike_server.child_env import without_secrets
 from artlike_server.engine.merge_plugin import BACKEND as MERGE_BACKEND
 from artlike_server.engine.templates import resolve_chat_template
 
@@ -120,14 +121,15 @@ def build_env(
     api_key: str,
     cpu_ids: Iterable[int] | None = None,
 ) -> dict[str, str]:
-    """The child's environment: a copy of `base_env` plus what the engine needs (`base_env` is not changed).
+    """The child's environment: a copy of `base_env` without the server's secrets (`child_env`) plus what the
+    engine needs (`base_env` is not changed).
 
     `api_key` is the key every engine route but /health requires (in the environment, not on the
     command line, which any local user can read in /proc). `cpu_ids` are the cores OpenMP threads bind
     to on CPU (default: `config.cpu_ids`, else this process's CPU affinity). An operator's own VLLM_CPU_OMP_THREADS_BIND in
     `base_env` wins.
     """
-    env = dict(base_env)
+    env = without_secrets(base_env)
     env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"  # POST /v1/load_lora_adapter and unload
     env[API_KEY_ENV] = api_key
     # Dev mode adds /collective_rpc, /sleep and the weight-update routes (behind the engine key, see

@@ -8,8 +8,11 @@ all or one per URL in order).
 from __future__ import annotations
 
 import dataclasses
+import logging
+import urllib.parse
 from pathlib import Path
 
+from ..hosts import is_loopback_name
 from ..settings import ServerSettings
 from .client import EngineClient
 from .launch import EngineConfig, free_port
@@ -18,6 +21,8 @@ from .policy import PolicyEngines, probe_tolerance
 from .pool import EngineMember, EnginePool
 from .remote import RemoteEngine
 from .supervisor import EngineSupervisor
+
+logger = logging.getLogger(__name__)
 
 
 def local_engine_configs(settings: ServerSettings, base: EngineConfig) -> list[EngineConfig]:
@@ -53,6 +58,12 @@ def remote_keys(urls: tuple[str, ...], keys: tuple[str, ...]) -> list[str | None
     return list(keys)
 
 
+def travels_in_clear(url: str) -> bool:
+    """Whether requests to an `--engine-url` leave this machine unencrypted (plain http to another host)."""
+    parsed = urllib.parse.urlsplit(url)
+    return parsed.scheme == "http" and not is_loopback_name((parsed.hostname or "").rstrip("."))
+
+
 def build_engine_pool(settings: ServerSettings, base: EngineConfig) -> EnginePool:
     members: list[EngineMember] = []
     policy_members: list[EngineMember] = []
@@ -66,6 +77,10 @@ def build_engine_pool(settings: ServerSettings, base: EngineConfig) -> EnginePoo
             members.append(EngineMember(id=f"local-{index}", kind="local", runner=runner, client=client))
     for index, (url, key) in enumerate(zip(settings.engine_urls, remote_keys(settings.engine_urls,
                                                                              settings.engine_keys), strict=True)):
+        if travels_in_clear(url):
+            logger.warning("engine %s is reached over plain http: the engine key and the adapter paths sent to it "
+                           "travel in the clear; give an https:// URL (a TLS proxy in front of vLLM) unless the "
+                           "network between the machines is trusted", url)
         client = EngineClient(url)
         if key is not None:
             client.set_api_key(key)

@@ -1,8 +1,10 @@
 """Uploaded files (`/v1/files`), stored once per content under the data dir.
 
-Blobs live at `files/blobs/<sha256>`, written to a temporary name and renamed into place, so a crash never
-leaves half a file; metadata in `files/files.sqlite`. Two uploads of the same bytes share one blob, which is
-deleted with its last file. Files for training (`fine-tune`, `reinforcement-fine-tune`) must be UTF-8 JSONL
+Blobs live at `files/blobs/<sha256>`, written to a temporary name, fsynced and renamed into place (the
+directory fsynced too) before their row commits, so a crash never leaves half a file, nor a row without its
+blob; metadata in `files/files.sqlite`. Two uploads of the same bytes share one blob, which is deleted with
+its last file: publishing a blob with its row, and deleting a row with its blob, each happen under the
+store's lock, so a delete never removes the blob of a file being created with the same content. Files for training (`fine-tune`, `reinforcement-fine-tune`) must be UTF-8 JSONL
 of objects: a bad line is a 400 naming it, at upload, not when a job starts.
 """
 
@@ -21,6 +23,7 @@ from typing import Any, Literal
 import orjson
 
 from ..errors import InvalidRequest, NotFound, PayloadTooLarge
+from ..fsync import fsync_directory
 
 PURPOSES = frozenset({"fine-tune", "reinforcement-fine-tune", "evals", "user_data", "batch", "assistants", "vision"})
 JSONL_PURPOSES = frozenset({"fine-tune", "reinforcement-fine-tune"})
@@ -88,9 +91,13 @@ class FileStore:
         self.root = root
         self.limits = limits
         (root / "blobs").mkdir(parents=True, exist_ok=True)
+        for leftover in (root / "blobs").glob(".*"):  # temporaries of uploads a crash cut short
+            leftover.unlink(missing_ok=True)
         self._lock = threading.Lock()
         self._db = sqlite3.connect(root / "files.sqlite", check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
+        # Every commit on disk before it returns: a deleted row's blob is unlinked only after.
+        self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(_SCHEMA)
 
     def close(self) -> None:
@@ -107,18 +114,54 @@ class FileStore:
         if purpose in JSONL_PURPOSES:
             check_jsonl(content, max_lines=self.limits.max_lines)
         digest = hashlib.sha256(content).hexdigest()
-        blob = self.root / "blobs" / digest
-        if not blob.exists():
-            temporary = blob.with_name(f".{digest}.{secrets.token_hex(4)}")
-            temporary.write_bytes(content)
-            os.replace(temporary, blob)
         stored = StoredFile(f"file-{secrets.token_hex(12)}", int(time.time()), filename or "upload.jsonl", purpose,
                             len(content), digest)
-        with self._lock:
-            self._db.execute("INSERT INTO files VALUES (?, ?, ?, ?, ?, ?)",
-                             (stored.id, stored.created_at, stored.filename, stored.purpose, stored.bytes,
-                              stored.sha256))
+        staged = self._stage(content, digest)
+        try:
+            with self._lock:
+                self._publish(content, digest, staged)
+                self._db.execute("INSERT INTO files VALUES (?, ?, ?, ?, ?, ?)",
+                                 (stored.id, stored.created_at, stored.filename, stored.purpose, stored.bytes,
+                                  stored.sha256))
+        finally:
+            if staged is not None:
+                staged.unlink(missing_ok=True)  # gone once renamed into place; left when the blob was there
         return stored
+
+    def _blob(self, digest: str) -> Path:
+        return self.root / "blobs" / digest
+
+    def _stage(self, content: bytes, digest: str) -> Path | None:
+        """A durable temporary copy of a blob not stored yet, written outside the lock (the slow part of an
+        upload); None when the blob is there already."""
+        return None if self._blob(digest).exists() else self._write_temporary(content, digest)
+
+    def _write_temporary(self, content: bytes, digest: str) -> Path:
+        temporary = self._blob(digest).with_name(f".{digest}.{secrets.token_hex(4)}")
+        try:
+            with open(temporary, "xb") as handle:
+                handle.write(content)
+                handle.flush()
+                os.fsync(handle.fileno())
+        except BaseException:
+            temporary.unlink(missing_ok=True)
+            raise
+        return temporary
+
+    def _publish(self, content: bytes, digest: str, staged: Path | None) -> None:
+        """Under the lock, before the row commits: the blob in place and on disk. A delete may have removed
+        it since `_stage` looked (its last file went): then it is written again, here."""
+        blob = self._blob(digest)
+        if blob.exists():
+            return
+        if staged is None:
+            staged = self._write_temporary(content, digest)
+        try:
+            os.replace(staged, blob)
+        except BaseException:
+            staged.unlink(missing_ok=True)
+            raise
+        fsync_directory(blob.parent)
 
     def get(self, file_id: str) -> StoredFile:
         with self._lock:
@@ -128,7 +171,10 @@ class FileStore:
         return StoredFile(*row)
 
     def read(self, file_id: str) -> bytes:
-        return (self.root / "blobs" / self.get(file_id).sha256).read_bytes()
+        try:
+            return self._blob(self.get(file_id).sha256).read_bytes()
+        except FileNotFoundError:  # the file was deleted after `get` found it
+            raise NotFound(f"no file {file_id!r}", param="file_id", code="file_not_found") from None
 
     def page(self, *, purpose: str | None = None, limit: int = 10_000, after: str | None = None,
              order: Literal["asc", "desc"] = "desc") -> tuple[list[StoredFile], bool]:
@@ -152,9 +198,13 @@ class FileStore:
         return files[:limit], len(files) > limit
 
     def delete(self, file_id: str) -> None:
-        stored = self.get(file_id)
+        # Row and blob under one lock: a create of the same content either committed its row before (the
+        # blob is kept for it) or publishes the blob again after.
         with self._lock:
+            row = self._db.execute("SELECT sha256 FROM files WHERE id = ?", (file_id,)).fetchone()
+            if row is None:
+                raise NotFound(f"no file {file_id!r}", param="file_id", code="file_not_found")
             self._db.execute("DELETE FROM files WHERE id = ?", (file_id,))
-            shared = self._db.execute("SELECT 1 FROM files WHERE sha256 = ? LIMIT 1", (stored.sha256,)).fetchone()
-        if shared is None:
-            (self.root / "blobs" / stored.sha256).unlink(missing_ok=True)
+            shared = self._db.execute("SELECT 1 FROM files WHERE sha256 = ? LIMIT 1", (row[0],)).fetchone()
+            if shared is None:  # the row's removal is committed first: a crash leaves a blob, never a lost one
+                self._blob(row[0]).unlink(missing_ok=True)

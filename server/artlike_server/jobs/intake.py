@@ -14,7 +14,16 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from artlike.graders import AnyGrader, MultiGrader, PythonGrader, RewardComponents, parse_grader
+from artlike.graders import (
+    AnyGrader,
+    MultiGrader,
+    PythonGrader,
+    RewardComponents,
+    TextSimilarityGrader,
+    UnsupportedMetricError,
+    check_metric,
+    parse_grader,
+)
 
 from ..errors import InvalidRequest, validation_error
 from ..models.store import ModelStore
@@ -24,6 +33,7 @@ from .spec import GraderReward, PythonReward
 
 REWARD_ENTRIES = ("reward_fn", "grade")
 MAX_TRAIN_ROWS = 100_000
+MAX_SUBGRADERS = 16  # graders in one multi grader or RewardComponents
 
 
 @dataclass(frozen=True)
@@ -77,6 +87,7 @@ def grader_reward(grader: Mapping[str, Any], *, param: str) -> PythonReward | Gr
         parsed = parse_grader(grader)
     except ValidationError as error:
         raise validation_error(error, prefix=param, code="invalid_grader") from error
+    check_grader_runnable(parsed, param=param)
     if isinstance(parsed, PythonGrader):
         return python_reward(parsed.source, param=f"{param}.source", pass_threshold=parsed.pass_threshold)
     nested = python_graders(parsed)
@@ -112,14 +123,43 @@ def check_grade_source(source: str) -> None:
     check_program(source, require_one_of=("grade",))
 
 
-def python_graders(grader: AnyGrader) -> list[PythonGrader]:
-    """The python graders in a grader config: itself, or the members of a multi or RewardComponents."""
-    if isinstance(grader, PythonGrader):
-        return [grader]
+def _members(grader: AnyGrader) -> list[Any]:
+    """The graders of a multi or RewardComponents; a single grader is its own only member."""
     if isinstance(grader, MultiGrader):
         inner = grader.graders
-        members = list(inner.values()) if isinstance(inner, dict) else inner if isinstance(inner, list) else [inner]
-        return [g for g in members if isinstance(g, PythonGrader)]
+        return list(inner.values()) if isinstance(inner, dict) else inner if isinstance(inner, list) else [inner]
     if isinstance(grader, RewardComponents):
-        return [g for g in grader.graders if isinstance(g, PythonGrader)]
-    return []
+        return list(grader.graders)
+    return [grader]
+
+
+def python_graders(grader: AnyGrader) -> list[PythonGrader]:
+    """The python graders in a grader config: itself, or the members of a multi or RewardComponents."""
+    return [g for g in _members(grader) if isinstance(g, PythonGrader)]
+
+
+def check_grader_runnable(grader: AnyGrader, *, param: str) -> None:
+    """Each grader of a sample is a computation (and maybe a judge call), each bounded by the grader time
+    limit: a multi grader or RewardComponents holds at most MAX_SUBGRADERS. A text_similarity metric this
+    server cannot compute is refused here too (400), before any sample is graded."""
+    count = len(_members(grader))
+    if count > MAX_SUBGRADERS:
+        raise InvalidRequest(f"the grader combines {count} graders; at most {MAX_SUBGRADERS} are allowed",
+                             param=f"{param}.graders", code="too_many_graders")
+    for member in _members(grader):
+        if isinstance(member, TextSimilarityGrader):
+            try:
+                check_metric(member.evaluation_metric)
+            except UnsupportedMetricError as error:
+                raise InvalidRequest(str(error), param=f"{param}.evaluation_metric",
+                                     code="unsupported_metric") from error
+
+
+def runs_user_code(reward: PythonReward | GraderReward | None) -> bool:
+    """Whether a job's reward runs user code in the sandbox: python, a module of tools / next_turn, or a
+    python grader anywhere in its grader."""
+    if reward is None:
+        return False
+    if isinstance(reward, PythonReward) or reward.source is not None:
+        return True
+    return bool(python_graders(parse_grader(reward.grader)))

@@ -89,5 +89,6 @@ def status_object(job: JobRecord) -> dict[str, Any]:
         "metrics": {"averageReward": metrics.get("reward_mean"), "loss": metrics.get("loss")},
         "model": job.spec.target_model, "error": job.error["message"] if job.error else None,
         "createdAt": job.created_at, "finishedAt": job.finished_at,
+        "stopRequest": job.stop_request,  # "cancel" | "pause" pending the end of the current step, or None
     }
 

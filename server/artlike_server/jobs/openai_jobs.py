@@ -171,9 +171,11 @@ def job_object(job: JobRecord) -> dict[str, Any]:
         "training_file": job.training_file or "inline", "validation_file": job.validation_file,
         "hyperparameters": hyperparameters, "seed": spec.seed, "estimated_finish": None, "integrations": [],
         "method": method, "metadata": job.metadata, "user_provided_suffix": job.suffix,
-        # artlike: where the job is (the API has no progress field)
+        # artlike: where the job is (the API has no progress field), and a cancel or pause that waits for the
+        # end of the current step (OpenAI's statuses have no "cancelling": the job is `running` until then)
         "artlike": {"target_model": spec.target_model, "iteration": job.iteration,
-                    "total_iterations": spec.iterations, "metrics": job.last_metrics, "api": spec.api},
+                    "total_iterations": spec.iterations, "metrics": job.last_metrics, "api": spec.api,
+                    "stop_request": job.stop_request},
     }
 
 

@@ -2,8 +2,10 @@
 
 A reward that raises, times out, returns a non-number or NaN scores 0 and carries the reason (`Score.error`,
 with the user's traceback when there is one): the runner counts it and reports the first ones as events.
-Graders are our own torch-free code (`artlike.graders`), so they run here; a `python` grader nested in them
-and every user function (reward_fn, grade, next_turn, tools) run in the sandbox. Model graders are clients of
+Graders are our own torch-free code (`artlike.graders`): their logic runs here and their text work in the
+grader pool's worker processes (`compute`, under a time limit; a grader that runs past it scores 0 with the
+reason); a `python` grader nested in them and every user function (reward_fn, grade, next_turn, tools) run
+in the sandbox. Model graders are clients of
 this server's own HTTP API: score_model / label_model ask a model through chat completions (`ServerJudge`),
 reward_model asks a reward model through `POST /v1/rewards` (`ServerScorer`).
 """
@@ -19,6 +21,7 @@ import httpx
 import orjson
 
 from artlike.graders import (
+    Compute,
     JudgeUnavailable,
     PythonGrader,
     PythonGraderFailed,
@@ -28,6 +31,7 @@ from artlike.graders import (
 )
 from artlike.types import RewardsResponse
 
+from .grader_pool import GraderInputTooLarge, GraderTimedOut
 from .sandbox import CallResult, Sandbox
 from .spec import GraderReward, PythonReward, Reward
 
@@ -139,6 +143,7 @@ def python_grader_runner(sandbox: Sandbox) -> Callable[[str, dict[str, Any], dic
     """`graders/run`'s python graders: `grade(sample, item)` in the sandbox; a failure is that grader's error."""
 
     async def run(source: str, sample: dict[str, Any], item: dict[str, Any]) -> float:
+        # No owner: a worker of its own, never one a job (or an earlier request) ran code in.
         result = await sandbox.call(source, "grade", [sample, item])
         if result.failure is not None:
             raise PythonGraderFailed(failure_text("grade", result))
@@ -153,11 +158,14 @@ def python_grader_runner(sandbox: Sandbox) -> Callable[[str, dict[str, Any], dic
 class JobReward:
     """The reward of one job, plus the other user functions its module may define (next_turn, tools)."""
 
-    def __init__(self, reward: Reward, sandbox: Sandbox, judge: Judge | None, scorer: Scorer | None = None) -> None:
+    def __init__(self, reward: Reward, sandbox: Sandbox, judge: Judge | None, scorer: Scorer | None = None,
+                 compute: Compute | None = None, *, owner: str | None = None) -> None:
         self.reward = reward
         self._sandbox = sandbox
+        self._owner = owner  # the job: its sandbox workers are its own
         self._judge = judge
         self._scorer = scorer
+        self._compute = compute  # where the text graders' work runs (None: inline)
         self._grader = parse_grader(reward.grader) if isinstance(reward, GraderReward) else None
 
     @property
@@ -173,22 +181,27 @@ class JobReward:
         reward = self.reward
         if isinstance(reward, PythonReward):
             if reward.entry == "grade":  # OpenAI's python grader: grade(sample, item)
-                result = await self._sandbox.call(reward.source, "grade", [sample_of(completion), dict(item)])
+                result = await self._sandbox.call(reward.source, "grade", [sample_of(completion), dict(item)],
+                                                  owner=self._owner)
             else:  # MotteRL: reward_fn(completion, **row), completion = the assistant's messages
                 assistant = [m for m in completion if m.get("role") == "assistant"]
-                result = await self._sandbox.call(reward.source, reward.entry, [assistant], dict(item))
+                result = await self._sandbox.call(reward.source, reward.entry, [assistant], dict(item),
+                                                  owner=self._owner)
             if result.failure is not None:
                 return Score(0.0, failure_text(reward.entry, result))
             return reward_value(result.value, reward.entry)
         assert self._grader is not None
-        graded = await grade_async(self._grader, sample_of(completion), dict(item), judge=self._judge,
-                                   python=self._run_python_grader, scorer=self._scorer)
+        try:
+            graded = await grade_async(self._grader, sample_of(completion), dict(item), judge=self._judge,
+                                       python=self._run_python_grader, scorer=self._scorer, compute=self._compute)
+        except (GraderTimedOut, GraderInputTooLarge) as error:
+            return Score(0.0, f"grader: {error}")
         if graded.error is not None:
             return Score(0.0, f"grader {graded.name}: {graded.error.kind}: {graded.error.message}")
         return Score(graded.score)
 
     async def _run_python_grader(self, grader: PythonGrader, sample: dict[str, Any], item: Mapping[str, Any]) -> float:
-        result = await self._sandbox.call(grader.source, "grade", [sample, dict(item)])
+        result = await self._sandbox.call(grader.source, "grade", [sample, dict(item)], owner=self._owner)
         if result.failure is not None:
             raise PythonGraderFailed(failure_text(f"python grader {grader.name!r}", result))
         score = reward_value(result.value, "grade")
@@ -200,7 +213,7 @@ class JobReward:
         """The next user message of a multi-step episode, or None to end it (also when next_turn fails)."""
         if self._source is None or "next_turn" not in self.functions:
             return None
-        result = await self._sandbox.call(self._source, "next_turn", [messages], dict(item))
+        result = await self._sandbox.call(self._source, "next_turn", [messages], dict(item), owner=self._owner)
         if result.failure is not None:
             raise UserFunctionFailed(failure_text("next_turn", result))
         if result.value is None:
@@ -225,7 +238,7 @@ class JobReward:
         if not isinstance(kwargs, dict):
             return "error: the arguments must be a JSON object"
         assert self._source is not None
-        result = await self._sandbox.call(self._source, name, [], kwargs)
+        result = await self._sandbox.call(self._source, name, [], kwargs, owner=self._owner)
         if result.failure is not None:
             return f"error: {result.failure.kind}: {result.failure.message}"
         return result.value if isinstance(result.value, str) else orjson.dumps(result.value).decode()

@@ -4,7 +4,8 @@ One job runs per target model at a time (the others queue, oldest first); jobs o
 side by side and share the trainer like any other clients. State lives in `JobStore`; this service only
 holds what a running process needs (the runner tasks and their stop flags). On start it requeues every
 job a previous process left unfinished: a running job continues from its last committed iteration.
-On shutdown runner tasks are cancelled without touching their status, so the next start resumes them.
+On shutdown runner tasks are cancelled without touching their status, so the next start resumes them,
+unless a cancel or pause was requested (stored with the job): the next start applies it instead.
 """
 
 from __future__ import annotations
@@ -17,16 +18,20 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from artlike.graders import Compute
+
 from ..errors import Conflict, InvalidRequest, NotFound
+from .intake import runs_user_code
 from .rewards import JobReward, Judge, Scorer
 from .runner import JobFailed, JobRunner, ServerAccess, StopFlag
-from .sandbox import Sandbox
+from .sandbox import Sandbox, SandboxUnavailable
 from .spec import FINISHED, JobSpec
 from .store import EventRecord, JobRecord, JobStore, event_seq
 
 log = logging.getLogger(__name__)
 
 FOLLOW_POLL_S = 15.0  # a follower re-reads the store at least this often, even without a notification
+STOP_WAIT_S = 2.0  # a cancel or pause of a running job waits this long for its step to end before answering
 
 
 @dataclass(frozen=True)
@@ -49,12 +54,13 @@ def new_job_id() -> str:
 
 class JobService:
     def __init__(self, store: JobStore, sandbox: Sandbox, server: ServerAccess, judge: Judge | None,
-                 scorer: Scorer | None = None) -> None:
+                 scorer: Scorer | None = None, compute: Compute | None = None) -> None:
         self.store = store
         self.sandbox = sandbox
         self.server = server
         self.judge = judge
         self.scorer = scorer  # reward_model graders
+        self.compute = compute  # the text graders' work: the grader pool (None: inline)
         self._running: dict[str, tuple[str, asyncio.Task[None], StopFlag]] = {}  # target model -> job
         self._changed: dict[str, asyncio.Event] = {}
         self._closed = False
@@ -63,10 +69,13 @@ class JobService:
     # --------------------------------------------------------------------------------- lifecycle
 
     def start(self) -> None:
-        """Requeue what a previous process left unfinished, then start the queues."""
+        """Requeue what a previous process left unfinished, then start the queues. A cancel or pause that was
+        requested before the stop (it waits for the end of a step) is applied first: that job does not run."""
         unfinished = self.store.unfinished()
         for job in unfinished:
-            if job.status == "running":
+            if job.stop_request is not None:
+                self._apply_stored_stop(job)
+            elif job.status == "running":
                 self._event(job.id, f"the server restarted; the job resumes from iteration {job.iteration}",
                             level="warn")
                 self.store.update(job.id, status="queued")
@@ -74,6 +83,15 @@ class JobService:
                 self.store.update(job.id, status="queued")
         for model in {j.spec.target_model for j in unfinished}:
             self._schedule(model)
+
+    def _apply_stored_stop(self, job: JobRecord) -> None:
+        if job.stop_request == "cancel":
+            self._finish(job.id, "cancelled", "cancelled at restart: the cancel requested before the server "
+                                              f"stopped was applied (after iteration {job.iteration})")
+        else:
+            self.store.update(job.id, status="paused", stop_request=None)
+            self._event(job.id, "paused at restart: the pause requested before the server stopped was applied; "
+                                f"resume the job to continue from iteration {job.iteration}")
 
     async def shutdown(self) -> None:
         self._closed = True
@@ -89,6 +107,8 @@ class JobService:
     # ------------------------------------------------------------------------------------- create
 
     def create(self, new: NewJob) -> JobRecord:
+        if runs_user_code(new.spec.reward):  # refused now (503), rather than failing once it runs
+            self.sandbox.require()
         job_id = new_job_id()
         job = self.store.create(job_id, new.spec, training_file=new.training_file,
                                 validation_file=new.validation_file, suffix=new.suffix, metadata=new.metadata,
@@ -119,16 +139,16 @@ class JobService:
 
     async def cancel(self, job_id: str) -> JobRecord:
         """A queued or paused job is cancelled at once; a running one after its current step (waited for
-        a moment, so the answer usually says `cancelled`)."""
+        a moment). A step outlasting the wait leaves the job `running` with `stop_request` stored: the answer
+        says so, and a restart before the step ends cancels the job instead of resuming it."""
         job = self.get(job_id)
         if job.finished:
             raise Conflict(f"job {job_id} already {job.status}", param="fine_tuning_job_id", code="job_finished")
         running = self._running.get(job.spec.target_model)
         if running is not None and running[0] == job_id:
-            running[2].request("cancel")
-            self.store.update(job_id, stop_request="cancel")
+            self._request_stop(job_id, running[2], "cancel")
             self._event(job_id, "cancel requested: the job stops after its current step")
-            await asyncio.wait({running[1]}, timeout=2.0)
+            await asyncio.wait({running[1]}, timeout=STOP_WAIT_S)
         else:
             self._finish(job_id, "cancelled", "cancelled before it ran" if job.iteration == 0 else "cancelled")
         return self.get(job_id)
@@ -138,16 +158,23 @@ class JobService:
         if job.status not in {"queued", "running", "validating_files"}:
             raise Conflict(f"job {job_id} is {job.status}; only a queued or running job can be paused",
                            param="fine_tuning_job_id", code="job_not_running")
+        if job.stop_request == "cancel":
+            raise Conflict(f"job {job_id} is being cancelled (after its current step); it cannot be paused",
+                           param="fine_tuning_job_id", code="job_cancelling")
         running = self._running.get(job.spec.target_model)
         if running is not None and running[0] == job_id:
-            running[2].request("pause")
-            self.store.update(job_id, stop_request="pause")
+            self._request_stop(job_id, running[2], "pause")
             self._event(job_id, "pause requested: the job pauses after its current step")
-            await asyncio.wait({running[1]}, timeout=2.0)
+            await asyncio.wait({running[1]}, timeout=STOP_WAIT_S)
         else:
             self.store.update(job_id, status="paused")
             self._event(job_id, "paused")
         return self.get(job_id)
+
+    def _request_stop(self, job_id: str, stop: StopFlag, what: Literal["cancel", "pause"]) -> None:
+        """Signal the runner and store the request, so that a restart before the step ends still honours it."""
+        stop.request(what)
+        self.store.update(job_id, stop_request=stop.requested)
 
     def resume(self, job_id: str) -> JobRecord:
         job = self.get(job_id)
@@ -201,17 +228,23 @@ class JobService:
         self._running[model] = (job.id, task, stop)
 
     async def _run(self, job_id: str, stop: StopFlag) -> None:
-        job = self.store.update(job_id, status="running", stop_request=None)
+        job = self.store.update(job_id, status="running")
+        if job.stop_request is not None:  # requested between scheduling and this start: the store keeps it
+            stop.request(job.stop_request)
         model = job.spec.target_model
         self._event(job_id, "started" if job.iteration == 0 else f"running from iteration {job.iteration}")
-        reward = JobReward(job.spec.reward, self.sandbox, self.judge, self.scorer) if job.spec.reward is not None \
-            else None
+        reward = JobReward(job.spec.reward, self.sandbox, self.judge, self.scorer, self.compute, owner=job_id) \
+            if job.spec.reward is not None else None
         try:
+            if runs_user_code(job.spec.reward):  # e.g. created before a restart without --unsafe-user-code
+                self.sandbox.require()
             outcome = await JobRunner(self.store, job_id, self.server, reward, stop).run()
         except asyncio.CancelledError:
             raise  # shutdown: the status stays `running` and the next start resumes the job
         except JobFailed as failed:
             self._finish(job_id, "failed", str(failed), code=failed.code)
+        except SandboxUnavailable as refused:
+            self._finish(job_id, "failed", refused.message, code="sandbox_unavailable")
         except Exception as error:  # a bug: fail this job with its name, keep the server and the queue going
             log.exception("job %s crashed", job_id)
             self._finish(job_id, "failed", f"internal error: {type(error).__name__}: {error}", code="internal_error")
@@ -225,6 +258,7 @@ class JobService:
             if self._running.get(model, ("",))[0] == job_id:
                 del self._running[model]
             self._schedule(model)
+            await self.sandbox.release(job_id)  # its warm workers hold its code's state: never another job's
 
     def _finish(self, job_id: str, status: Literal["succeeded", "failed", "cancelled"], message: str,
                 *, code: str | None = None) -> None:

@@ -10,6 +10,7 @@ after X" is a range query.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 import time
@@ -20,6 +21,7 @@ from typing import Any, Literal
 
 import orjson
 
+from ..fsync import fsync_directory
 from .spec import FINISHED, JobSpec, JobStatus
 
 EventLevel = Literal["info", "warn", "error"]
@@ -64,6 +66,9 @@ CREATE TABLE IF NOT EXISTS checkpoints (
 );
 CREATE INDEX IF NOT EXISTS checkpoints_job ON checkpoints (job_id, seq);
 """
+
+_UPDATABLE = frozenset({"status", "start_step", "iteration", "trained_tokens", "last_metrics", "error",
+                        "finished_at", "stop_request", "metadata"})
 
 
 @dataclass(frozen=True)
@@ -208,6 +213,9 @@ class JobStore:
         return [_job(r) for r in rows]
 
     def update(self, job_id: str, **fields: Any) -> JobRecord:
+        unknown = fields.keys() - _UPDATABLE
+        if unknown:  # column names go into the SQL text: only the fixed set, never a caller's string
+            raise ValueError(f"not updatable job fields: {sorted(unknown)}")
         encoded = {k: (orjson.dumps(v).decode() if k in {"last_metrics", "error", "metadata"} and v is not None
                        else v) for k, v in fields.items()}
         if fields.get("status") in FINISHED:
@@ -266,9 +274,14 @@ class JobStore:
 
 
 def _write_jsonl(path: Path, rows: list[Any]) -> None:
+    # On disk, bytes and name, before the job's row commits: a job row always has its data.
     temporary = path.with_suffix(".tmp")
-    temporary.write_bytes(b"".join(orjson.dumps(row) + b"\n" for row in rows))
+    with open(temporary, "wb") as handle:
+        handle.write(b"".join(orjson.dumps(row) + b"\n" for row in rows))
+        handle.flush()
+        os.fsync(handle.fileno())
     temporary.replace(path)
+    fsync_directory(path.parent)
 
 
 def _job(row: tuple[Any, ...]) -> JobRecord:

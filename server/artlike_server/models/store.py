@@ -32,6 +32,8 @@ import orjson
 from artlike.types import LoraConfig, ModelKind, RewardHeadConfig, StepRetention, is_valid_model_name
 
 from ..errors import InvalidRequest, NotFound
+from ..fsync import fsync_directory
+from ..jsonl_append import append_jsonl, read_jsonl
 
 _ADAPTER_MARKER = "adapter_config.json"
 
@@ -200,6 +202,7 @@ class ModelStore:
         if target.exists():
             raise RuntimeError(f"step {step} of {name!r} already exists")
         os.rename(staging, target)
+        fsync_directory(target.parent)  # the rename itself survives a power loss, before its history line
         return target
 
     def discard_staging(self, staging: Path) -> None:
@@ -222,30 +225,21 @@ class ModelStore:
     # ---------------------------------------------------------------------------------- history
 
     def append_history(self, name: str, entry: dict[str, Any]) -> None:
-        # One write() of one line in append mode: a crash leaves at most a torn last line, which
-        # read_history skips.
-        line = orjson.dumps(entry) + b"\n"
-        with open(self.model_dir(name) / "history.jsonl", "ab") as handle:
-            handle.write(line)
-            handle.flush()
-            os.fsync(handle.fileno())
+        # A crash leaves at most a torn last line: the next append fences it off, so it never takes the
+        # next step's line (and that step) with it, and read_history skips it.
+        append_jsonl(self.model_dir(name) / "history.jsonl", entry)
 
     def read_history(self, name: str) -> list[dict[str, Any]]:
-        path = self.model_dir(name) / "history.jsonl"
-        if not path.is_file():
-            return []
-        entries = []
-        for line in path.read_bytes().splitlines():
-            try:
-                entries.append(orjson.loads(line))
-            except orjson.JSONDecodeError:
-                continue  # a torn final line from a crash mid-append; every complete line is kept
-        return entries
+        return [entry for entry in read_jsonl(self.model_dir(name) / "history.jsonl") if isinstance(entry, dict)]
 
 
 def fsync_tree(directory: Path) -> None:
-    """fsync every file under `directory` (slow: call it in a thread from async code)."""
+    """fsync every file and directory under `directory`, itself included, so both the bytes and the names
+    are on disk (slow: call it in a thread from async code)."""
     for path in directory.rglob("*"):
         if path.is_file():
             with open(path, "rb") as handle:
                 os.fsync(handle.fileno())
+        elif path.is_dir():
+            fsync_directory(path)
+    fsync_directory(directory)

@@ -9,6 +9,8 @@ What happens to a completion request
    Policies: `seed` -> 400 when `settings.reject_seed` (DESIGN §8); on trajectory URLs `use_beam_search`
    (not samples of the policy) and completions `echo` (see below) -> 400 `unsupported_parameter`; `n` over
    `settings.max_recorded_choices` -> 400 naming `n` (each choice is a log row; the body is stored once).
+   On every route, a request whose answer may exceed `settings.max_request_tokens` token entries
+   (n × max_tokens × (1 + top_logprobs), `request_caps`) -> 400 `request_too_large`.
 2. The engine must be ready, else 503 with Retry-After. `model` is resolved and leased from the model
    manager (`name` -> `name@latest`, `name@N`, the base model id; unknown -> 404): the adapter stays loaded
    until the answer is complete, stream included.
@@ -77,6 +79,7 @@ from artlike_server.openai_api.protocol import (
     RecordedEndpoint,
     validate_request,
 )
+from artlike_server.openai_api.request_caps import check_request_size
 
 logger = logging.getLogger(__name__)
 
@@ -150,6 +153,12 @@ class SettingsLike(Protocol):
 
     @property
     def max_recorded_choices(self) -> int: ...
+
+    @property
+    def max_request_tokens(self) -> int: ...
+
+    @property
+    def max_model_len(self) -> int | None: ...
 
 
 # ------------------------------------------------------------------------------------------- errors
@@ -695,6 +704,9 @@ class OpenAIServing:
         recorded_as: RecordedEndpoint | None = None,
     ) -> bytes | ProxyStream:
         request = validate_request(endpoint, body)
+        # Before any engine work: the answer's size is bounded by what the request asks for.
+        check_request_size(endpoint, body, limit=self.settings.max_request_tokens,
+                           max_model_len=self.settings.max_model_len, dialect=recorded_as)
         self._check_policies(endpoint, body, recording=trajectory_id is not None)
         self._check_engine_ready()
         label = recorded_as or endpoint

@@ -103,5 +103,5 @@ async def log_in(body: LoginRequest, request: Request, response: Response) -> Se
 async def log_out(request: Request) -> Response:
     get_state(request).ui_sessions.end(request.cookies.get(COOKIE))
     response = Response(status_code=204)
-    response.delete_cookie(COOKIE, path="/")
+    response.delete_cookie(COOKIE, path="/", secure=request.url.scheme == "https", httponly=True, samesite="strict")
     return response

@@ -9,6 +9,8 @@ saved state into a committed step through `ModelManager.commit_step`, as a job's
   session when the server stops; its pending gradients are dropped, saved steps stay;
 - a session lives in one trainer process: if the worker restarted (a crash), the session is lost (409
   `session_lost`) and the caller opens a new one from its last saved step;
+- a session's end is one step as callers see it: it stays visible while the worker drops it, then it leaves
+  the table in the same step the model is freed, so a caller that got the 404 can open the next one at once;
 - a worker command runs to its end even when the HTTP caller goes away (shielded), so the worker's state
   always matches what the service believes.
 """
@@ -16,6 +18,7 @@ saved state into a committed step through `ModelManager.commit_step`, as a job's
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 import time
@@ -73,6 +76,8 @@ class Session:
     optimizer_steps: int = 0
     pending_passes: int = 0
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    closing: bool = False  # its end has begun: no new command runs on it
+    ended: asyncio.Event = field(default_factory=asyncio.Event)  # set once it is gone and its model is free
 
     def info(self, status: Literal["open", "ended"] = "open") -> SessionInfo:
         return SessionInfo(id=self.id, model=self.model, step=self.step, created_at=self.created_at,
@@ -124,33 +129,51 @@ class TrainingSessions:
         return self._require(session_id).info()
 
     async def close(self, session_id: str, *, reason: str = "ended by its caller") -> SessionInfo:
-        session = self._sessions.pop(session_id, None)
-        if session is None:
-            raise NotFound(f"training session {session_id!r} does not exist (ended or timed out)", param="id",
-                           code="session_not_found")
+        session = self._require(session_id)
+        if session.closing:  # another caller (or the reaper) is ending it: answer once it is gone
+            await session.ended.wait()
+            raise _gone(session_id)
+        session.closing = True
+        return await self._shielded(self._end(session, reason))  # a caller that goes away leaves it half-ended
+
+    async def _end(self, session: Session, reason: str) -> SessionInfo:
         try:
-            async with session.lock:
-                if self.trainer.pid == session.trainer_pid and self.trainer.is_running:
+            async with session.lock:  # after the command in flight, if any
+                lost = session.ended.is_set()  # that command lost it: the model may hold a new session now
+                if not lost and self.trainer.pid == session.trainer_pid and self.trainer.is_running:
                     try:
                         await self._shielded(
                             self.trainer.session_command(protocol.SessionClose(model_name=session.model)))
                     except (TrainerError, TrainerCrashed, TrainerTimeout) as error:
                         log.warning("closing training session %s in the trainer failed: %s", session.id, error)
-        finally:  # only now may a job use the model: the worker has dropped the session first
-            self.training.release_session(session.model)
+        finally:  # only now may a job or a new session use the model: the worker has dropped the session first
+            self._forget(session)
         log.info("training session %s on %s closed: %s", session.id, session.model, reason)
         return session.info(status="ended")
+
+    def _forget(self, session: Session) -> None:
+        """Free the model and remove the session in one step (no await between): whoever sees it gone finds
+        the model free. Once only: by then the model may hold a new session."""
+        if session.ended.is_set():  # lost while its end waited for the command in flight
+            return
+        self.training.release_session(session.model)
+        if self._sessions.get(session.id) is session:
+            del self._sessions[session.id]
+        session.ended.set()
 
     async def reap_idle(self) -> None:
         """End the sessions unused for longer than their idle timeout (called periodically)."""
         now = time.time()
         for session in list(self._sessions.values()):
-            if not session.lock.locked() and now - session.last_used_at > session.idle_timeout_s:
+            if session.closing or session.ended.is_set() or session.lock.locked():
+                continue
+            if now - session.last_used_at > session.idle_timeout_s:
                 await self.close(session.id, reason=f"idle for over {session.idle_timeout_s:.0f} s")
 
     async def shutdown(self) -> None:
         for session_id in list(self._sessions):
-            await self.close(session_id, reason="the server is stopping")
+            with contextlib.suppress(NotFound):  # ended meanwhile (a reaper's close that was under way)
+                await self.close(session_id, reason="the server is stopping")
 
     # ------------------------------------------------------------------------------ primitives
 
@@ -224,12 +247,11 @@ class TrainingSessions:
     def _require(self, session_id: str) -> Session:
         session = self._sessions.get(session_id)
         if session is None:
-            raise NotFound(f"training session {session_id!r} does not exist (ended or timed out)", param="id",
-                           code="session_not_found")
+            raise _gone(session_id)
         return session
 
     def _using(self, session: Session) -> _SessionUse:
-        return _SessionUse(session, lambda: self._sessions.get(session.id) is session)
+        return _SessionUse(session, lambda: self._sessions.get(session.id) is session and not session.closing)
 
     async def _run(self, session: Session, command: Any) -> protocol.WorkerEvent:
         """One worker command for `session`, mapped to HTTP errors; a restarted worker lost the session."""
@@ -250,8 +272,7 @@ class TrainingSessions:
                                      code="trainer_unavailable") from error
 
     async def _lose(self, session: Session) -> None:
-        self._sessions.pop(session.id, None)
-        self.training.release_session(session.model)
+        self._forget(session)
         raise Conflict(f"training session {session.id} was lost: the trainer restarted since it opened; open a "
                        f"new session from the last saved step ({session.model}@{session.step})",
                        code="session_lost")
@@ -307,7 +328,7 @@ class TrainingSessions:
 
 class _SessionUse:
     """`async with`: the session's commands in order, `last_used_at` refreshed before and after; a call that
-    waited while the session was ended finds it gone (404), not half there."""
+    waited while the session was ended finds it gone (404), not half there, and only once its model is free."""
 
     def __init__(self, session: Session, still_open: Callable[[], bool]) -> None:
         self._session = session
@@ -316,7 +337,8 @@ class _SessionUse:
     async def __aenter__(self) -> None:
         await self._session.lock.acquire()
         if not self._still_open():
-            self._session.lock.release()
+            self._session.lock.release()  # the ending close may be waiting for it
+            await self._session.ended.wait()
             raise NotFound(f"training session {self._session.id!r} ended while this call waited", param="id",
                            code="session_not_found")
         self._session.last_used_at = time.time()
@@ -324,6 +346,11 @@ class _SessionUse:
     async def __aexit__(self, *_: object) -> None:
         self._session.last_used_at = time.time()
         self._session.lock.release()
+
+
+def _gone(session_id: str) -> NotFound:
+    return NotFound(f"training session {session_id!r} does not exist (ended or timed out)", param="id",
+                    code="session_not_found")
 
 
 def _config_of(request: ForwardRequest) -> Any:

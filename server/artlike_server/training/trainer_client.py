@@ -37,6 +37,7 @@ from typing import Literal
 from pydantic import ValidationError
 
 from artlike.types import LoraConfig, RewardHeadConfig, TrainConfig
+from artlike_server.child_env import without_secrets
 from artlike_server.logfiles import RotatingLog
 from artlike_server.trainer import protocol
 
@@ -137,7 +138,7 @@ class TrainerProcess:
             *(["--threads", str(threads)] if threads else []),
             *(["--cpus", ",".join(map(str, cpus))] if cpus else []),
         ]  # fmt: skip
-        self._env = dict(env) if env is not None else dict(os.environ)
+        self._env = without_secrets(os.environ if env is None else env)
         if gpus:
             self._env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
         # libgomp's default spin-waiting makes torch 50-100x slower when the cores are shared (vLLM, other

@@ -29,9 +29,11 @@ from ._errors import (
 )
 from ._formula import Formula, compile_formula
 from ._grade import AnyGrader, grade, grade_async, normalize_sample, parse_grader
+from ._leaf import LEAF_FUNCTIONS, Compute, LeafFunction, run_leaf
 from ._model_graders import Judge, PythonRunner, Scorer
 from ._reward import RewardComponents
 from ._template import render
+from ._text_similarity import check_metric
 from ._types import (
     FormatGrader,
     GradeError,
@@ -50,7 +52,9 @@ from ._types import (
 )
 
 __all__ = [
+    "LEAF_FUNCTIONS",
     "AnyGrader",
+    "Compute",
     "FormatGrader",
     "Formula",
     "FormulaError",
@@ -64,6 +68,7 @@ __all__ = [
     "JudgeMessage",
     "JudgeUnavailable",
     "LabelModelGrader",
+    "LeafFunction",
     "MathAccuracyGrader",
     "MissingDependencyError",
     "MultiGrader",
@@ -81,10 +86,12 @@ __all__ = [
     "TemplateError",
     "TextSimilarityGrader",
     "UnsupportedMetricError",
+    "check_metric",
     "compile_formula",
     "grade",
     "grade_async",
     "normalize_sample",
     "parse_grader",
     "render",
+    "run_leaf",
 ]

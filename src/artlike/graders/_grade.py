@@ -17,9 +17,8 @@ from typing import Any, TypeVar
 from pydantic import TypeAdapter
 
 from ._errors import FormulaError, GraderNotRunnableHere, GradingFailed, PythonGraderFailed, ScoreParseError
-from ._format import format_reward
 from ._formula import compile_formula
-from ._math_accuracy import final_answer, math_equal
+from ._leaf import Compute, LeafFunction, run_leaf
 from ._model_graders import (
     Judge,
     PythonRunner,
@@ -30,9 +29,8 @@ from ._model_graders import (
     scored_conversation,
 )
 from ._reward import RewardComponents
-from ._string_check import string_check
 from ._template import lookup, render, sample_from_text
-from ._text_similarity import similarity
+from ._text_similarity import check_metric
 from ._types import (
     FormatGrader,
     GradeError,
@@ -128,8 +126,13 @@ def _variable_names(graders: dict[str, SubGrader] | list[SubGrader] | SubGrader)
 
 class _Grading:
     def __init__(self, judge: Judge | None, sync: bool, python: PythonRunner | None = None,
-                 scorer: Scorer | None = None) -> None:
-        self.judge, self.sync, self.python, self.scorer = judge, sync, python, scorer
+                 scorer: Scorer | None = None, compute: Compute | None = None) -> None:
+        self.judge, self.sync, self.python, self.scorer, self.compute = judge, sync, python, scorer, compute
+
+    async def _leaf(self, function: LeafFunction, args: list[str]) -> Any:
+        if self.compute is None:
+            return run_leaf(function, args)
+        return await _settled(self.compute(function, args), self.sync, "compute")
 
     async def run(self, grader: AnyGrader, sample: dict[str, Any], item: Mapping[str, Any]) -> GradeResult:
         name, kind = ("reward_components", "reward_components") if isinstance(grader, RewardComponents) \
@@ -146,17 +149,18 @@ class _Grading:
 
         result = GradeResult(name="", type="", score=0.0)
         if isinstance(g, StringCheckGrader):
-            return result.model_copy(update={"score": string_check(r(g.input), r(g.reference), g.operation)})
+            score = float(await self._leaf("string_check", [r(g.input), r(g.reference), g.operation]))
+            return result.model_copy(update={"score": score})
         if isinstance(g, TextSimilarityGrader):
-            score = similarity(r(g.input), r(g.reference), g.evaluation_metric)
+            check_metric(g.evaluation_metric)
+            score = float(await self._leaf("similarity", [r(g.input), r(g.reference), g.evaluation_metric]))
             return result.model_copy(update={"score": score, "passed": _passed(score, g.pass_threshold)})
         if isinstance(g, MathAccuracyGrader):
-            output = r(g.input)
-            score = math_equal(output, r(g.reference))
-            return result.model_copy(update={"score": score, "metadata": {"answer": final_answer(output)}})
+            score, answer = await self._leaf("math_accuracy", [r(g.input), r(g.reference)])
+            return result.model_copy(update={"score": float(score), "metadata": {"answer": answer}})
         if isinstance(g, FormatGrader):
-            score, answer = format_reward(r(g.input))
-            return result.model_copy(update={"score": score, "metadata": {"answer": answer}})
+            score, answer = await self._leaf("format", [r(g.input)])
+            return result.model_copy(update={"score": float(score), "metadata": {"answer": answer}})
         if isinstance(g, PythonGrader):
             score = await self._run_python(g, sample, item)
             return result.model_copy(update={"score": score, "passed": _passed(score, g.pass_threshold)})
@@ -208,7 +212,8 @@ class _Grading:
     async def _reward_components(
         self, g: RewardComponents, sample: dict[str, Any], item: Mapping[str, Any]
     ) -> GradeResult:
-        format_score, answer = format_reward(str(lookup("sample.output_text", sample, item)))
+        format_score, answer = await self._leaf("format", [str(lookup("sample.output_text", sample, item))])
+        format_score = float(format_score)
         if g.extract_answer and answer is not None:
             sample = {**sample, "output_text": answer, **_json_of(answer)}
         keys: dict[str, Grader] = {}
@@ -258,14 +263,16 @@ def grade(
     judge: Judge | None = None,
     python: PythonRunner | None = None,
     scorer: Scorer | None = None,
+    compute: Compute | None = None,
 ) -> GradeResult:
     """Grade one sample. Per-sample failures (a missing template key, a bad formula, a judge answer with no
     score, a reward model that could not score) come back as `result.error` with score 0; python graders
     need `python=` (the server's sandbox runs them), score_model and label_model a `judge=`, reward_model a
-    `scorer=`, and each raises GraderNotRunnableHere without it."""
+    `scorer=`, and each raises GraderNotRunnableHere without it. `compute=` runs the text graders' work
+    elsewhere (see `run_leaf`); by default it runs here."""
     g = parse_grader(grader) if isinstance(grader, Mapping) else grader
-    return _drive(_Grading(judge, sync=True, python=python, scorer=scorer).run(g, normalize_sample(sample),
-                                                                              item or {}))
+    grading = _Grading(judge, sync=True, python=python, scorer=scorer, compute=compute)
+    return _drive(grading.run(g, normalize_sample(sample), item or {}))
 
 
 async def grade_async(
@@ -276,8 +283,9 @@ async def grade_async(
     judge: Judge | None = None,
     python: PythonRunner | None = None,
     scorer: Scorer | None = None,
+    compute: Compute | None = None,
 ) -> GradeResult:
-    """`grade()` for an async judge, scorer or python runner (sync ones work too)."""
+    """`grade()` for an async judge, scorer, python runner or compute (sync ones work too)."""
     g = parse_grader(grader) if isinstance(grader, Mapping) else grader
-    return await _Grading(judge, sync=False, python=python, scorer=scorer).run(g, normalize_sample(sample),
-                                                                              item or {})
+    grading = _Grading(judge, sync=False, python=python, scorer=scorer, compute=compute)
+    return await grading.run(g, normalize_sample(sample), item or {})

@@ -53,27 +53,31 @@ def final_answer(text: str) -> str | None:
     return _find_answer(text)[0]
 
 
-def _parse(text: str) -> list[Any]:
+def _parse(text: str, timeout_s: int | None) -> list[Any]:
     mv = require("math_verify", "math-verify", "the math_accuracy grader")
-    parsed: list[Any] = mv.parse(text, parsing_timeout=_timeout() or 0)
+    parsed: list[Any] = mv.parse(text, parsing_timeout=timeout_s)
     return parsed
 
 
-def _timeout() -> int | None:
+def _alarm_timeout(requested: int | None) -> int | None:
     # math-verify's timeouts use SIGALRM, which only the main thread may set; in other threads parsing is
-    # unbounded, so a caller that needs a time limit there runs graders in a worker process.
-    return 5 if threading.current_thread() is threading.main_thread() else None
+    # unbounded, so a caller that needs a time limit there runs graders in a process it can kill.
+    return requested if threading.current_thread() is threading.main_thread() else None
 
 
-def math_equal(output: str, reference: str) -> float:
-    """1.0 if `output`'s final answer equals `reference` (itself parsed as a whole), else 0.0."""
+def math_equal(output: str, reference: str, *, alarm_timeout_s: int | None = 5) -> float:
+    """1.0 if `output`'s final answer equals `reference` (itself parsed as a whole), else 0.0.
+
+    `alarm_timeout_s`: math-verify's own per-step limit (SIGALRM: main thread only, and it cannot interrupt
+    C code); None turns it off, for a caller that bounds the whole call by killing its process."""
     answer, boxed = _find_answer(output)
     if answer is None:
         return 0.0
+    timeout = _alarm_timeout(alarm_timeout_s)
     # Boxed again, a LaTeX answer keeps its LaTeX meaning: bare, `50\%` would read as 50, not 0.5.
-    pred = _parse(_BOXED + answer + "}" if boxed else answer)
-    gold = _parse(reference)
+    pred = _parse(_BOXED + answer + "}" if boxed else answer, timeout)
+    gold = _parse(reference, timeout)
     if not gold or not pred:
         return 0.0
     mv = require("math_verify", "math-verify", "the math_accuracy grader")
-    return 1.0 if mv.verify(gold, pred, timeout_seconds=_timeout()) else 0.0
+    return 1.0 if mv.verify(gold, pred, timeout_seconds=timeout) else 0.0

@@ -3,7 +3,7 @@
     fuzzy_match   rapidfuzz `fuzz.ratio` / 100 (normalized Indel similarity)
     bleu          sacrebleu sentence BLEU (default smoothing: exp) / 100
     gleu          Google-BLEU (Wu et al. 2016, as nltk's sentence_gleu): min(n-gram precision, recall), n=1..4
-    rouge_N/L     rouge-score F-measure of ROUGE-N / ROUGE-L (no stemming)
+    rouge_N/L     rouge-score F-measure of ROUGE-N / ROUGE-L (no stemming; ROUGE-L's LCS by rapidfuzz)
     meteor        unsupported: nltk's METEOR downloads WordNet at run time
     cosine        unsupported: it needs an embedding model
 
@@ -61,9 +61,31 @@ def _rouge_scorer(rouge_type: str) -> Any:
     return rouge.RougeScorer([rouge_type], use_stemmer=False)
 
 
+@lru_cache(maxsize=1)
+def _rouge_tokenizer() -> Any:
+    tokenizers = require("rouge_score.tokenizers", "rouge-score", "the rouge metrics")
+    return tokenizers.DefaultTokenizer(use_stemmer=False)
+
+
+def rouge_l(input: str, reference: str) -> float:
+    """rouge-score's ROUGE-L F-measure (its tokens, its formula), with the longest common subsequence from
+    rapidfuzz's bit-parallel C code: rouge-score fills an n×m table in Python (seconds and gigabytes for
+    texts of a few thousand words)."""
+    lcs_seq = require("rapidfuzz.distance.LCSseq", "rapidfuzz", "the rouge_l metric")
+    tokenizer = _rouge_tokenizer()
+    hyp, ref = tokenizer.tokenize(input), tokenizer.tokenize(reference)
+    if not hyp or not ref:
+        return 0.0
+    lcs = lcs_seq.similarity(ref, hyp)
+    precision, recall = lcs / len(hyp), lcs / len(ref)
+    return 2 * precision * recall / (precision + recall) if precision + recall > 0 else 0.0
+
+
 def rouge(input: str, reference: str, metric: str) -> float:
     """`metric` is rouge_1 .. rouge_5 or rouge_l."""
-    rouge_type = "rougeL" if metric == "rouge_l" else "rouge" + metric.removeprefix("rouge_")
+    if metric == "rouge_l":
+        return rouge_l(input, reference)
+    rouge_type = "rouge" + metric.removeprefix("rouge_")
     return float(_rouge_scorer(rouge_type).score(reference, input)[rouge_type].fmeasure)
 
 
@@ -72,9 +94,19 @@ def similarity(input: str, reference: str, metric: str) -> float:
     return min(max(_similarity(input, reference, metric), 0.0), 1.0)
 
 
-def _similarity(input: str, reference: str, metric: str) -> float:
+_METRICS = frozenset({"fuzzy_match", "bleu", "gleu", "rouge_1", "rouge_2", "rouge_3", "rouge_4", "rouge_5", "rouge_l"})
+
+
+def check_metric(metric: str) -> None:
+    """Raise UnsupportedMetricError unless `similarity` can compute `metric` (before any text is sent off)."""
     if metric in UNSUPPORTED:
         raise UnsupportedMetricError(UNSUPPORTED[metric])
+    if metric not in _METRICS:
+        raise UnsupportedMetricError(f"unknown evaluation_metric {metric!r}")
+
+
+def _similarity(input: str, reference: str, metric: str) -> float:
+    check_metric(metric)
     if metric == "fuzzy_match":
         return fuzzy_match(input, reference)
     if metric == "bleu":

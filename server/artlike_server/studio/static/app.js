@@ -325,6 +325,24 @@
     const fromHash = location.hash.replace('#', '');
     setTab(PANELS[fromHash] ? fromHash : S.tab);
     loadModelLists().catch(() => {});
+    showSandboxState().catch(() => {});
+  }
+
+  /** How this server runs user code (reward functions, graders, tools), from /health: a banner on every tab
+   *  when it runs it unisolated (--unsafe-user-code) or refuses it; nothing when it is isolated. */
+  async function showSandboxState() {
+    const response = await fetch('/health', { credentials: 'same-origin' });
+    const sandbox = (await response.json()).sandbox;
+    const state = sandbox ? sandbox.user_code : 'isolated';
+    const banner = $('#sandbox-banner');
+    banner.hidden = state === 'isolated';
+    if (banner.hidden) return;
+    const unsafe = state.startsWith('UNSAFE');
+    banner.className = `banner ${unsafe ? 'unsafe' : 'refused'}`;
+    banner.textContent = unsafe
+      ? 'Unsafe: this server runs user code (reward functions, graders, tools) unisolated, as its own user, '
+        + 'with its network and files (--unsafe-user-code).'
+      : `User code (reward functions, python graders, tools) is refused on this server: ${state.replace(/^refused: /, '')}`;
   }
 
   // ------------------------------------------------------------------------------------------- tabs
