@@ -78,7 +78,7 @@ class ApiKeyMiddleware:
                  sessions: UiSessions | None = None, hosts: HostPolicy = DEFAULT_HOSTS) -> None:
         self.app = app
         self._hosts = hosts
-        self._host_verdicts: dict[bytes, bool] = {}  # parsing costs ~10 us; clients use few names
+        self._host_verdicts: dict[bytes, bool] = {}  # parsed once per name: clients use few
         self._expected = f"Bearer {api_key}".encode() if api_key else None
         self._expected_key = api_key.encode() if api_key else b""
         self._open_paths = frozenset(open_paths)

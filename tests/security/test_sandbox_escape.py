@@ -10,6 +10,7 @@ import os
 import secrets
 import shutil
 import site
+import stat
 import subprocess
 import sys
 import tempfile
@@ -71,6 +72,25 @@ def ordinary_user() -> Iterator[str]:
         subprocess.run(["userdel", "--remove", name], capture_output=True)
 
 
+@pytest.fixture
+def traversable_checkout() -> Iterator[None]:
+    """Lets other users pass through (never list) the directories above this checkout and the venv, for the
+    test's duration: a clone under a private directory (`mktemp -d` makes them mode 700) would otherwise hide
+    the server's code from the ordinary user, and the battery would never run as one."""
+    changed: list[tuple[Path, int]] = []
+    for leaf in {REPOSITORY, Path(sys.prefix).resolve(), Path(os.path.realpath(sys.executable)).parent}:
+        for directory in [leaf, *leaf.parents]:
+            mode = directory.stat().st_mode
+            if not mode & stat.S_IXOTH:
+                directory.chmod(stat.S_IMODE(mode) | stat.S_IXOTH)
+                changed.append((directory, stat.S_IMODE(mode)))
+    try:
+        yield
+    finally:
+        for directory, mode in reversed(changed):
+            directory.chmod(mode)
+
+
 def readable_python(user: str) -> str | None:
     """A Python of this version the user may run, importing the server from this checkout; None if none."""
     version = f"python{sys.version_info.major}.{sys.version_info.minor}"
@@ -84,7 +104,7 @@ def readable_python(user: str) -> str | None:
     return None
 
 
-def test_the_battery_as_an_ordinary_user(ordinary_user: str, owned_dir: Path) -> None:
+def test_the_battery_as_an_ordinary_user(ordinary_user: str, traversable_checkout: None, owned_dir: Path) -> None:
     python = readable_python(ordinary_user)
     if python is None:
         pytest.skip(f"no Python with this checkout's packages is readable by an ordinary user ({REPOSITORY} "

@@ -1,12 +1,13 @@
 """Where user code cannot be isolated (no `unshare` here: a PATH without it), it is refused with a 503
 `sandbox_unavailable` naming what is missing and the opt-in, at job creation, at graders/run and at call
-time; with --unsafe-user-code it runs, the start logs a warning and /health says so. The refusal runs on the
-real Sandbox, GraderService and JobService in-process; the opt-in on a real `artlike serve`, stopped as soon
-as /health answers (it never waits for the engine)."""
+time; with --unsafe-user-code it runs, the start logs a warning, and /health and the studio page (in headless
+chromium) say so. The refusal runs on the real Sandbox, GraderService and JobService in-process; the opt-in
+on a real `artlike serve`, stopped once /health and the page answered (it never waits for the engine)."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -161,3 +162,32 @@ def test_an_unsafe_server_says_so_in_health_and_its_log(unsafe_server: tuple[str
     graded = httpx.post(f"{url}/v1/fine_tuning/alpha/graders/run", headers=headers, timeout=30,
                         json={"grader": GRADER, "model_sample": "x"})
     assert graded.status_code == 200 and graded.json()["reward"] == 0.25, graded.text
+    banner = studio_banner(url)
+    if banner is None:
+        pytest.skip("the studio's banner was not checked: no system `chromium` or no `playwright` (make setup "
+                    "installs both); /health and the log were")
+    assert banner.startswith("Unsafe: this server runs user code"), banner
+
+
+def studio_banner(url: str) -> str | None:
+    """The studio page's sandbox banner text, logged in with the key, in headless chromium (None: no browser)."""
+    executable = shutil.which("chromium") or shutil.which("chromium-browser")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        return None
+    if executable is None:
+        return None
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=executable, args=["--no-sandbox"], headless=True)
+        try:
+            page = browser.new_page()
+            page.set_default_timeout(30_000)
+            page.goto(f"{url}/ui")
+            page.wait_for_selector("#login:not([hidden])")
+            page.fill("#login-key", TEST_API_KEY)
+            page.click("#login-submit")
+            page.wait_for_selector("#sandbox-banner:not([hidden])")
+            return str(page.inner_text("#sandbox-banner"))
+        finally:
+            browser.close()
