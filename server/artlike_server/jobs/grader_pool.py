@@ -23,6 +23,8 @@ from typing import Any
 
 from artlike.graders import GradingFailed, LeafFunction, run_leaf
 
+from .worker_ready import read_ready_line
+
 log = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 60.0  # importing the metric packages (sympy for math-verify) on a busy machine
@@ -149,12 +151,7 @@ class GraderPool:
             limit=MAX_REPLY_BYTES)
         worker = _Worker(process)
         self._all.add(worker)
-        assert process.stdout is not None
-        try:
-            ready = await asyncio.wait_for(process.stdout.readline(), START_TIMEOUT_S)
-        except TimeoutError:
-            ready = b""
-        if not ready or not json.loads(ready).get("ok"):
+        if not (await read_ready_line(process, START_TIMEOUT_S)).get("ok"):
             self._all.discard(worker)
             await worker.kill()
             raise GraderPoolUnavailable(f"a grader worker did not start (exit status {process.returncode})")

@@ -42,6 +42,7 @@ from typing import Any, Literal
 
 from ..errors import ServiceUnavailable
 from .sandbox_host import CgroupParent, WorkerCgroup, find_cgroup_parent, free_uid_range
+from .worker_ready import read_ready_line
 
 log = logging.getLogger(__name__)
 
@@ -395,12 +396,7 @@ class Sandbox:
             stderr=asyncio.subprocess.DEVNULL, env=env, cwd=tmp, start_new_session=True, limit=MAX_REPLY_BYTES)
         worker = _Worker(process, tmp, uid, cgroup)
         self._all.add(worker)
-        assert process.stdout is not None
-        try:
-            ready = await asyncio.wait_for(process.stdout.readline(), START_TIMEOUT_S)
-        except TimeoutError:
-            ready = b""
-        reply = json.loads(ready) if ready else {}
+        reply = await read_ready_line(process, START_TIMEOUT_S)
         if not reply.get("ok"):
             await self._retire(worker)
             reason = reply.get("message") or _exit_reason(process.returncode)
