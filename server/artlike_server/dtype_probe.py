@@ -2,10 +2,9 @@
 
     python -m artlike_server.dtype_probe [--json] [--threads N] [--fresh]
 
-CPU flags do not say which dtype is fast. Measured with torch 2.13 on 2-core VMs (GFLOP/s, bf16 vs fp32):
-a Xeon with AMX ~909 vs ~215 (2048³ matmul); a Xeon with AVX-512 BF16 but no AMX 212 vs 408 (bf16
-*slower*, though the flags say "native bf16"); an AVX2 EPYC 0.2 vs 72 (bf16 emulated). So `--dtype auto`
-on a CPU follows a measurement:
+CPU flags do not say which dtype is fast: a Xeon with AMX runs bf16 far faster than fp32, a Xeon with
+AVX-512 BF16 but no AMX runs it *slower* (though the flags say "native bf16"), and an AVX2 EPYC emulates
+it. So `--dtype auto` on a CPU follows a measurement:
 
 - trainer: the GEMMs of a LoRA training micro-batch on a small LM (8 × 256 tokens, SmolLM2-135M's
   576/1536 projections): the forward `linear` and the input gradient of the up and down projections;
@@ -17,16 +16,15 @@ Each role's bf16 speed-up is the median of its shapes' bf16/fp32 ratios, each th
 that alternate between the dtypes (a busy neighbour on a shared VM then slows both alike, and one disturbed
 shape does not decide). bf16 is chosen only at `BF16_MARGIN` (1.15x) or more. A near tie goes to float32:
 fp32 is the exact choice (vLLM's fp32 output matches transformers and does not depend on batch composition;
-bf16's does, DESIGN §8), and the margin keeps the choice from flipping on measurement noise (~5-10% on a
-shared VM). bf16 also halves memory (weights, KV cache, activations), which this probe does not value: pass
---dtype bfloat16 where memory is what binds.
+bf16's does), and the margin keeps the choice from flipping on measurement noise on a shared VM. bf16
+also halves memory (weights, KV cache, activations), which this probe does not value: pass --dtype
+bfloat16 where memory is what binds.
 
 A tiny GEMM in both dtypes runs first: where bf16 is over `EMULATED_RATIO` (20x) slower, bf16 is emulated,
 its large shapes are skipped (one 2048-token bf16 GEMM would take seconds there) and float32 is chosen. A
-bf16 shape under a quarter of fp32's speed ends that role's bf16 shapes too. The measurement takes ~1-2 s on
-a quiet 2-core machine (~3 s with torch's import; more when the machine is busy). Run it by hand with
-`--fresh` to measure again (a result measured while the machine was busy stays cached otherwise; the result
-records the load average).
+bf16 shape under a quarter of fp32's speed ends that role's bf16 shapes too. The measurement takes seconds,
+more when the machine is busy. Run it by hand with `--fresh` to measure again (a result measured while
+the machine was busy stays cached otherwise; the result records the load average).
 
 The parent side (`probe`) never imports torch (the proxy must not): it runs this module as a subprocess
 of the same Python and caches the result per machine in `<cache dir>/dtype_probe.json` (the default
@@ -430,7 +428,7 @@ def measure(threads: int | None = None) -> dict[str, Any]:
     torch.manual_seed(0)
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
-    # 1. Is bf16 emulated? A 4 MFLOP GEMM: ~20 ms where it is (0.2 GFLOP/s), tens of microseconds elsewhere.
+    # 1. Is bf16 emulated? A 4 MFLOP GEMM: orders of magnitude slower in bf16 where it is, quick elsewhere.
     a = {name: (torch.randn(32, 256, dtype=dt), torch.randn(256, 256, dtype=dt)) for name, dt in dtypes.items()}
     tiny = _race({name: functools.partial(torch.matmul, *a[name]) for name in dtypes}, budget_s=0.005)
     emulated_ratio = tiny["bfloat16"] / tiny["float32"]

@@ -1,8 +1,8 @@
 """The base model's tokenizer in the server process, for offline trajectories: without torch.
 
 `AutoTokenizer` imports torch (its model mappings do), which the proxy never loads (memory, start-up, a
-larger heap for the garbage collector on the request path; measured: `import` plus load 6.3 s with torch,
-1.1 s without). Every fast tokenizer is a `PreTrainedTokenizerFast` over `tokenizer.json`, with the same
+larger heap for the garbage collector on the request path; importing torch dominates the tokenizer's load
+time). Every fast tokenizer is a `PreTrainedTokenizerFast` over `tokenizer.json`, with the same
 special tokens and chat template from `tokenizer_config.json`, so that class loads it directly. Only a model
 without `tokenizer.json` (a slow, sentencepiece-only tokenizer) falls back to `AutoTokenizer`, and says so.
 """

@@ -1,4 +1,4 @@
-"""`python -m artlike` is the `artlike` console script (it used to fail: no `artlike.__main__`)."""
+"""`python -m artlike` is the `artlike` console script (it needs `artlike.__main__`)."""
 
 from __future__ import annotations
 

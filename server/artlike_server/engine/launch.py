@@ -25,7 +25,7 @@ Device = Literal["cpu", "cuda"]
 
 DEVICE_ENV = "ARTLIKE_DEVICE"
 # vLLM-CPU caches only full KV blocks and its default block is 128 tokens, so typical RL prompts
-# (~90 tokens) never hit the prefix cache; 32 gives ~80% hits on shared-prefix batches (16 is rejected).
+# (~90 tokens) never hit the prefix cache; 32 lets shared-prefix batches hit it (16 is rejected).
 CPU_BLOCK_SIZE = 32
 _VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 API_KEY_ENV = "VLLM_API_KEY"  # read by vLLM's own /v1 guard and by engine_auth's guard of every other route

@@ -8,8 +8,8 @@ so no engine is left holding memory and cores after the proxy is gone. Doing it 
 
 `--cpus 0-3` also binds the command (and every process it starts) to those cores before the exec. The
 engine's compute threads are bound by vLLM itself (VLLM_CPU_OMP_THREADS_BIND), but its API server and
-EngineCore processes are not: unbound, an engine "on core 0" kept the other core ~96% busy
-(bench/README.md#scale-out), so two engines on two cores fought over both.
+EngineCore processes are not: unbound, an engine "on core 0" keeps the other core busy too
+(bench/scale.py measures it), so two engines on two cores fight over both.
 """
 
 from __future__ import annotations

@@ -45,8 +45,8 @@ logger = logging.getLogger(__name__)
 PROBE_TEXT = ("The committee met on Tuesday to review the budget. After a long discussion about travel costs, "
               "they agreed to postpone the new office until spring and to ask each team for a shorter plan.")
 # Mean |Δ logprob| over the probe allowed between merged weights and the LoRA engine. Half precision rounds
-# the merged weights (and the LoRA path's own sums): measured 0.036-0.041 in bf16 on CPU for a trained step,
-# below 1e-3 in fp32 (bench/policy_engine.py, tests/integration/test_policy_engine.py).
+# the merged weights (and the LoRA path's own sums), so bf16 gets the looser bound (bench/policy_engine.py
+# and tests/integration/test_policy_engine.py measure the difference).
 HALF_PRECISION_TOLERANCE = 0.1
 FULL_PRECISION_TOLERANCE = 0.01
 DEFAULT_TOLERANCE = HALF_PRECISION_TOLERANCE

@@ -7,7 +7,7 @@
       load_lora_adapter / unload_lora_adapter / list_models / token_logprobs   what ModelManager and the
                                                                                  studio guard call
 
-Consistency (issue #18: never serve mixed steps):
+Consistency (never serve mixed steps):
 - An engine takes traffic only while its runner is READY and it has *joined*: its adapters are exactly
   the pool's `desired` set (what every serving engine has loaded). Joining runs as the runner's on_ready
   callback, so after every (re)start: it unloads adapters it should not have, loads the missing ones and

@@ -46,9 +46,9 @@ def least_loaded(candidates: Sequence[Load]) -> Load | None:
     return best
 
 
-# A policy engine decodes its step ~2-2.6x as fast as a LoRA engine on the same cores (bench/README.md
-# #lora-serving); once it has this many times the requests of the least busy LoRA engine (and a batch's worth),
-# the LoRA engines take the overflow instead of idling.
+# A policy engine decodes its step faster than a LoRA engine on the same cores (bench/lora_serving.py
+# measures by how much); once it has this many times the requests of the least busy LoRA engine (and a
+# batch's worth), the LoRA engines take the overflow instead of idling.
 POLICY_SPEEDUP = 2
 POLICY_SPILL_MIN = 16
 

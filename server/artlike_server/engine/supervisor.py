@@ -71,14 +71,14 @@ class SupervisionPolicy:
     """How the supervisor watches and restarts the engine (defaults suit a loaded 2-core CPU box)."""
 
     health_interval_s: float = 5.0
-    # A busy engine answers /health slowly, a hung one never. On 2 shared cores (a full batch plus the
-    # trainer) /health took over 10 s: restarting then would kill every request in flight.
+    # A busy engine answers /health slowly, a hung one never. On a few shared cores (a full batch plus the
+    # trainer) /health can take many seconds: restarting then would kill every request in flight.
     health_timeout_s: float = 30.0
     unhealthy_checks_before_restart: int = 4
     max_failed_restarts: int = 5  # consecutive failed restart attempts before giving up (FAILED)
     restart_backoff_s: float = 2.0  # doubled after each failed attempt
     restart_backoff_max_s: float = 60.0
-    warm_up_timeout_s: float = 120.0  # the first logprobs request compiles a helper (~15-25 s)
+    warm_up_timeout_s: float = 120.0  # the first logprobs request compiles a helper
     stop_grace_s: float = 20.0  # SIGTERM -> SIGKILL
     kill_wait_s: float = 10.0
     progress_interval_s: float = 10.0

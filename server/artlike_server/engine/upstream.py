@@ -2,10 +2,9 @@
 
 Every chat completion and completion the proxy forwards goes through `Upstream.post`. Admin calls and
 health checks use `EngineClient.http` (httpx); they are rare. Why a second client for the hot path:
-measured on this 2-core machine against a local server that answers at once, httpx (over its aiohttp
-transport) costs 0.7 ms of CPU per request and aiohttp alone 0.23 ms; most of the difference is httpx
-building URLs, headers and cookie jars per request. The proxy shares its cores with vLLM, so its CPU per
-request is added latency and lost engine throughput.
+httpx (over its aiohttp transport) costs several times the CPU per request of aiohttp alone, mostly in
+building URLs, headers and cookie jars per request (bench/proxy_cpu.py measures the proxy's CPU). The
+proxy shares its cores with vLLM, so its CPU per request is added latency and lost engine throughput.
 
     EngineConnectionError (EngineError)   connect refused, or the connection broke before the answer ended
 
@@ -31,8 +30,8 @@ _KEEPALIVE_S = 4.0
 # Generation legitimately takes minutes: no read timeout. A hung engine is the supervisor's to detect; when
 # it restarts the engine, the dropped connection ends the request (EngineConnectionError -> 503).
 # Only the TCP connect itself is bounded (`sock_connect`): aiohttp's `connect` also counts the wait for a
-# free connection of the pool, so beyond _MAX_CONNECTIONS concurrent requests (1,564 agent rollouts at once)
-# the queued ones failed as "unreachable" after 5 s although the engine was only busy.
+# free connection of the pool, so beyond _MAX_CONNECTIONS concurrent requests (many agent rollouts at once)
+# the queued ones would fail as "unreachable" after 5 s although the engine is only busy.
 _CONNECT_TIMEOUT_S = 5.0
 _CONNECTION_ERRORS = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError)
 

@@ -4,12 +4,13 @@ vLLM's PyTorch LoRA ops (`vllm/lora/ops/torch_ops/lora_ops.py`, used only by the
 pick each row's adapter by gathering the stacked adapter weights with the row's slot index, where -1
 means "no adapter". Torch reads -1 as "the last slot", so when the last slot holds an adapter, the
 base-model requests of a batch that also carries adapter requests are served with that adapter
-(upstream vllm PRs #48421 and #49656, open). The three `bgmv_*` functions are where it happens; the
+(upstream: https://github.com/vllm-project/vllm/pull/48421 and
+https://github.com/vllm-project/vllm/pull/49656). The three `bgmv_*` functions are where it happens; the
 `sgmv_*` prefill variants and the punica wrapper's decode/logits paths all end in them.
 
 The replacements group the rows by slot and run one matmul per adapter present in the batch; rows whose
 index is -1 get zeros, so a row with an adapter computes what vLLM computes and a row without one adds
-nothing. Grouping also removes vLLM's per-row copy of the weights, which made LoRA prefill on CPU ~30x
+nothing. Grouping also removes vLLM's per-row copy of the weights, which makes LoRA prefill on CPU far
 slower than the base model's (see `_per_row_lora`).
 
 vLLM calls `register()` in every process it starts (API server, engine core) through the documented
@@ -45,8 +46,7 @@ def _per_row_lora(
 
     One matmul per adapter present in the batch, on that adapter's rows. vLLM's op instead gathers a copy
     of the weights for every row, a (rows, out, in) tensor: for a 1,461-token prefill with a rank-8
-    adapter that is gigabytes of copies per forward pass, and it measured 45 s against 1.5 s for the same
-    prompt on the base model (SmolLM2-135M, 2 cores).
+    adapter that is gigabytes of copies per forward pass, which then dominate the prefill's time.
     """
     weights = stacked_weights.squeeze(dim=1) if stacked_weights.dim() == 4 else stacked_weights  # (slots, out, in)
     rows = inputs.to(dtype=dtype)

@@ -1,8 +1,9 @@
 """Which adapter serves which name, and the transactions that change it: register, commit, delete steps.
 
-Names (DESIGN §4):  `name` → the latest step (an alias), `name@N` → exactly step N, the base model id →
+Names:  `name` → the latest step (an alias), `name@N` → exactly step N, the base model id →
 base weights. Every step is loaded into vLLM under its own name `name@N` from its own directory, so
-changed weights never reuse an old name (vLLM's prefix cache would serve stale results, vllm#42125).
+changed weights never reuse an old name (vLLM's prefix cache would serve stale results,
+https://github.com/vllm-project/vllm/issues/42125).
 
 Transactions (one at a time per model), each leaving either the old state or the new one:
 - `register`: step 0 written, renamed into place, loaded and verified in the engine, then `model.json`
@@ -469,7 +470,7 @@ class ModelManager:
         if parse_model_reference(engine_name)[0] in self._scorers:
             return  # a reward model's steps are scored by the trainer, not served by the engine
         listed = {m.id for m in await self.engine.list_models()}
-        if engine_name not in listed:  # DESIGN §9: never assume an adapter was delivered
+        if engine_name not in listed:  # never assume an adapter was delivered
             raise AdapterRefused(f"the engine does not list {engine_name} after loading it")
 
     async def _roll_back(self, name: str, step: int, previous: int | None, previous_newest: int | None) -> None:

@@ -278,8 +278,9 @@ class CompletionRoutes:
 
 
 # Plain Starlette routes, not FastAPI's: nothing here uses dependency injection or body models (bodies are
-# parsed once, by `serving`), and FastAPI's per-request dependency solving measured a third of the proxy's
-# own CPU per completion. They are left out of the OpenAPI schema: the OpenAI API reference documents them.
+# parsed once, by `serving`), and FastAPI's per-request dependency solving is a large share of the proxy's
+# own CPU per completion (bench/proxy_cpu.py measures that CPU). They are left out of the OpenAPI schema:
+# the OpenAI API reference documents them.
 for _path, _endpoint, _method in (
     ("/v1/chat/completions", chat_completions, "POST"),
     ("/t/{trajectory_id}/v1/chat/completions", chat_completions, "POST"),

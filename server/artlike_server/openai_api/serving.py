@@ -6,9 +6,10 @@ and raises the typed errors of `artlike_server.errors`. `api_router` is the thin
 What happens to a completion request
 1. The body is parsed (orjson) and the fields the proxy relies on are checked (`protocol`): 400 naming the
    parameter. A trajectory id in the URL is checked against its pattern first.
-   Policies: `seed` -> 400 when `settings.reject_seed` (DESIGN §8); on trajectory URLs `use_beam_search`
-   (not samples of the policy) and completions `echo` (see below) -> 400 `unsupported_parameter`; `n` over
-   `settings.max_recorded_choices` -> 400 naming `n` (each choice is a log row; the body is stored once).
+   Policies: `seed` -> 400 when `settings.reject_seed` (a per-request seed can crash vLLM-CPU); on
+   trajectory URLs `use_beam_search` (not samples of the policy) and completions `echo` (see below) -> 400
+   `unsupported_parameter`; `n` over `settings.max_recorded_choices` -> 400 naming `n` (each choice is a
+   log row; the body is stored once).
    On every route, a request whose answer may exceed `settings.max_request_tokens` token entries
    (n × max_tokens × (1 + top_logprobs), `request_caps`) -> 400 `request_too_large`.
 2. The engine must be ready, else 503 with Retry-After. `model` is resolved and leased from the model

@@ -2,15 +2,13 @@
 
 An RL step on a CPU trains short rows: a group's samples (tens of tokens) attending to their shared prompt
 (a few hundred, `prefixes.py`). There, torch's CPU flash attention is the slowest part of the step after
-the matmuls: its backward took 19% of a GRPO step for ~3% of the FLOPs (bench/README.md, "train
-throughput"). For a small [T, S] score matrix the plain formulation is faster: softmax(q·kᵀ)·v as two
-batched matmuls, with the query heads that share a key/value head (grouped-query attention) stacked into
-one matmul against that head instead of repeating its keys. Measured on a 2-core AVX-512 CPU, bf16,
-forward + backward of one layer: 8 rows × 64 queries over 255 keys 12.9 → 7.4 ms, 8 × 32 over 122
-5.8 → 3.0 ms; but 16 × 256 causal 67 → 166 ms and 1 × 1,400 causal 76 → 317 ms, where flash attention
-skips the masked half and keeps no score matrix. So the matmul form takes score matrices up to
-`SMALL_SCORES` elements and SDPA takes the rest (the matmul form also keeps its scores for the backward:
-`SMALL_SCORES` bounds that memory at ~9 MB a layer).
+the matmuls: its backward takes a far larger share of a GRPO step than of its FLOPs
+(bench/train_throughput.py measures the step). For a small [T, S] score matrix the plain formulation is
+faster: softmax(q·kᵀ)·v as two batched matmuls, with the query heads that share a key/value head
+(grouped-query attention) stacked into one matmul against that head instead of repeating its keys. For
+long causal rows flash attention is faster, since it skips the masked half and keeps no score matrix. So
+the matmul form takes score matrices up to `SMALL_SCORES` elements and SDPA takes the rest (the matmul
+form also keeps its scores for the backward: `SMALL_SCORES` bounds that memory at ~9 MB a layer).
 
 It is registered with transformers' `AttentionInterface` (its documented plug-in point) under `NAME`,
 with SDPA's mask builder, and chosen when the trainer loads a model on a CPU (`worker.py`).

@@ -8,7 +8,7 @@ there: the gradient of logπ(target) is g·(onehot − softmax), formed in place
 of the zero-filled scatter of gather's backward plus log_softmax's backward plus the recomputation of the
 whole forward that activation checkpointing did. A 16-bit model on a CPU keeps the chunk's
 log-probabilities in its own dtype instead (2 bytes a logit, 100 MB per 1,024 positions of a 49k
-vocabulary): the recomputed matmul was ~5% of a bf16 GRPO step there, and log p in bf16 keeps 1 − p
+vocabulary): the recomputed matmul is a visible share of a bf16 GRPO step there, and log p in bf16 keeps 1 − p
 precise where p is near 1 (the target's gradient); the gradient is rounded to that dtype before its
 matmul anyway.
 """

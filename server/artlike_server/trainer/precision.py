@@ -2,11 +2,11 @@
 
 With the adapter in the base model's dtype, the forward and backward passes run without casts: PEFT's
 default upcasts LoRA weights to fp32 and then casts every activation that enters an adapter to fp32 and
-back, which cost more than a quarter of a bf16 step on CPU (bench/train_throughput.py: 25% of the bf16
-matmul peak with fp32 adapters, see README). The optimizer must not step bf16 weights, though: a 1e-5
-update of a 0.01 weight is below half a bf16 ulp and rounds away. So the optimizer owns fp32 copies:
-gradients are added to them after each micro-batch (accumulation in fp32), the optimizer and clipping
-work on them, and the model's parameters are refreshed from them after each optimizer step.
+back, which costs a large share of a bf16 step on CPU (bench/train_throughput.py measures the step).
+The optimizer must not step bf16 weights, though: a 1e-5 update of a 0.01 weight is below half a bf16
+ulp and rounds away. So the optimizer owns fp32 copies: gradients are added to them after each
+micro-batch (accumulation in fp32), the optimizer and clipping work on them, and the model's parameters
+are refreshed from them after each optimizer step.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 The body (up to the body limit, tens of MB of offline trajectories) is parsed and validated in a worker
 thread, not by FastAPI's body model on the event loop, where it would stall every stream in flight (the
-body schema is `artlike.types.TrainRequest`; it is no longer in /openapi.json).
+body schema is `artlike.types.TrainRequest`, which is not in /openapi.json).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ A `TrainSequence` is what the trainer sees: token ids, which of them the model s
 behaviour logprob of each sampled token, and the advantage of its trajectory. Per-token lists are aligned
 to `token_ids`: entry t describes token t, which the model predicted from tokens 0..t-1.
 
-Multi-turn merging (DESIGN §3, §5), by exact token-id prefix and nothing fuzzier: turns are taken in order;
+Multi-turn merging, by exact token-id prefix and nothing fuzzier: turns are taken in order;
 when a turn's prompt ids start with all the ids of a sequence built so far (its prompts and outputs), the
 turn extends that sequence: the new part of the prompt (tool results, the next user message, template
 scaffolding) is context, the new output is trainable. Otherwise the turn starts its own sequence, which

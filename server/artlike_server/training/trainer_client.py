@@ -141,10 +141,11 @@ class TrainerProcess:
         self._env = without_secrets(os.environ if env is None else env)
         if gpus:
             self._env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
-        # libgomp's default spin-waiting makes torch 50-100x slower when the cores are shared (vLLM, other
+        # libgomp's default spin-waiting makes torch many times slower when the cores are shared (vLLM, other
         # jobs): a parallel region waits for a descheduled thread, so there threads sleep at once. On cores
-        # of its own a step's many small parallel regions pay for that sleep: a GRPO step ran 1.3x faster
-        # with 10^4 spins (~tens of microseconds, then sleep: an idle worker burns nothing; bench/README.md).
+        # of its own a step's many small parallel regions pay for that sleep, so they spin briefly first:
+        # 10^4 spins (~tens of microseconds, then sleep: an idle worker burns nothing;
+        # bench/train_throughput.py measures the step).
         if own_cores and "OMP_WAIT_POLICY" not in self._env:
             self._env.setdefault("GOMP_SPINCOUNT", "10000")
         else:

@@ -14,7 +14,7 @@ Request -> chat completions body
   then constrains the arguments to the schema); `tool_choice` auto / any (-> required) /
   tool (-> a named function) / none, `disable_parallel_tool_use` -> `parallel_tool_calls: false`;
   `output_config.format` (JSON schema) -> `response_format`; `metadata`, `service_tier`, `cache_control` and
-  `output_config.effort` are accepted and ignored. (Recent `anthropic` SDKs no longer take sampling
+  `output_config.effort` are accepted and ignored. (Recent `anthropic` SDKs do not take sampling
   parameters as arguments: send them with `extra_body={"temperature": ...}`.)
 - Not supported, 400 naming the field: `thinking` enabled, server tools (`web_search_...`, any typed tool
   other than `custom`), `document` / `search_result` / `container_upload` blocks, `mcp_servers`, `container`.
