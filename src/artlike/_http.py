@@ -108,7 +108,7 @@ class Connection:
     Each async call opens its own short-lived client: async connections belong to the event loop that
     opened them, so a pooled one breaks scripts that call `asyncio.run` more than once. These calls are
     a few per training step (rollout traffic goes through the trajectories' OpenAI clients), and with
-    the shared SSL context a client costs ~1 ms. The sync client, bound to no loop, is pooled.
+    the shared SSL context a client is cheap to build. The sync client, bound to no loop, is pooled.
     """
 
     def __init__(
@@ -141,7 +141,7 @@ class Connection:
 
     @cached_property
     def ssl_context(self) -> ssl.SSLContext:
-        """Built once: creating a context costs ~30 ms, and every trajectory's openai client needs one."""
+        """Built once: creating a context is costly, and every trajectory's openai client needs one."""
         return httpx.create_ssl_context()
 
     def _async_client(self) -> httpx.AsyncClient:

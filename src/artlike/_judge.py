@@ -48,7 +48,7 @@ from ._trajectory import PLACEHOLDER_API_KEY, Trajectory, TrajectoryGroup
 from .studio_types import TrajectoryView
 
 if TYPE_CHECKING:
-    import openai  # ~2 s to import on a small CPU: imported where a client is built
+    import openai  # slow to import on a small CPU: imported where a client is built
 
 __all__ = ["Judge", "judge_group", "judge_group_sync", "judge_groups", "judge_groups_sync"]
 

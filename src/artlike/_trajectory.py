@@ -28,7 +28,7 @@ from ._http import Connection
 from .types import OfflineTrajectory, TrajectoryRecord, TrajectoryRef
 
 if TYPE_CHECKING:
-    # `import openai` costs ~2 s on a small CPU; only rollouts need it, so it is imported where used.
+    # `import openai` is slow on a small CPU; only rollouts need it, so it is imported where used.
     import openai
     from openai.types.chat import ChatCompletionMessage
     from openai.types.chat.chat_completion import Choice
@@ -172,7 +172,7 @@ class Trajectory:
             "max_retries": connection.retry.max_retries,
         }
         if "http_client" not in overrides:
-            # A shared SSL context makes a client ~1 ms to build instead of ~30 ms.
+            # A shared SSL context makes a client cheap to build: building the context is the costly part.
             options["http_client"] = http_client(verify=connection.ssl_context)
         return options | overrides
 

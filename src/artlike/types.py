@@ -260,7 +260,7 @@ class _TokenLevelOptions(_PolicyGradientOptions):
 
 
 class GRPOConfig(_TokenLevelOptions):
-    """GRPO: the PPO-clipped importance-weighted loss on group-relative advantages (the default; DESIGN §5).
+    """GRPO: the PPO-clipped importance-weighted loss on group-relative advantages (the default).
 
     Dr. GRPO is `scale_rewards=False, loss_aggregation="constant", loss_normalizer=<max tokens>`.
     """
