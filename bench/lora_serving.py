@@ -1,9 +1,9 @@
-"""Rollout speed of LoRA serving against merged weights, on this machine, in one run (issue #17 item 6).
+"""Rollout speed of LoRA serving against merged weights, on this machine, in one run.
 
     python -m bench.lora_serving [--quick] [--dtype auto|bfloat16|float32]
 
 The policy a training loop samples from can be served two ways: as a LoRA adapter (`name@N`, how artlike
-serves every step today, many steps at once) or merged into the base weights (one policy per engine,
+serves every step, many steps at once) or merged into the base weights (one policy per engine,
 reloaded after every step). A merged model computes exactly what the base model computes, so its speed is
 the base model's in an engine started *without* `--enable-lora` (which on CPU also keeps torch.compile).
 Three rows, the same load each (C concurrent chat completions of T tokens, `ignore_eos`), straight to vLLM:

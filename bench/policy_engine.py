@@ -1,11 +1,11 @@
-"""Rollout speed of the trained policy through artlike with and without a policy engine, in one run (issue #17).
+"""Rollout speed of the trained policy through artlike with and without a policy engine, in one run.
 
     python -m bench.policy_engine [--quick] [--dtype auto|bfloat16|float32]
 
 `artlike serve --policy-engines 1` starts, beside the LoRA engine(s), an engine without LoRA whose weights
 are the base model with the current step's adapter merged in (engine/policy.py): requests for the trained
-model's current step go to it. `bench/lora_serving.py` measured the ceiling straight to vLLM (a plain engine
-runs the base model ~2.6x faster than a LoRA engine runs a rank-8 adapter); this bench measures what a
+model's current step go to it. `bench/lora_serving.py` measures the ceiling straight to vLLM (a plain engine
+runs the base model faster than a LoRA engine runs a rank-8 adapter); this bench measures what a
 training loop actually gets through the proxy on this machine, where the policy engine has to take cores
 from the LoRA engine (`--engine-cpus` is split between all engines). Three rows, the same load each
 (C concurrent chat completions of T tokens for the trained model, `ignore_eos`, temperature 1.0):

@@ -1,4 +1,4 @@
-"""Scale-out (#18): what one proxy process can carry, and what a second engine adds.
+"""Scale-out: what one proxy process can carry, and what a second engine adds.
 
     python -m bench.scale [--quick] [--json PATH] [--skip-real]
 
@@ -25,7 +25,7 @@ load generator and fakes to the others (`--no-pin`: all share every core), so a 
 core's worth when its "server core" column is near 100%; the CPU per request is the proxy's own cost either
 way. Each cell also records the CPU used by processes outside the bench (other work on a shared machine).
 Prints tables, writes JSON (`bench/results/scale.json`; `--quick`: `scale_quick.json`, fewer requests,
-b. at 16 requests x 16 tokens; ~3 minutes, the full run ~4 on 2 cores).
+b. at 16 requests x 16 tokens).
 """
 
 from __future__ import annotations
@@ -333,7 +333,7 @@ class Placement:
 
 
 def cli_supports_engines() -> bool:
-    """Whether `artlike serve` has --engines / --engine-url (the engine pool, #18)."""
+    """Whether `artlike serve` has --engines / --engine-url (the engine pool)."""
     result = subprocess.run([sys.executable, "-m", "artlike_server.cli", "serve", "--help"], capture_output=True,
                             text=True, env={**os.environ, "COLUMNS": "250"}, check=False)
     return "--engine-url" in result.stdout and "--engines" in result.stdout
@@ -467,7 +467,7 @@ def real_engines(args: argparse.Namespace) -> dict[str, Any]:
     if args.skip_real:
         return {"skipped": "--skip-real"}
     if not args.supports_engines:
-        print("b. skipped: `artlike serve` has no --engines option yet (the engine pool, #18)")
+        print("b. skipped: `artlike serve` has no --engines option (the engine pool)")
         return {"skipped": "artlike serve has no --engines"}
     cores = sorted(psutil.Process().cpu_affinity() or [])
     requests, max_tokens, concurrency = (16, 16, 8) if args.quick else (64, 32, 16)
@@ -563,7 +563,7 @@ def print_capacity(result: dict[str, Any] | None, real: dict[str, Any]) -> None:
         print(f"  b.: 1 engine on 2 cores / 1 engine on 1 core: {result['one_engine_two_cores_speedup']:.2f}x requests/s")
     print(f"  assumptions: the proxy process gets one core of its own (its event loop is one thread); its CPU per "
           f"request is the highest of a.'s cells at >= 64 concurrent, 16-token non-streamed answers (a stream "
-          f"costs more: ~0.34 ms per chunk, bench/proxy_cpu.py); one engine's rate is b.'s single vLLM-CPU engine "
+          f"costs more per chunk, bench/proxy_cpu.py); one engine's rate is b.'s single vLLM-CPU engine "
           f"at {real.get('concurrency')} concurrent x {real.get('max_tokens')} tokens. A faster engine (a GPU) "
           f"divides the count by its speed-up: engines = proxy requests/s / engine requests/s.")
 

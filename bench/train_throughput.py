@@ -5,7 +5,7 @@
 1. Peak: the best of several 2048³ matmuls on this process's threads, per dtype — the machine's measured
    ceiling, not a datasheet number. The dtype the trainer's "auto" picks (the cached dtype probe,
    `artlike_server.dtype_probe`, as `artlike serve` runs it) goes first; bf16 is skipped where the probe found
-   it emulated (0.2 GFLOP/s vs 72 fp32 measured on an AVX2 EPYC), and the bench records why.
+   it emulated (orders of magnitude slower than fp32), and the bench records why.
 2. Trainer: the real trainer worker (the same subprocess and protocol the server uses) trains fixed batches
    for several optimizer steps (LoRA r=8 on all linear layers); each step reports its trained tokens,
    seconds and decoder positions. Two batches, 8 sequences × 256 tokens each:
