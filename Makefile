@@ -44,8 +44,8 @@ bench: setup
 	$(PY) -m bench.policy_engine
 	$(PY) -m pytest -q -ra -m learning
 
-# The measured CPU run of examples/email_agent/README.md (GRPO on subject questions, shaped training reward, lr 2e-4:
-# 9.9% -> 30.9% on 81 held-out questions, ~52 min on 2 cores).
+# The CPU run whose results examples/email_agent/README.md reports (GRPO on subject questions, shaped
+# training reward, lr 2e-4, 81 held-out questions).
 EMAIL_AGENT_ARGS ?= --inboxes 8 --tool-choice required --eval-limit 81 --eval-kinds subject --eval-concurrency 16 \
 	--kinds subject --steps 60 --train-minutes 46 --questions-per-step 4 --group-size 4 --learning-rate 2e-4 \
 	--temperature 0.7 --max-turns 4 --reward-weight found=0.5 --reward-weight wrong=-0.5

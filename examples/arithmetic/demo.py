@@ -109,7 +109,7 @@ def main() -> None:
     parser.add_argument("--max-steps-off-policy", type=int, default=None,
                         help="0: the sequential loop; 1: sample the next step while one trains. Default: 1 on a "
                              "GPU, 0 on a CPU, where the engine and the trainer share the same cores and overlapping "
-                             "them measured 1.9x slower per step (bench/README.md, rl_step)")
+                             "them is slower per step (bench/rl_step.py measures both)")
     parser.add_argument("--output", type=Path, help="results JSON (default: results.json in the run's data dir)")
     args = parser.parse_args()
     if args.max_steps_off_policy is None:

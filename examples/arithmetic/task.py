@@ -1,7 +1,7 @@
 """A small verifiable task: two-term integer arithmetic, the answer inside <answer></answer> tags.
 
-The 135M default model needs one worked example turn in the prompt to use the tags at all (DESIGN §8:
-with a system instruction alone it never did). The reward is checkable by code: 1 for the right number
+The 135M default model needs one worked example turn in the prompt to use the tags at all (with a
+system instruction alone it does not). The reward is checkable by code: 1 for the right number
 in the tags, a small credit for using the format with a wrong number, 0 for anything unparseable.
 """
 

@@ -10,7 +10,7 @@ text. It is counted, the model is told what went wrong in a `user` message, and 
 ends when the model calls `return_final_answer` (with valid arguments) or after `max_turns` model calls.
 
 The prompt is built for small models: a short system message and three worked episodes written as real
-prior tool-call turns (DESIGN §8: with an instruction alone the 135M model never used the answer format).
+prior tool-call turns (with an instruction alone the 135M model does not use the answer format).
 """
 
 from __future__ import annotations

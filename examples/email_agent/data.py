@@ -1,6 +1,6 @@
 """Synthetic inboxes and questions, generated offline from a seed, stored in SQLite with an FTS5 index.
 
-    corpus = generate(seed=0)                       # ~3,000 emails in 4 inboxes, ~600 questions, < 1 s
+    corpus = generate(seed=0)                       # ~3,000 emails in 4 inboxes, ~600 questions
     build_database(corpus, "emails.sqlite")         # table `emails` + FTS5 table `emails_fts`
     data = load_or_build(DEFAULT_DATA_DIR, seed=0)  # both, with the database cached by content hash
 
