@@ -1,6 +1,7 @@
 """Shared fixtures. Integration tests share ONE real server per session: `artlike serve` as a subprocess
 with the real vLLM engine (float32, so outputs are exact), the real trainer, an API key turned on and
-the tool-capable chat template it picks by default. Starting it costs about a minute, so every integration test reuses it."""
+the tool-capable chat template it picks by default. Starting it is slow, so every integration test reuses
+it."""
 
 from __future__ import annotations
 

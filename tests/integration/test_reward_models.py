@@ -4,7 +4,7 @@ multi-objective targets; ratings train one; PPO against it raises the score of f
 questions (`learning`: `make test-learning`) while the adaptive KL coefficient moves toward its target, and
 scoring is answered while PPO trains. The task is test_learning.py's (yes/no questions, 8 tokens): the decision is the first token, so
 four small PPO jobs move it (measured on 2 CPU cores: the held-out mean score of fresh samples 0.18 → 0.67,
-the probability of a yes 0.24 → 0.89; about 2.5 minutes). Uses the session fixture `server`."""
+the probability of a yes 0.24 → 0.89). Uses the session fixture `server`."""
 
 from __future__ import annotations
 
@@ -101,7 +101,7 @@ def train_yes_reward_model(http: httpx.Client, server: Any, *, pairs_per_questio
 
 @pytest.fixture(scope="module")
 def yes_reward_model(http: httpx.Client, server: Any) -> str:
-    """32 pairs, one epoch of 2 gradient steps (18 s on 2 cores). Measured: every held-out pair ordered
+    """32 pairs, one epoch of 2 gradient steps. Measured: every held-out pair ordered
     right, the smallest yes-over-no margin 0.54."""
     return train_yes_reward_model(http, server, pairs_per_question=2, epochs=1, gradient_steps_per_epoch=2,
                                   learning_rate=5e-4)
@@ -109,7 +109,7 @@ def yes_reward_model(http: httpx.Client, server: Any) -> str:
 
 @pytest.fixture(scope="module")
 def strong_yes_reward_model(http: httpx.Client, server: Any) -> str:
-    """For the learning test: 48 pairs, 2 epochs of 3 gradient steps (49 s), smallest held-out margin 1.8."""
+    """For the learning test: 48 pairs, 2 epochs of 3 gradient steps, smallest held-out margin 1.8."""
     return train_yes_reward_model(http, server, pairs_per_question=3, epochs=2, gradient_steps_per_epoch=3,
                                   learning_rate=3e-4)
 

@@ -1,4 +1,4 @@
-"""Scale-out against real engines (issue #18). One proxy in front of two local vLLM engines it supervises
+"""Scale-out against real engines. One proxy in front of two local vLLM engines it supervises
 (`--engines 2`: one core each). Through the official `openai` SDK and plain HTTP:
 
 - traffic spreads across both engines; a trajectory's requests stay on one engine;

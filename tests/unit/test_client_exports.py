@@ -33,7 +33,7 @@ EXPECTED_EXPORTS = {
     "PayloadTooLargeError", "ServiceUnavailableError", "InternalServerError", "APIConnectionError",
     "APITimeoutError", "TrainingError", "JudgeError",
 }
-# The client must install and import without the server stack. openai is heavy (~2 s) and only needed
+# The client must install and import without the server stack. openai is slow to import and only needed
 # once a rollout builds a client, so it is imported lazily too.
 MUST_NOT_IMPORT = ["torch", "vllm", "fastapi", "starlette", "uvicorn", "transformers", "artlike_server", "openai"]
 

@@ -157,7 +157,7 @@ def test_items_of_other_types_are_refused() -> None:
 
 
 def make_rollout(model: art.TrainableModel, log: list[str] | None = None):  # type: ignore[no-untyped-def]
-    """`rollout(reward, fail=...)`: the DESIGN §1 shape, without a server."""
+    """`rollout(reward, fail=...)`: the README snippet's shape, without a server."""
 
     async def rollout(reward: float, *, fail: str | None = None, delay: float = 0.0) -> art.Trajectory:
         async with model.trajectory() as t:
