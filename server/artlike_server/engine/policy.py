@@ -1,10 +1,10 @@
 """Policy engines: the model being trained, served from merged weights instead of a LoRA adapter.
 
 A LoRA engine serves every step of every model (`name@N` adapters beside the base model), but each
-adapter costs extra matmuls: on CPU the current policy decodes 2.65× faster from merged weights
-(`bench/lora_serving.py`). A policy engine is a vLLM engine without LoRA whose weights follow one step,
-the training policy: whenever a model's alias moves (a committed step, a rollback), `follow` makes that
-step the target and each policy engine
+adapter costs extra matmuls: on CPU the current policy decodes faster from merged weights
+(`bench/lora_serving.py` measures by how much). A policy engine is a vLLM engine without LoRA whose
+weights follow one step, the training policy: whenever a model's alias moves (a committed step, a
+rollback), `follow` makes that step the target and each policy engine
 
 1. leaves the policy rotation (`holds` = None): the step's requests go to the LoRA engines meanwhile;
 2. checks from headers that the adapter can be merged (`merge_check`), else keeps serving the base model;
