@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import Response
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
@@ -211,3 +211,8 @@ router = APIRouter()
 async def metrics_endpoint(request: Request) -> Response:
     metrics: Metrics = request.app.state.artlike.metrics
     return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+def attach(app: FastAPI) -> None:
+    """Include `/metrics` in `app`."""
+    app.include_router(router)

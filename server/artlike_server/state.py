@@ -1,8 +1,13 @@
-"""The objects one running server shares between its routes, built once by `app.create_app`."""
+"""The parts of one running server that its routes share (`Services`), and how a route finds them.
+
+`services.build_services` builds and starts them; `app.create_app` hands them to every route through
+`request.app.state.artlike`. Routes read the parts, never the settings: a part carries what it was given.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fastapi import Request
@@ -18,9 +23,10 @@ if TYPE_CHECKING:
     from .models.manager import ModelManager
     from .models.store import ModelStore
     from .openai_api.dialects import Dialect
+    from .openai_api.policy import RequestPolicy
     from .openai_api.response_store import ResponseStore
     from .scoring.service import RewardScoring
-    from .settings import ServerSettings
+    from .settings import EngineSettings, NetworkSettings, TrainerSettings
     from .studio.continual import ContinualTrainer
     from .studio.ratings import RatingService
     from .studio.store import StudioStore
@@ -32,9 +38,23 @@ if TYPE_CHECKING:
     from .training.trainer_client import TrainerProcess
 
 
+@dataclass(frozen=True)
+class BaseModelInfo:
+    """The base model this server serves, as requests name it and as registration checks it."""
+
+    name: str  # its id in the OpenAI API
+    path: Path  # its directory (or hub id)
+    max_lora_rank: int  # the largest rank the engine was started for
+
+
 @dataclass
-class AppState:
-    settings: ServerSettings
+class Services:
+    base_model: BaseModelInfo
+    network: NetworkSettings  # the key and host names the middleware checks
+    max_body_bytes: int  # the largest request body (413 beyond)
+    engine_settings: EngineSettings  # what /health reports of the engine (dtype and how it was chosen)
+    trainer_settings: TrainerSettings
+    requests: RequestPolicy  # what one completion request may ask for
     engine: EnginePool  # every engine (local or remote) behind the proxy; also its routing and admin calls
     store: ModelStore
     models: ModelManager
@@ -58,6 +78,9 @@ class AppState:
     dialects: dict[str, Dialect] = field(default_factory=dict)  # APIs served by translation, by route name
 
 
-def get_state(request: Request) -> AppState:
-    state: AppState = request.app.state.artlike
+AppState = Services  # the name the routes know the parts by
+
+
+def get_state(request: Request) -> Services:
+    state: Services = request.app.state.artlike
     return state

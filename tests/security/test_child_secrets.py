@@ -80,7 +80,7 @@ def test_the_api_key_is_read_from_a_file(tmp_path: Path, monkeypatch: pytest.Mon
     key_file.chmod(0o600)
     code, output, seen = serve(tmp_path, monkeypatch, "--api-key-file", str(key_file))
     assert code == 0, output
-    assert seen[0][0].api_key == SECRET and "readable by other users" not in output
+    assert seen[0][0].network.api_key == SECRET and "readable by other users" not in output
     key_file.chmod(0o644)
     code, output, _ = serve(tmp_path, monkeypatch, "--api-key-file", str(key_file))
     assert code == 0 and "readable by other users: chmod 600" in output
@@ -103,7 +103,7 @@ def test_engine_keys_from_a_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     urls = ["--engine-url", "http://127.0.0.1:9001", "--engine-url", "http://127.0.0.1:9002"]
     code, output, seen = serve(tmp_path, monkeypatch, *urls, "--engine-key-file", str(keys))
     assert code == 0, output
-    assert seen[0][0].engine_keys == ("k1", "k2")
+    assert seen[0][0].scale_out.engine_keys == ("k1", "k2")
 
 
 def test_serve_drops_the_secrets_from_what_its_children_inherit(tmp_path: Path,
@@ -112,7 +112,7 @@ def test_serve_drops_the_secrets_from_what_its_children_inherit(tmp_path: Path,
                                                            "OPENAI_API_KEY": SECRET})
     assert code == 0, output
     settings, environ = seen[0]
-    assert settings.api_key == SECRET
+    assert settings.network.api_key == SECRET
     assert not {"ARTLIKE_API_KEY", "ARTLIKE_ENGINE_KEY", "OPENAI_API_KEY"} & set(environ)
 
 

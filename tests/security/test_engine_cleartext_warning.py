@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from artlike_server.engine.launch import EngineConfig
 from artlike_server.engine.pool_setup import build_engine_pool, travels_in_clear
-from artlike_server.settings import ServerSettings
+from artlike_server.settings import ScaleOutSettings
 
 
 @pytest.mark.parametrize(("url", "clear"), [
@@ -24,11 +24,10 @@ def test_which_urls_travel_in_the_clear(url: str, clear: bool) -> None:
 async def test_build_engine_pool_warns_for_plain_http_to_another_machine(tmp_path: Path,
                                                                         caplog: pytest.LogCaptureFixture) -> None:
     urls = ("http://10.0.0.5:8000", "https://10.0.0.6:8000", "http://127.0.0.1:8001")
-    settings = ServerSettings(model_path=tmp_path, served_model_name="base", data_dir=tmp_path, engines=0,
-                              engine_urls=urls, engine_keys=("remote-key",))
+    scale_out = ScaleOutSettings(engines=0, engine_urls=urls, engine_keys=("remote-key",))
     base = EngineConfig(model_path=tmp_path, served_model_name="base", port=1, log_path=tmp_path / "engine.log")
     with caplog.at_level(logging.WARNING, logger="artlike_server.engine.pool_setup"):
-        pool = build_engine_pool(settings, base)
+        pool = build_engine_pool(scale_out, base, api_key=None)
     await pool.stop()  # nothing started: closes the clients
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1, warnings

@@ -25,6 +25,8 @@ from fastapi import FastAPI
 from fastapi.responses import Response
 from typer.testing import CliRunner
 
+from tests.unit.fake_services import fake_services
+
 EVIL = "rebind.example:8000"
 KEY = "host-check-key"
 
@@ -83,12 +85,10 @@ def small_app(api_key: str | None, hosts: HostPolicy = DEFAULT_HOSTS,
     async def page() -> Response:
         return Response(b"page")
 
-    app.state.artlike = SimpleNamespace(
+    app.state.artlike = fake_services(
         engine=SimpleNamespace(state=EngineState.READY, restarts=0, pid=1234, retry_after=lambda: 0.0,
                                describe=lambda: []),
         trainer=SimpleNamespace(is_running=True, pid=5678),
-        settings=SimpleNamespace(engine_dtype="float32", trainer_dtype="float32", engine_dtype_source="explicit",
-                                 trainer_dtype_source="explicit"),
         models=SimpleNamespace(served_models={}), training=SimpleNamespace(active=lambda: []),
         sessions=SimpleNamespace(open_models=lambda: {}), jobs=SimpleNamespace(running_jobs=lambda: []),
         sandbox=SimpleNamespace(enforcement=lambda: {}),
@@ -109,8 +109,7 @@ def assert_host_refused(response: httpx.Response, name: str = "rebind.example") 
 
 async def test_without_a_key_a_rebound_page_is_refused_on_the_real_app(tmp_path: Path) -> None:
     """The reported attack: matching Origin and Host of the page's own name, on the real app's middleware."""
-    settings = ServerSettings(model_path=tmp_path, served_model_name="base", data_dir=tmp_path)
-    async with client(create_app(settings)) as http:
+    async with client(create_app(fake_services())) as http:
         page = {"Host": EVIL, "Origin": f"http://{EVIL}"}
         assert_host_refused(await http.post("/v1/fine_tuning/alpha/graders/validate", json={}, headers=page))
         assert_host_refused(await http.get("/v1/models", headers={"Host": EVIL}))
@@ -161,7 +160,7 @@ def test_allowed_hosts_from_the_command_line_and_the_environment(tmp_path: Path,
     assert result.exit_code == 0, result.output
     result = runner.invoke(cli_app, common, env={"ARTLIKE_API_KEY": "", "ARTLIKE_ALLOWED_HOSTS": "c.example"})
     assert result.exit_code == 0, result.output
-    assert [s.allowed_hosts for s in seen] == [("a.example", "b.example"), ("c.example",)]
+    assert [s.network.allowed_hosts for s in seen] == [("a.example", "b.example"), ("c.example",)]
     bad = runner.invoke(cli_app, [*common, "--allowed-hosts", "bad/name"], env={"ARTLIKE_API_KEY": ""})
     assert bad.exit_code == 2 and "--allowed-hosts" in bad.output and "not a host name" in bad.output
     star = runner.invoke(cli_app, [*common, "--allowed-hosts", "*"], env={"ARTLIKE_API_KEY": ""})

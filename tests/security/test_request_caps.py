@@ -17,7 +17,7 @@ from artlike_server.errors import InvalidRequest
 from artlike_server.openai_api.dialects.anthropic_messages import MessagesDialect
 from artlike_server.openai_api.dialects.responses import ResponsesDialect
 from artlike_server.openai_api.request_caps import ALL_TOKENS, check_request_size, entries
-from artlike_server.settings import ServerSettings
+from artlike_server.settings import LimitsSettings
 
 from tests.unit.openai_fakes import FakeModels, FakeVLLM, Settings, build_app
 
@@ -34,8 +34,7 @@ def _refusal(endpoint: Any, body: dict[str, Any], *, limit: int = DEFAULT_LIMIT,
 
 
 def test_the_default_is_the_cli_default() -> None:
-    assert ServerSettings(model_path=None, served_model_name="m", data_dir=None).max_request_tokens \
-        == DEFAULT_LIMIT  # type: ignore[arg-type]
+    assert LimitsSettings().max_request_tokens == DEFAULT_LIMIT
 
 
 @pytest.mark.parametrize(("endpoint", "body", "total"), [

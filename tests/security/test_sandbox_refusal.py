@@ -15,12 +15,10 @@ import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from types import SimpleNamespace
 
 import httpx
 import pytest
-from artlike_server.errors import install_error_handlers
-from artlike_server.jobs.graders_router import router as graders_router
+from artlike_server.app import create_app
 from artlike_server.jobs.graders_service import GraderService
 from artlike_server.jobs.intake import check_grade_source
 from artlike_server.jobs.rewards import python_grader_runner
@@ -29,9 +27,9 @@ from artlike_server.jobs.sandbox import Sandbox, SandboxLimits, SandboxUnavailab
 from artlike_server.jobs.service import JobService, NewJob
 from artlike_server.jobs.spec import JobSpec
 from artlike_server.jobs.store import JobStore
-from fastapi import FastAPI
 
 from tests.conftest import SERVER_ARGS, TEST_API_KEY
+from tests.unit.fake_services import fake_services
 
 GRADER = {"type": "python", "name": "p", "source": "def grade(sample, item):\n    return 0.25\n"}
 LIMITS = SandboxLimits(call_timeout_s=5, workers=1)
@@ -52,12 +50,9 @@ def path_without_unshare(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str
 
 
 async def graders_app(sandbox: Sandbox) -> httpx.AsyncClient:
-    app = FastAPI()
-    install_error_handlers(app)
-    app.include_router(graders_router)
-    app.state.artlike = SimpleNamespace(graders=GraderService(
-        python_grader_runner(sandbox), None, check_source=check_grade_source, require_sandbox=sandbox.require))
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
+    app = create_app(fake_services(graders=GraderService(
+        python_grader_runner(sandbox), None, check_source=check_grade_source, require_sandbox=sandbox.require)))
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://localhost")
 
 
 @pytest.fixture

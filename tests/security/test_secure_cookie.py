@@ -5,15 +5,16 @@ a cookie the browser never sends over plain http. Without the option the header 
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 
 import httpx
 import pytest
 import uvicorn
 from artlike_server import cli
-from artlike_server.settings import ServerSettings
+from artlike_server.settings import NetworkSettings, ServerSettings
 from artlike_server.studio.ui_sessions import COOKIE, UiSessions
 from typer.testing import CliRunner
+
+from tests.unit.fake_services import fake_services
 
 KEY = "cookie-key"
 
@@ -22,13 +23,13 @@ def served_app(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, forwarded_allow_
     """The uvicorn config `artlike serve` runs (the real app and middleware stack), stopped before it listens."""
     configs: list[uvicorn.Config] = []
     monkeypatch.setattr(cli._Server, "run", lambda self, sockets=None: configs.append(self.config))
-    settings = ServerSettings(model_path=tmp_path, served_model_name="base", data_dir=tmp_path, api_key=KEY,
-                              forwarded_allow_ips=forwarded_allow_ips)
+    settings = ServerSettings(model_path=tmp_path, served_model_name="base", data_dir=tmp_path,
+                              network=NetworkSettings(api_key=KEY, forwarded_allow_ips=forwarded_allow_ips))
     cli._serve(settings, "warning")
     config = configs[0]
     config.load()
     # The lifespan does not run here: the page's log-in route needs only these.
-    config.app.state.artlike = SimpleNamespace(settings=settings, ui_sessions=UiSessions())
+    config.app.state.artlike = fake_services(network=settings.network, ui_sessions=UiSessions(api_key=KEY))
     return config
 
 
@@ -66,4 +67,4 @@ def test_serve_passes_the_option_on(tmp_path: Path, monkeypatch: pytest.MonkeyPa
                                           "--forwarded-allow-ips", "127.0.0.1,10.0.0.2"],
                                 env={"ARTLIKE_API_KEY": ""})
     assert result.exit_code == 0, result.output
-    assert seen[0].forwarded_allow_ips == "127.0.0.1,10.0.0.2"
+    assert seen[0].network.forwarded_allow_ips == "127.0.0.1,10.0.0.2"

@@ -1,6 +1,6 @@
 """Stand-ins for the app's shared objects, to run the OpenAI routers without `artlike serve`.
 
-`build_app` wires the real routers, middleware, completion log and metrics around an `Upstream` client
+`build_app` builds the real app (`create_app`) over fake services: the real completion log and metrics, an `Upstream` client
 that talks to whatever plays the engine: a real vLLM or `FakeVLLM` (an aiohttp server in the test's event
 loop), which answers in vLLM 0.32's response shapes (captured from the real server) and fails on demand.
 """
@@ -12,20 +12,20 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Any
 
 import orjson
 from aiohttp import web
+from artlike_server.app import create_app
 from artlike_server.completion_log import CompletionLog
 from artlike_server.engine.upstream import Upstream
-from artlike_server.errors import NotFound, install_error_handlers
+from artlike_server.errors import NotFound
 from artlike_server.metrics import Metrics
-from artlike_server.metrics import router as metrics_router
-from artlike_server.middleware import ApiKeyMiddleware, BodySizeLimitMiddleware, RequestMetricsMiddleware
-from artlike_server.openai_api.api_router import CompletionRoutes
-from artlike_server.openai_api.api_router import router as openai_router
+from artlike_server.openai_api.policy import RequestPolicy
+from artlike_server.settings import NetworkSettings
 from fastapi import FastAPI
+
+from tests.unit.fake_services import fake_services
 
 
 @dataclass
@@ -128,24 +128,18 @@ def build_app(
     settings = settings or Settings()
     metrics = metrics or Metrics()
     engine = engine or FakeEngine()
-    app = FastAPI()
-    install_error_handlers(app)
-    app.add_middleware(CompletionRoutes)
-    app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=settings.max_body_bytes)
-    app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key)
-    app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
-    app.include_router(openai_router)
-    app.include_router(metrics_router)
     metrics.track_engine(engine)
     metrics.track_completion_log(log)
-    app.state.artlike = SimpleNamespace(
+    return create_app(fake_services(
         engine=EngineWithUpstream(engine, upstream),
         models=models,
         log=log,
         metrics=metrics,
-        settings=settings,
-    )
-    return app
+        network=NetworkSettings(api_key=settings.api_key),
+        max_body_bytes=settings.max_body_bytes,
+        requests=RequestPolicy(reject_seed=settings.reject_seed, max_recorded_choices=settings.max_recorded_choices,
+                               max_request_tokens=settings.max_request_tokens, max_model_len=settings.max_model_len),
+    ))
 
 
 # ------------------------------------------------------------------------------------------ fake vLLM

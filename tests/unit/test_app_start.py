@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from artlike_server.app import _start_engine_then_trainer
-from artlike_server.state import AppState
+from artlike_server.services import start_engine_then_trainer
+from artlike_server.state import Services
 
 
 class _FailingEngine:
@@ -29,6 +29,6 @@ class _State:
 async def test_an_unexpected_error_in_the_start_task_calls_on_fatal() -> None:
     fatal: list[BaseException] = []
     state: Any = _State()
-    await _start_engine_then_trainer(cast(AppState, state), fatal.append)
+    await start_engine_then_trainer(cast(Services, state), fatal.append)
     assert len(fatal) == 1 and isinstance(fatal[0], KeyError)
     assert not state.trainer.started

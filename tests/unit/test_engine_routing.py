@@ -15,7 +15,7 @@ from artlike_server.engine.placement import (
 )
 from artlike_server.engine.pool_setup import local_engine_configs, remote_keys
 from artlike_server.engine.routing import AffinityTable, Load, choose, least_loaded, spill_to_lora
-from artlike_server.settings import ServerSettings
+from artlike_server.settings import ScaleOutSettings
 
 
 def test_least_loaded_prefers_fewest_in_flight_then_fewest_served_then_first() -> None:
@@ -87,8 +87,8 @@ def test_gpus_per_engine_come_from_the_parallel_sizes_passed_to_vllm() -> None:
     assert visible_gpus({"CUDA_VISIBLE_DEVICES": ""}) == []
 
 
-def _settings(tmp_path: Path, **changes: object) -> ServerSettings:
-    return ServerSettings(model_path=tmp_path, served_model_name="base", data_dir=tmp_path, **changes)  # type: ignore[arg-type]
+def _settings(tmp_path: Path, **changes: object) -> ScaleOutSettings:
+    return ScaleOutSettings(**changes)  # type: ignore[arg-type]
 
 
 def _base(tmp_path: Path, **changes: object) -> EngineConfig:

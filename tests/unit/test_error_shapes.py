@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from artlike_server.app import create_app
+from artlike_server.app import create_app_from_settings
 from artlike_server.errors import install_error_handlers
 from artlike_server.middleware import BodySizeLimitMiddleware
 from artlike_server.settings import ServerSettings
@@ -92,7 +92,7 @@ async def test_a_bug_behind_the_real_apps_completion_fast_path_is_a_json_500(tmp
     """The real app, its lifespan not run: its state is missing, so every route fails unexpectedly — the
     completion routes (answered by a pure ASGI layer ahead of FastAPI) as much as the FastAPI ones."""
     settings = ServerSettings(model_path=tmp_path, served_model_name="base", data_dir=tmp_path)
-    transport = httpx.ASGITransport(app=create_app(settings), raise_app_exceptions=False)
+    transport = httpx.ASGITransport(app=create_app_from_settings(settings), raise_app_exceptions=False)
     async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:8000") as client:
         for method, path in (("POST", "/t/abc/v1/chat/completions"), ("POST", "/v1/completions"),
                              ("GET", "/v1/trainable_models"), ("GET", "/health")):

@@ -9,14 +9,15 @@ from types import SimpleNamespace
 
 import httpx
 import pytest
-from artlike_server.app import health
+from artlike_server.app import create_app
 from artlike_server.cli import app as cli_app
 from artlike_server.cli import is_loopback_host
 from artlike_server.data_dir_lock import DataDirInUse, DataDirLock
 from artlike_server.engine.supervisor import EngineState
-from artlike_server.middleware import ApiKeyMiddleware
-from fastapi import FastAPI
+from artlike_server.settings import EngineSettings, NetworkSettings, TrainerSettings
 from typer.testing import CliRunner
+
+from tests.unit.fake_services import fake_services
 
 KEY = "health-key"
 
@@ -64,21 +65,19 @@ def test_the_data_dir_lock_is_exclusive_and_names_the_holder(tmp_path: Path) -> 
 
 
 def health_client(api_key: str | None) -> httpx.AsyncClient:
-    app = FastAPI()
-    app.add_middleware(ApiKeyMiddleware, api_key=api_key)
-    app.add_api_route("/health", health, methods=["GET"])
-    app.state.artlike = SimpleNamespace(
+    app = create_app(fake_services(
+        network=NetworkSettings(api_key=api_key),
         engine=SimpleNamespace(state=EngineState.READY, restarts=0, pid=1234, retry_after=lambda: 0.0,
                           describe=lambda: []),
         trainer=SimpleNamespace(is_running=True, pid=5678),
-        settings=SimpleNamespace(engine_dtype="float32", trainer_dtype="float32", engine_dtype_source="explicit",
-                                 trainer_dtype_source="probe"),
+        engine_settings=EngineSettings(dtype="float32", dtype_source="explicit"),
+        trainer_settings=TrainerSettings(dtype="float32", dtype_source="probe"),
         models=SimpleNamespace(served_models={"secret-model@3": None}),
         training=SimpleNamespace(active=lambda: ["secret-model"]),
         sessions=SimpleNamespace(open_models=lambda: {"other-model": "ts_1"}),
         jobs=SimpleNamespace(running_jobs=lambda: ["ftjob-1"]),
         sandbox=SimpleNamespace(enforcement=lambda: {"network": "enforced (network namespace)"}),
-    )
+    ))
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://localhost")
 
 

@@ -7,13 +7,12 @@ from __future__ import annotations
 import io
 from collections.abc import AsyncIterator
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import httpx
 import openai
 import pytest
-from artlike_server.errors import install_error_handlers
+from artlike_server.app import create_app
 from artlike_server.jobs.datasets import (
     DatasetError,
     parse_chat_examples,
@@ -21,15 +20,13 @@ from artlike_server.jobs.datasets import (
     parse_prompt_rows,
 )
 from artlike_server.jobs.files import FileLimits, FileStore
-from artlike_server.jobs.files_router import router as files_router
-from artlike_server.jobs.graders_router import router as graders_router
 from artlike_server.jobs.graders_service import GraderService
 from artlike_server.jobs.intake import check_grade_source
 from artlike_server.jobs.rewards import python_grader_runner
 from artlike_server.jobs.sandbox import Sandbox, SandboxLimits
-from fastapi import FastAPI
 
 from tests.openapi_schema import assert_valid
+from tests.unit.fake_services import fake_services
 
 
 async def judge(messages: list[dict[str, Any]], model: str) -> str:
@@ -40,14 +37,10 @@ async def judge(messages: list[dict[str, Any]], model: str) -> str:
 async def app_parts(tmp_path: Path) -> AsyncIterator[tuple[openai.AsyncOpenAI, httpx.AsyncClient, FileStore]]:
     sandbox = Sandbox(tmp_path / "sandbox", limits=SandboxLimits(call_timeout_s=5, workers=1))
     files = FileStore(tmp_path / "files", FileLimits(max_bytes=4096, max_lines=5))
-    app = FastAPI()
-    install_error_handlers(app)
-    app.include_router(files_router)
-    app.include_router(graders_router)
-    app.state.artlike = SimpleNamespace(files=files, graders=GraderService(
-        python_grader_runner(sandbox), judge, check_source=check_grade_source))
-    http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
-    client = openai.AsyncOpenAI(base_url="http://test/v1", api_key="k", max_retries=0, http_client=http)
+    app = create_app(fake_services(files=files, graders=GraderService(
+        python_grader_runner(sandbox), judge, check_source=check_grade_source)))
+    http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://localhost")
+    client = openai.AsyncOpenAI(base_url="http://localhost/v1", api_key="k", max_retries=0, http_client=http)
     yield client, http, files
     await http.aclose()
     await sandbox.close()

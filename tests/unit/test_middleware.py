@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from pathlib import Path
-from types import SimpleNamespace
 
 import httpx
 import pytest
@@ -16,6 +15,7 @@ from artlike_server.studio.ui_sessions import COOKIE, CSRF_HEADER, UiSessions, c
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
+from tests.unit.fake_services import fake_services
 from tests.unit.openai_fakes import FakeModels, FakeVLLM, Settings, build_app
 
 KEY = "s3cret-key"
@@ -165,7 +165,7 @@ async def test_metrics_middleware_can_find_the_metrics_at_request_time() -> None
     async def models() -> Response:
         return Response(b"{}")
 
-    app.state.artlike = SimpleNamespace(metrics=metrics)
+    app.state.artlike = fake_services(metrics=metrics)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://localhost:8000") as http:
         await http.get("/v1/models")
     assert (

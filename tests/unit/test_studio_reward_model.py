@@ -13,12 +13,11 @@ from typing import Any, TypeVar
 import httpx
 import orjson
 import pytest
-from artlike_server.errors import APIError, InvalidRequest, NotFound, install_error_handlers
+from artlike_server.app import create_app
+from artlike_server.errors import APIError, InvalidRequest, NotFound
 from artlike_server.studio.feedback import RatedAnswer
 from artlike_server.studio.reward_training import reward_model_request, train_reward_model
-from artlike_server.studio.router import router as studio_router
 from artlike_server.studio.store import NewRating, StudioStore
-from fastapi import FastAPI
 from pydantic import ValidationError
 
 from artlike.studio_types import RewardModelFromRatings
@@ -30,6 +29,7 @@ from artlike.types import (
     RewardModelConfig,
     TrainRequest,
 )
+from tests.unit.fake_services import fake_services
 
 T = TypeVar("T")
 
@@ -194,12 +194,9 @@ async def test_refusals_before_any_training(studio: StudioStore) -> None:
 
 
 async def test_the_route_validates_and_streams_the_training_events(studio: StudioStore) -> None:
-    app = FastAPI()
-    install_error_handlers(app)
-    app.include_router(studio_router)
     training = FakeTraining()
-    app.state.artlike = SimpleNamespace(studio=studio, log=FakeLog([1, 2, 4, 5, 6]), training=training)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
+    app = create_app(fake_services(studio=studio, log=FakeLog([1, 2, 4, 5, 6]), training=training))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://localhost") as http:
         answer = await http.post("/v1/ratings/train_reward_model", json={"model": "rm", "from": "pairs"})
         assert answer.status_code == 200 and answer.headers["content-type"] == "application/x-ndjson"
         assert answer.headers["x-artlike-stream-version"] == str(STREAM_VERSION)

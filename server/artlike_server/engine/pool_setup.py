@@ -13,7 +13,7 @@ import urllib.parse
 from pathlib import Path
 
 from ..hosts import is_loopback_name
-from ..settings import ServerSettings
+from ..settings import ScaleOutSettings
 from .client import EngineClient
 from .launch import EngineConfig, free_port
 from .placement import devices_per_engine, split_cpus, split_gpus, visible_gpus
@@ -25,13 +25,13 @@ from .supervisor import EngineSupervisor
 logger = logging.getLogger(__name__)
 
 
-def local_engine_configs(settings: ServerSettings, base: EngineConfig) -> list[EngineConfig]:
-    """`base` (engine 0's config) copied for each of `settings.engines` local engines and then each of
-    `settings.policy_engines` policy engines, each placed on its own cores or GPUs. One engine keeps `base` as
+def local_engine_configs(scale_out: ScaleOutSettings, base: EngineConfig) -> list[EngineConfig]:
+    """`base` (engine 0's config) copied for each of `scale_out.engines` local engines and then each of
+    `scale_out.policy_engines` policy engines, each placed on its own cores or GPUs. One engine keeps `base` as
     it is (all cores, every visible GPU)."""
-    count = settings.engines + settings.policy_engines
+    count = scale_out.local_engines
     if count <= 1:
-        return [dataclasses.replace(base, policy=settings.policy_engines == 1)] if count == 1 else []
+        return [dataclasses.replace(base, policy=scale_out.policy_engines == 1)] if count == 1 else []
     configs = []
     if base.device == "cpu":
         placements: list[dict[str, object]] = [{"cpu_ids": group} for group in split_cpus(base.cpu_ids, count)]
@@ -42,7 +42,7 @@ def local_engine_configs(settings: ServerSettings, base: EngineConfig) -> list[E
     for index, placement in enumerate(placements):
         port = base.port if index == 0 else free_port()
         log_path = base.log_path if index == 0 else base.log_path.with_name(f"engine-{index}.log")
-        configs.append(dataclasses.replace(base, port=port, log_path=log_path, policy=index >= settings.engines,
+        configs.append(dataclasses.replace(base, port=port, log_path=log_path, policy=index >= scale_out.engines,
                                            **placement))  # type: ignore[arg-type]
     return configs
 
@@ -64,19 +64,21 @@ def travels_in_clear(url: str) -> bool:
     return parsed.scheme == "http" and not is_loopback_name((parsed.hostname or "").rstrip("."))
 
 
-def build_engine_pool(settings: ServerSettings, base: EngineConfig) -> EnginePool:
+def build_engine_pool(scale_out: ScaleOutSettings, base: EngineConfig, *, api_key: str | None) -> EnginePool:
+    """The pool of `scale_out`'s engines around `base` (engine 0's config: the model, its name and dtype);
+    `api_key` is the local engines' key (None: a random one per start)."""
     members: list[EngineMember] = []
     policy_members: list[EngineMember] = []
-    for index, config in enumerate(local_engine_configs(settings, base)):
+    for index, config in enumerate(local_engine_configs(scale_out, base)):
         client = EngineClient(config.base_url)  # one connection pool per engine: the proxy, admin calls, health
-        runner = EngineSupervisor(config, client=client, api_key=settings.engine_api_key)
+        runner = EngineSupervisor(config, client=client, api_key=api_key)
         if config.policy:
             policy_members.append(EngineMember(id=f"policy-{len(policy_members)}", kind="policy", runner=runner,
                                                client=client))
         else:
             members.append(EngineMember(id=f"local-{index}", kind="local", runner=runner, client=client))
-    for index, (url, key) in enumerate(zip(settings.engine_urls, remote_keys(settings.engine_urls,
-                                                                             settings.engine_keys), strict=True)):
+    for index, (url, key) in enumerate(zip(scale_out.engine_urls, remote_keys(scale_out.engine_urls,
+                                                                              scale_out.engine_keys), strict=True)):
         if travels_in_clear(url):
             logger.warning("engine %s is reached over plain http: the engine key and the adapter paths sent to it "
                            "travel in the clear; give an https:// URL (a TLS proxy in front of vLLM) unless the "
@@ -85,11 +87,11 @@ def build_engine_pool(settings: ServerSettings, base: EngineConfig) -> EnginePoo
         if key is not None:
             client.set_api_key(key)
         members.append(EngineMember(id=f"remote-{index}", kind="remote",
-                                    runner=RemoteEngine(client, settings.served_model_name), client=client))
+                                    runner=RemoteEngine(client, base.served_model_name), client=client))
     if not policy_members:
         return EnginePool(members)
     pool = EnginePool(members)
-    pool.policy = PolicyEngines(policy_members, base_model_id=settings.served_model_name,
-                                model_dir=Path(settings.model_path), reference=pool.token_logprobs,  # app.py: leased
-                                tolerance=probe_tolerance(settings.engine_dtype), model=settings.policy_model)
+    pool.policy = PolicyEngines(policy_members, base_model_id=base.served_model_name,
+                                model_dir=Path(base.model_path), reference=pool.token_logprobs,  # services.py: leased
+                                tolerance=probe_tolerance(base.dtype), model=scale_out.policy_model)
     return pool

@@ -8,7 +8,7 @@ import orjson
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response, StreamingResponse
 
-from ..state import AppState, get_state
+from ..state import Services, get_state
 from . import motterl, openai_jobs
 from .http import json_body, json_response
 from .service import JobService
@@ -17,7 +17,7 @@ from .store import EventRecord, JobRecord
 router = APIRouter()
 
 
-def _jobs(state: AppState) -> JobService:
+def _jobs(state: Services) -> JobService:
     return state.jobs
 
 
@@ -29,7 +29,7 @@ async def create_job(request: Request) -> Response:
     state = get_state(request)
     create = openai_jobs.parse_create(await json_body(request))
     new = openai_jobs.new_job(create, files=state.files, models=state.store,
-                              served_base=state.settings.served_model_name)
+                              served_base=state.base_model.name)
     return json_response(openai_jobs.job_object(_jobs(state).create(new)))
 
 
@@ -90,7 +90,7 @@ async def job_checkpoints(request: Request, fine_tuning_job_id: str, after: str 
 async def motterl_start(request: Request) -> Response:
     state = get_state(request)
     start = motterl.parse_start(await json_body(request))
-    job = _jobs(state).create(motterl.new_job(start, models=state.store, served_base=state.settings.served_model_name))
+    job = _jobs(state).create(motterl.new_job(start, models=state.store, served_base=state.base_model.name))
     return json_response({"job_id": job.id, "status": motterl.STATUS[job.status]})
 
 

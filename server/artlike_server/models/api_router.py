@@ -67,18 +67,18 @@ def model_info(state: AppState, model: StoredModel) -> ModelInfo:
 @router.post("/v1/trainable_models", response_model=ModelInfo)
 async def register_model(body: RegisterModelRequest, request: Request, response: Response) -> ModelInfo:
     state = get_state(request)
-    accepted = {state.settings.served_model_name, str(state.settings.model_path)}
+    accepted = {state.base_model.name, str(state.base_model.path)}
     if body.base_model not in accepted:
         raise InvalidRequest(
-            f"this server serves base model {state.settings.served_model_name!r}, not {body.base_model!r}",
+            f"this server serves base model {state.base_model.name!r}, not {body.base_model!r}",
             param="base_model", code="base_model_mismatch",
         )
-    if body.lora.rank > state.settings.max_lora_rank:
+    if body.lora.rank > state.base_model.max_lora_rank:
         raise InvalidRequest(
-            f"lora.rank {body.lora.rank} exceeds the engine's --max-lora-rank {state.settings.max_lora_rank}",
+            f"lora.rank {body.lora.rank} exceeds the engine's --max-lora-rank {state.base_model.max_lora_rank}",
             param="lora.rank", code="invalid_value",
         )
-    modules = await asyncio.to_thread(read_module_names, state.settings.model_path)
+    modules = await asyncio.to_thread(read_module_names, state.base_model.path)
     if modules is not None:
         check_target_modules(body.lora.target_modules, modules)
 
@@ -95,7 +95,7 @@ async def register_model(body: RegisterModelRequest, request: Request, response:
                                      code="trainer_unavailable") from error
 
     try:
-        model, created = await state.models.register(body.name, state.settings.served_model_name, body.lora,
+        model, created = await state.models.register(body.name, state.base_model.name, body.lora,
                                                      body.retention, write_step0, kind=body.kind,
                                                      reward_head=body.reward_head)
     except (httpx.TransportError, EngineRequestError, AdapterRefused) as error:

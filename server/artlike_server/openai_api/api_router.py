@@ -13,7 +13,7 @@ POSTs to the completion paths are answered by `CompletionRoutes`, a pure ASGI mi
 exception middleware, dependency exit stack and route table (the same handlers are also routes, so other
 methods get the router's 405). Bodies are read raw (no FastAPI body model): serving parses them once with
 orjson and names the bad parameter itself. Shared objects come from `request.app.state.artlike` (engine: the pool, models, log,
-metrics, settings). A client that disconnects cancels its request, which closes the engine connection: vLLM
+metrics, request policy). A client that disconnects cancels its request, which closes the engine connection: vLLM
 aborts the generation instead of finishing it for nobody.
 """
 
@@ -52,7 +52,7 @@ def _serving(request: Request) -> OpenAIServing:
         models=state.models,
         log=state.log,
         metrics=state.metrics,
-        settings=state.settings,
+        settings=state.requests,
     )
 
 

@@ -46,7 +46,7 @@ class SessionInfo(BaseModel):
 
 
 def _check_reachable(request: Request) -> None:
-    if get_state(request).settings.api_key:
+    if get_state(request).ui_sessions.api_key:
         return
     host = request.client.host if request.client else ""
     try:
@@ -78,7 +78,7 @@ async def static_file(name: str, request: Request) -> Response:
 async def get_session(request: Request) -> SessionInfo:
     _check_reachable(request)
     state = get_state(request)
-    if not state.settings.api_key:
+    if not state.ui_sessions.api_key:
         return SessionInfo(auth_required=False, authenticated=True, csrf_token=state.ui_sessions.keyless_csrf_token)
     csrf = state.ui_sessions.csrf_token(request.cookies.get(COOKIE))
     return SessionInfo(auth_required=True, authenticated=is_authorized(request.scope), csrf_token=csrf)
@@ -88,7 +88,7 @@ async def get_session(request: Request) -> SessionInfo:
 async def log_in(body: LoginRequest, request: Request, response: Response) -> SessionInfo:
     _check_reachable(request)
     state = get_state(request)
-    expected = state.settings.api_key
+    expected = state.ui_sessions.api_key
     if not expected:
         return SessionInfo(auth_required=False, authenticated=True, csrf_token=state.ui_sessions.keyless_csrf_token)
     if not hmac.compare_digest(body.api_key.encode(), expected.encode()):

@@ -26,8 +26,9 @@ class _Session:
 
 
 class UiSessions:
-    def __init__(self, ttl_s: float = DEFAULT_TTL_S) -> None:
+    def __init__(self, ttl_s: float = DEFAULT_TTL_S, *, api_key: str | None = None) -> None:
         self.ttl_s = ttl_s
+        self.api_key = api_key  # what a log-in must give (None: the server has no key, the page needs none)
         self._sessions: dict[str, _Session] = {}
         # Without an API key there is no cookie: one CSRF token for the (loopback-only) page.
         self.keyless_csrf_token = secrets.token_urlsafe(24)

@@ -1,0 +1,12 @@
+"""The model routes: register, list, alias, delete and each model's history."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+
+from .api_router import router
+
+
+def attach(app: FastAPI) -> None:
+    """Include this feature's routes in `app` (they find the server's parts through `state.get_state`)."""
+    app.include_router(router)
