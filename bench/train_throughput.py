@@ -67,8 +67,9 @@ import httpx
 import orjson
 import torch
 from artlike_server.default_model import ensure_default_model
+from artlike_server.dtype_choice import choose_dtypes
 from artlike_server.dtype_probe import probe
-from artlike_server.hardware import choose_dtypes, cpu_has_native_bf16, cpu_model
+from artlike_server.hardware import cpu_has_native_bf16, cpu_model
 from artlike_server.launcher import ServerProcess
 from artlike_server.trainer import protocol
 from artlike_server.trainer.batch_file import write_batch

@@ -40,8 +40,9 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from artlike.types import RewardModelConfig
 from artlike_server import dtype_probe
+from artlike_server.dtype_choice import decide_dtype
 from artlike_server.engine.orphan_guard import set_parent_death_signal
-from artlike_server.hardware import DTYPE_CHOICES, decide_dtype
+from artlike_server.hardware import DTYPE_CHOICES
 from artlike_server.trainer import attention, distributed, memory, protocol
 from artlike_server.trainer.adapters import AdapterSlots, check_writable, peft_lora_config
 from artlike_server.trainer.batch_file import read_batch
@@ -90,7 +91,7 @@ def choose_device(requested: str, ranks: Ranks = SINGLE) -> torch.device:
 
 
 def choose_dtype(requested: str, device: torch.device, threads: int | None = None) -> torch.dtype:
-    """`hardware.decide_dtype` for the trainer role, plus the GPU's own bf16 check (older GPUs have none).
+    """`dtype_choice.decide_dtype` for the trainer role, plus the GPU's own bf16 check (older GPUs have none).
     The server always passes an explicit dtype; "auto" on a CPU (the worker run by hand) runs the cached
     dtype probe in a subprocess, as the server does."""
     if requested == "auto" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
