@@ -56,12 +56,12 @@ from .scoring.service import RewardScoring
 from .settings import ServerSettings
 from .state import AppState, get_state
 from .studio.continual import ContinualTrainer
+from .studio.page_logins import PageLogins
 from .studio.ratings import RatingService
 from .studio.router import router as studio_router
 from .studio.store import StudioStore
 from .studio.trajectories import TrajectoryBrowser
 from .studio.ui_router import router as ui_router
-from .studio.ui_sessions import UiSessions
 from .tensorboard_log import TensorBoardLog
 from .tokenizer import load_chat_tokenizer
 from .training.api_router import router as training_router
@@ -105,7 +105,7 @@ def create_app(settings: ServerSettings, *, on_fatal: Callable[[BaseException], 
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         judge = ServerJudge(self_url(settings), settings.api_key)
         scorer = ServerScorer(self_url(settings), settings.api_key)
-        state = _build_state(settings, metrics, judge, scorer, ui_sessions)
+        state = _build_state(settings, metrics, judge, scorer, page_logins)
         app.state.artlike = state
         state.engine.add_on_ready(state.models.restore)
         metrics.track_engine(state.engine)
@@ -141,13 +141,13 @@ def create_app(settings: ServerSettings, *, on_fatal: Callable[[BaseException], 
             await scorer.aclose()
 
     metrics = Metrics()
-    ui_sessions = UiSessions()  # shared by the key check (middleware) and the page's log-in route
+    page_logins = PageLogins()  # shared by the key check (middleware) and the page's log-in route
     app = FastAPI(title="artlike", version="0.1.0", lifespan=lifespan)
     install_error_handlers(app)
     app.add_middleware(CompletionRoutes)  # innermost: the completion hot path skips FastAPI's layers
     # Outermost last: every request is counted (401/413 too); a bad key is rejected before the body is read.
     app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=settings.max_body_bytes)
-    app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key, sessions=ui_sessions,
+    app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key, logins=page_logins,
                        hosts=HostPolicy.from_options(settings.allowed_hosts, settings.host))
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
     app.include_router(openai_router)
@@ -185,7 +185,7 @@ def self_url(settings: ServerSettings) -> str:
 
 
 def _build_state(settings: ServerSettings, metrics: Metrics, judge: ServerJudge, scorer: ServerScorer,
-                 ui_sessions: UiSessions) -> AppState:
+                 page_logins: PageLogins) -> AppState:
     settings.log_dir.mkdir(parents=True, exist_ok=True)
     completion_log = CompletionLog(settings.data_dir / "completions.sqlite")
     completion_log.open()
@@ -238,7 +238,7 @@ def _build_state(settings: ServerSettings, metrics: Metrics, judge: ServerJudge,
                     response_store=response_store, sandbox=sandbox, files=FileStore(settings.data_dir / "files"),
                     graders=graders, jobs=jobs, studio=studio, ratings=ratings, continual=continual,
                     trajectories=TrajectoryBrowser(completion_log, studio, training.decode_text, training.decode),
-                    ui_sessions=ui_sessions, tensorboard=tensorboard,
+                    page_logins=page_logins, tensorboard=tensorboard,
                     scoring=RewardScoring(store, models, completion_log, trainer, training.conversation_ids,
                                           max_input_tokens=settings.sequence_token_limit),
                     dialects={"responses": ResponsesDialect(response_store), "messages": MessagesDialect()})

@@ -12,7 +12,7 @@ import pytest
 import uvicorn
 from artlike_server import cli
 from artlike_server.settings import ServerSettings
-from artlike_server.studio.ui_sessions import COOKIE, UiSessions
+from artlike_server.studio.page_logins import COOKIE, PageLogins
 from typer.testing import CliRunner
 
 KEY = "cookie-key"
@@ -28,7 +28,7 @@ def served_app(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, forwarded_allow_
     config = configs[0]
     config.load()
     # The lifespan does not run here: the page's log-in route needs only these.
-    config.app.state.artlike = SimpleNamespace(settings=settings, ui_sessions=UiSessions())
+    config.app.state.artlike = SimpleNamespace(settings=settings, page_logins=PageLogins())
     return config
 
 
