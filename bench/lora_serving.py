@@ -58,7 +58,7 @@ def make_adapter(model_dir: Path, out: Path) -> float:
     """A rank-8 adapter on every linear layer with non-zero weights; returns merge+save seconds."""
     import peft
     import torch
-    from artlike_server.trainer.adapters import peft_lora_config
+    from artlike_server.torch_worker.adapters import peft_lora_config
     from transformers import AutoModelForCausalLM
 
     from artlike.types import LoraConfig
