@@ -6,10 +6,9 @@
     decide_dtype("float32", ...)                             -> float32 (explicit)
 
 On a CPU, "auto" follows a measurement (`dtype_probe`: bf16 vs fp32 GEMMs shaped like each role's work,
-run in a subprocess and cached per machine), because the flags do not say which is fast. Measured on 2-core
-VMs with torch 2.13 (GFLOP/s bf16 vs fp32): an AMX Xeon ~909 vs ~215; an AVX-512 BF16 Xeon without AMX
-212 vs 408 (bf16 slower despite "native bf16"); an AVX-512 BF16 EPYC ~400 vs ~190; an AVX2-only EPYC 0.2
-vs 72 (bf16 emulated: a 1-token vLLM-CPU chat completion took 735 ms in bf16).
+run in a subprocess and cached per machine), because the flags do not say which is fast: an AVX-512 BF16 Xeon
+without AMX runs bf16 slower than fp32 despite "native bf16", and an AVX2-only CPU emulates bf16 (the
+machines in tests/unit/test_dtype_probe.py; `python -m artlike_server.dtype_probe` measures this one).
 
 Where the probe cannot run, the flags rule is the fallback: bf16 on CPUs whose flags the kernel reports
 include AVX-512 BF16 or AMX (what torch's CPU kernels dispatch on, `torch.cpu._is_avx512_bf16_supported()`
@@ -87,7 +86,7 @@ def choose_dtypes(
     *,
     run_probe: Callable[[], Mapping[str, Any] | None] | None = None,
 ) -> dict[Role, DtypeChoice]:
-    """Each role's dtype, running the dtype probe (`dtype_probe.probe`: cached per machine, else a ~3 s
+    """Each role's dtype, running the dtype probe (`dtype_probe.probe`: cached per machine, else a short
     subprocess) only when some role asks for "auto" on a CPU. A probe that fails leaves the flags rule."""
     for value in requested.values():
         _check(value)
