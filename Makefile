@@ -52,9 +52,11 @@ EMAIL_AGENT_ARGS ?= --inboxes 8 --tool-choice required --eval-limit 81 --eval-ki
 email-agent: setup
 	$(PY) -m examples.email_agent.train --start-server $(EMAIL_AGENT_ARGS)
 
+# ruff, mypy (strict) and the import contracts of pyproject.toml ([tool.importlinter]: the server's layers).
 lint: setup
 	$(VENV)/bin/ruff check src server tests bench examples
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 clean:
 	rm -rf $(VENV) .pytest_cache

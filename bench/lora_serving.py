@@ -58,7 +58,7 @@ def make_adapter(model_dir: Path, out: Path) -> float:
     """A rank-8 adapter on every linear layer with non-zero weights; returns merge+save seconds."""
     import peft
     import torch
-    from artlike_server.trainer.adapters import peft_lora_config
+    from artlike_server.torch_worker.adapters import peft_lora_config
     from transformers import AutoModelForCausalLM
 
     from artlike.types import LoraConfig
@@ -134,7 +134,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     merge_seconds = await asyncio.to_thread(make_adapter, model_dir, work)
     dtype = args.dtype
     if dtype == "auto":
-        from artlike_server.hardware import choose_dtypes
+        from artlike_server.dtype_choice import choose_dtypes
         dtype = choose_dtypes({"engine": "auto"}, "cpu")["engine"].dtype
     rows: dict[str, dict[str, float]] = {}
     for lora in (True, False):

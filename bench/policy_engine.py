@@ -133,7 +133,7 @@ def proxy_row(dtype: str, args: argparse.Namespace, *, policy: bool) -> dict[str
 def resolve_dtype(dtype: str) -> str:
     if dtype != "auto":
         return dtype
-    from artlike_server.hardware import choose_dtypes
+    from artlike_server.dtype_choice import choose_dtypes
     return choose_dtypes({"engine": "auto"}, "cpu")["engine"].dtype
 
 

@@ -22,7 +22,7 @@
    "grpo" batch (each sequence with a reward, 1 or 0; a value head; once per job the reference and the
    policy forward), and "ppo+rm" (ppo whose job also scores every sequence once with the reward_model row's
    trained step, `Train.reward_model_dir`).
-   Model FLOPs count the work the trainer does, from the same plans it uses (`trainer.loop.plan_job` for the
+   Model FLOPs count the work the trainer does, from the same plans it uses (`torch_worker.loop.plan_job` for the
    optimizer steps, `plan_step` for each step's micro-batches): per step, 4·N_decoder per decoder position
    (forward 2·N plus the backward's activation gradients 2·N; the frozen base needs no weight gradients; a
    prompt position counts, since its keys and values feed the trained tokens), attention at
@@ -67,14 +67,15 @@ import httpx
 import orjson
 import torch
 from artlike_server.default_model import ensure_default_model
+from artlike_server.dtype_choice import choose_dtypes
 from artlike_server.dtype_probe import probe
-from artlike_server.hardware import choose_dtypes, cpu_has_native_bf16, cpu_model
+from artlike_server.hardware import cpu_has_native_bf16, cpu_model
 from artlike_server.launcher import ServerProcess
-from artlike_server.trainer import protocol
-from artlike_server.trainer.batch_file import write_batch
-from artlike_server.trainer.loop import plan_job, plan_step
-from artlike_server.trainer.objectives import JobPasses, Objective, build_objective
-from artlike_server.training.sequences import TrainSequence
+from artlike_server.torch_worker.loop import plan_job, plan_step
+from artlike_server.torch_worker.objectives import JobPasses, Objective, build_objective
+from artlike_server.trainer_ipc import protocol
+from artlike_server.trainer_ipc.batch_file import write_batch
+from artlike_server.trainer_ipc.sequences import TrainSequence
 from artlike_server.training.trainer_client import TrainerProcess
 from transformers import AutoConfig
 
@@ -414,7 +415,7 @@ def main() -> None:
     parser.add_argument("--shared-cores", action="store_true",
                         help="the worker's threads sleep at once, as beside an engine on the same cores")
     parser.add_argument("--attention", choices=("auto", "sdpa", "eager"), default="auto",
-                        help="the worker's attention implementation (auto: trainer/attention.py on a CPU)")
+                        help="the worker's attention implementation (auto: torch_worker/attention.py on a CPU)")
     args = parser.parse_args()
     # A smoke run must not overwrite the full run's results.
     args.output = args.output or Path(f"bench/results/train_throughput{'_quick' if args.quick else ''}.json")

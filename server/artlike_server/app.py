@@ -32,13 +32,13 @@ from .services import build_services
 from .settings import NetworkSettings, ServerSettings
 from .state import Services, get_state
 from .studio import routes as studio_feature
-from .studio.ui_sessions import UiSessions
+from .studio.page_logins import PageLogins
 from .training import routes as training_feature
 
 
 def create_app(services: Services) -> FastAPI:
     """The app serving `services`, which the caller started and will stop."""
-    app = _new_app(services.network, services.max_body_bytes, services.metrics, services.ui_sessions, lifespan=None)
+    app = _new_app(services.network, services.max_body_bytes, services.metrics, services.page_logins, lifespan=None)
     app.state.artlike = services
     return app
 
@@ -47,25 +47,25 @@ def create_app_from_settings(settings: ServerSettings, *,
                              on_fatal: Callable[[BaseException], None] | None = None) -> FastAPI:
     """The app whose lifespan builds and starts every part from `settings`, and stops them when it ends."""
     metrics = Metrics()
-    ui_sessions = UiSessions(api_key=settings.network.api_key)  # the key check's and the page's log-in's
+    page_logins = PageLogins(api_key=settings.network.api_key)  # the key check's and the page's log-in's
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        async with build_services(settings, metrics=metrics, ui_sessions=ui_sessions, on_fatal=on_fatal) as services:
+        async with build_services(settings, metrics=metrics, page_logins=page_logins, on_fatal=on_fatal) as services:
             app.state.artlike = services
             yield
 
-    return _new_app(settings.network, settings.limits.max_body_bytes, metrics, ui_sessions, lifespan=lifespan)
+    return _new_app(settings.network, settings.limits.max_body_bytes, metrics, page_logins, lifespan=lifespan)
 
 
-def _new_app(network: NetworkSettings, max_body_bytes: int, metrics: Metrics, ui_sessions: UiSessions, *,
+def _new_app(network: NetworkSettings, max_body_bytes: int, metrics: Metrics, page_logins: PageLogins, *,
              lifespan: Any) -> FastAPI:
     app = FastAPI(title="artlike", version="0.1.0", lifespan=lifespan)
     install_error_handlers(app)
     app.add_middleware(CompletionRoutes)  # innermost: the completion hot path skips FastAPI's layers
     # Outermost last: every request is counted (401/413 too); a bad key is rejected before the body is read.
     app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=max_body_bytes)
-    app.add_middleware(ApiKeyMiddleware, api_key=network.api_key, sessions=ui_sessions,
+    app.add_middleware(ApiKeyMiddleware, api_key=network.api_key, logins=page_logins,
                        hosts=HostPolicy.from_options(network.allowed_hosts, network.host))
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
     for feature in (openai_feature, models_feature, training_feature, scoring_feature, jobs_feature,

@@ -19,12 +19,13 @@ from .child_env import drop_secrets
 from .cli_options import settings_flags, with_options
 from .data_dir_lock import DataDirInUse, DataDirLock
 from .default_model import DEFAULT_MODEL_ID, ensure_default_model
+from .dtype_choice import DtypeChoice, choose_dtypes
 from .engine.launch import detect_device, parse_cpu_list
 from .engine.placement import split_cpus
 from .engine.pool_setup import remote_keys
 from .engine.templates import resolve_chat_template
 from .engine.tool_calling import choose_tool_calling
-from .hardware import DTYPE_CHOICES, DtypeChoice, Role, choose_dtypes
+from .hardware import DTYPE_CHOICES, Role
 from .hosts import ALLOW_ANY, HostPolicy
 from .settings import SECTIONS, ServerSettings
 

@@ -1,7 +1,7 @@
 """Pure ASGI middleware (no BaseHTTPMiddleware: it buffers and adds a task per request on the hot path).
 
     ApiKeyMiddleware          `Authorization: Bearer <key>` or `x-api-key: <key>` on every route but /health -> 401
-                              (or the studio page's session cookie + X-CSRF-Token on writes -> 403 without);
+                              (or the studio page's login cookie + X-CSRF-Token on writes -> 403 without);
                               a `Host` it does not know (hosts.py) -> 403 where no key stands in the way
     BodySizeLimitMiddleware   Content-Length over the limit -> 413 before reading; chunked bodies counted
     RequestMetricsMiddleware  count, latency and status per route template, in-flight gauge
@@ -16,25 +16,29 @@ from __future__ import annotations
 import hmac
 import time
 from collections.abc import Collection
+from typing import Protocol
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from artlike_server.errors import APIError, Forbidden, PayloadTooLarge, Unauthorized, error_response
 from artlike_server.hosts import DEFAULT_HOSTS, HostPolicy, host_name
 from artlike_server.metrics import Metrics
-from artlike_server.studio.ui_sessions import (
-    CSRF_HEADER,
-    SAFE_METHODS,
-    UiSessions,
-    cookie_value,
-    csrf_matches,
-)
 
 OPEN_PATHS = frozenset({"/health"})
 """Paths served without the API key: liveness probes (load balancers, `artlike serve` readiness) carry no
 credentials, and /health reveals nothing but up/down to them (details need the key: `is_authorized`).
 /metrics is protected: it names models."""
 _AUTHORIZED = "artlike_authorized"  # key in the ASGI scope's "state" (Starlette's `request.state`)
+CSRF_HEADER = "x-csrf-token"
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+class PageLoginCheck(Protocol):
+    """The studio page's logins as the key check sees them (the studio keeps them: `studio.page_logins`)."""
+
+    def csrf_for_cookie(self, cookie_header: bytes) -> str | None:
+        """The CSRF token of the live login a raw `Cookie:` header names, or None when it names none."""
+        ...
 
 
 def is_authorized(scope: Scope) -> bool:
@@ -47,7 +51,7 @@ async def _reject(error: APIError, scope: Scope, receive: Receive, send: Send) -
 
 
 def _is_page(path: str) -> bool:
-    """The studio page, its assets and its session routes: served without the key (the page asks for it)."""
+    """The studio page, its assets and its log-in routes (`/ui/session`): served without the key (the page asks for it)."""
     return path == "/ui" or path.startswith("/ui/")
 
 
@@ -66,7 +70,7 @@ def _host_not_allowed(hosts: list[bytes]) -> Forbidden:
 
 
 class ApiKeyMiddleware:
-    """The API key on every route but the open ones; the studio page's session cookie (with its CSRF token
+    """The API key on every route but the open ones; the studio page's login cookie (with its CSRF token
     on writes) stands in for it. Browser writes from another origin are refused, key or not: a page on
     another site must not drive a loopback server that has no key.
 
@@ -75,14 +79,14 @@ class ApiKeyMiddleware:
     is the defence there, whatever name the request used."""
 
     def __init__(self, app: ASGIApp, api_key: str | None, open_paths: Collection[str] = OPEN_PATHS,
-                 sessions: UiSessions | None = None, hosts: HostPolicy = DEFAULT_HOSTS) -> None:
+                 logins: PageLoginCheck | None = None, hosts: HostPolicy = DEFAULT_HOSTS) -> None:
         self.app = app
         self._hosts = hosts
         self._host_verdicts: dict[bytes, bool] = {}  # parsed once per name: clients use few
         self._expected = f"Bearer {api_key}".encode() if api_key else None
         self._expected_key = api_key.encode() if api_key else b""
         self._open_paths = frozenset(open_paths)
-        self._sessions = sessions
+        self._logins = logins
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -126,14 +130,14 @@ class ApiKeyMiddleware:
         authorized = hmac.compare_digest(supplied, self._expected) or (
             bool(anthropic_key) and hmac.compare_digest(anthropic_key, self._expected_key))
         supplied = supplied or anthropic_key
-        if not authorized and cookie and self._sessions is not None:
-            expected_csrf = self._sessions.csrf_token(cookie_value(cookie))
+        if not authorized and cookie and self._logins is not None:
+            expected_csrf = self._logins.csrf_for_cookie(cookie)
             if expected_csrf is not None:
                 if not known_host:
                     await _reject(_host_not_allowed(hosts), scope, receive, send)
                     return
-                if writes and not csrf_matches(expected_csrf, csrf):
-                    await _reject(Forbidden(f"missing or wrong {CSRF_HEADER} header for this page session",
+                if writes and not hmac.compare_digest(expected_csrf.encode(), csrf):
+                    await _reject(Forbidden(f"missing or wrong {CSRF_HEADER} header for this page login",
                                             code="csrf_failed"), scope, receive, send)
                     return
                 authorized = True

@@ -43,10 +43,10 @@ from .scoring.service import RewardScoring
 from .settings import ServerSettings
 from .state import BaseModelInfo, Services
 from .studio.continual import ContinualTrainer
+from .studio.page_logins import PageLogins
 from .studio.ratings import RatingService
 from .studio.store import StudioStore
 from .studio.trajectories import TrajectoryBrowser
-from .studio.ui_sessions import UiSessions
 from .tensorboard_log import TensorBoardLog
 from .tokenizer import load_chat_tokenizer
 from .training.job import TrainingLimits, TrainingService
@@ -89,14 +89,14 @@ def self_url(host: str, port: int) -> str:
 
 @asynccontextmanager
 async def build_services(settings: ServerSettings, *, metrics: Metrics | None = None,
-                         ui_sessions: UiSessions | None = None,
+                         page_logins: PageLogins | None = None,
                          on_fatal: Callable[[BaseException], None] | None = None) -> AsyncIterator[Services]:
     """Every part of one server, started; stopped in reverse order when the block ends, whatever fails.
 
-    `metrics` and `ui_sessions` may be given when the app's middleware holds them before the parts exist.
+    `metrics` and `page_logins` may be given when the app's middleware holds them before the parts exist.
     """
     metrics = metrics or Metrics()
-    ui_sessions = ui_sessions or UiSessions(api_key=settings.network.api_key)
+    page_logins = page_logins or PageLogins(api_key=settings.network.api_key)
     network, retention, sandbox_settings = settings.network, settings.retention, settings.sandbox
     own_url = self_url(network.host, network.port)
     async with AsyncExitStack() as stack:
@@ -194,7 +194,7 @@ async def build_services(settings: ServerSettings, *, metrics: Metrics | None = 
             sandbox=sandbox, files=FileStore(settings.data_dir / "files"), graders=graders, jobs=jobs,
             studio=studio, ratings=ratings, continual=continual,
             trajectories=TrajectoryBrowser(completion_log, studio, training.decode_text, training.decode),
-            ui_sessions=ui_sessions, tensorboard=tensorboard,
+            page_logins=page_logins, tensorboard=tensorboard,
             scoring=RewardScoring(store, models, completion_log, trainer, training.conversation_ids,
                                   max_input_tokens=settings.sequence_token_limit),
             dialects={"responses": ResponsesDialect(response_store), "messages": MessagesDialect()})

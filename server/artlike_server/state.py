@@ -28,10 +28,10 @@ if TYPE_CHECKING:
     from .scoring.service import RewardScoring
     from .settings import EngineSettings, NetworkSettings, TrainerSettings
     from .studio.continual import ContinualTrainer
+    from .studio.page_logins import PageLogins
     from .studio.ratings import RatingService
     from .studio.store import StudioStore
     from .studio.trajectories import TrajectoryBrowser
-    from .studio.ui_sessions import UiSessions
     from .tensorboard_log import TensorBoardLog
     from .training.job import TrainingService
     from .training.sessions import TrainingSessions
@@ -72,7 +72,7 @@ class Services:
     ratings: RatingService
     continual: ContinualTrainer
     trajectories: TrajectoryBrowser
-    ui_sessions: UiSessions
+    page_logins: PageLogins
     scoring: RewardScoring
     tensorboard: TensorBoardLog | None = None
     dialects: dict[str, Dialect] = field(default_factory=dict)  # APIs served by translation, by route name

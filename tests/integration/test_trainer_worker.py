@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 import torch
 from artlike_server.default_model import ensure_default_model
-from artlike_server.trainer import protocol
-from artlike_server.trainer.batch_file import write_batch
-from artlike_server.training.sequences import TrainSequence
+from artlike_server.trainer_ipc import protocol
+from artlike_server.trainer_ipc.batch_file import write_batch
+from artlike_server.trainer_ipc.sequences import TrainSequence
 from artlike_server.training.trainer_client import TrainerCrashed, TrainerError, TrainerProcess
 from safetensors.torch import load_file
 

@@ -132,4 +132,4 @@ def test_the_real_servers_children_hold_no_copy_of_its_key(server: Any) -> None:
         assert key not in cmdline, cmdline
         assert b"ARTLIKE_API_KEY=" not in environ and key not in environ, cmdline
     assert any(b"vllm" in c for c in commands), f"the engine is among the server's children: {commands}"
-    assert any(b"trainer.worker" in c for c in commands), f"so is the trainer: {commands}"
+    assert any(b"torch_worker.worker" in c for c in commands), f"so is the trainer: {commands}"

@@ -20,7 +20,7 @@ from artlike_server.errors import install_error_handlers
 from artlike_server.hosts import DEFAULT_HOSTS, HostPolicy, host_name
 from artlike_server.middleware import ApiKeyMiddleware
 from artlike_server.settings import ServerSettings
-from artlike_server.studio.ui_sessions import COOKIE, UiSessions
+from artlike_server.studio.page_logins import COOKIE, PageLogins
 from fastapi import FastAPI
 from fastapi.responses import Response
 from typer.testing import CliRunner
@@ -71,10 +71,10 @@ def test_listed_names_star_the_bind_name_and_missing_or_repeated_hosts() -> None
 
 
 def small_app(api_key: str | None, hosts: HostPolicy = DEFAULT_HOSTS,
-              sessions: UiSessions | None = None) -> FastAPI:
+              logins: PageLogins | None = None) -> FastAPI:
     app = FastAPI()
     install_error_handlers(app)
-    app.add_middleware(ApiKeyMiddleware, api_key=api_key, sessions=sessions, hosts=hosts)
+    app.add_middleware(ApiKeyMiddleware, api_key=api_key, logins=logins, hosts=hosts)
     app.add_api_route("/health", health, methods=["GET"])
 
     @app.api_route("/v1/thing", methods=["GET", "POST"])
@@ -134,9 +134,9 @@ async def test_without_a_key_loopback_names_listed_names_and_health() -> None:
 
 
 async def test_with_a_key_the_key_passes_any_name_but_the_page_and_its_cookie_do_not() -> None:
-    sessions = UiSessions()
-    token, _ = sessions.create()
-    async with client(small_app(KEY, sessions=sessions)) as http:
+    logins = PageLogins()
+    token, _ = logins.create()
+    async with client(small_app(KEY, logins=logins)) as http:
         bearer = {"Authorization": f"Bearer {KEY}"}
         assert (await http.get("/v1/thing", headers=bearer | {"Host": EVIL})).text == "ok"
         assert "engine" in (await http.get("/health", headers=bearer | {"Host": EVIL})).json()

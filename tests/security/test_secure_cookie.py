@@ -11,7 +11,7 @@ import pytest
 import uvicorn
 from artlike_server import cli
 from artlike_server.settings import NetworkSettings, ServerSettings
-from artlike_server.studio.ui_sessions import COOKIE, UiSessions
+from artlike_server.studio.page_logins import COOKIE, PageLogins
 from typer.testing import CliRunner
 
 from tests.unit.fake_services import fake_services
@@ -29,7 +29,7 @@ def served_app(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, forwarded_allow_
     config = configs[0]
     config.load()
     # The lifespan does not run here: the page's log-in route needs only these.
-    config.app.state.artlike = fake_services(network=settings.network, ui_sessions=UiSessions(api_key=KEY))
+    config.app.state.artlike = fake_services(network=settings.network, page_logins=PageLogins(api_key=KEY))
     return config
 
 

@@ -14,7 +14,7 @@ from artlike_server.metrics import Metrics
 from artlike_server.openai_api.policy import RequestPolicy
 from artlike_server.settings import EngineSettings, LimitsSettings, NetworkSettings, TrainerSettings
 from artlike_server.state import BaseModelInfo, Services
-from artlike_server.studio.ui_sessions import UiSessions
+from artlike_server.studio.page_logins import PageLogins
 
 
 class Absent:
@@ -36,7 +36,7 @@ def fake_services(**parts: Any) -> Services:
         "trainer_settings": TrainerSettings(dtype="float32"),
         "requests": RequestPolicy(),
         "metrics": Metrics(),
-        "ui_sessions": UiSessions(api_key=network.api_key),
+        "page_logins": PageLogins(api_key=network.api_key),
         "dialects": {},
     }
     values = {field.name: parts.get(field.name, defaults.get(field.name, Absent(field.name)))

@@ -1,12 +1,12 @@
-"""The CPU trainer's attention (`trainer/attention.py`): the same outputs and gradients as SDPA, in every mask
+"""The CPU trainer's attention (`torch_worker/attention.py`): the same outputs and gradients as SDPA, in every mask
 form transformers hands it, and SDPA itself past the size where the matmul form stops paying."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from artlike_server.trainer import attention
-from artlike_server.trainer.logprobs import token_logprobs
+from artlike_server.torch_worker import attention
+from artlike_server.torch_worker.logprobs import token_logprobs
 from torch.nn import functional as F
 
 from tests.unit.test_training_loop import VOCAB, tiny_peft_model

@@ -6,8 +6,8 @@ import math
 from pathlib import Path
 
 import pytest
-from artlike_server.trainer.batch_file import BatchFileError, read_batch, write_batch
-from artlike_server.training.sequences import TrainSequence
+from artlike_server.trainer_ipc.batch_file import BatchFileError, read_batch, write_batch
+from artlike_server.trainer_ipc.sequences import TrainSequence
 
 
 def test_round_trip(tmp_path: Path) -> None:

@@ -12,12 +12,13 @@ import orjson
 import pytest
 import torch
 from artlike_server.errors import InvalidRequest
-from artlike_server.trainer import packing
-from artlike_server.trainer.loop import collate, plan_job, plan_step, run_optimizer_steps, validate_batch
-from artlike_server.trainer.objectives import PolicyBatch, build_objective, dpo
-from artlike_server.trainer.objectives.dpo import dpo_loss
+from artlike_server.torch_worker import packing
+from artlike_server.torch_worker.loop import collate, plan_job, plan_step, run_optimizer_steps, validate_batch
+from artlike_server.torch_worker.objectives import PolicyBatch, build_objective, dpo
+from artlike_server.torch_worker.objectives.dpo import dpo_loss
+from artlike_server.trainer_ipc import steps
+from artlike_server.trainer_ipc.sequences import TrainSequence
 from artlike_server.training.api_router import parse_train_request
-from artlike_server.training.sequences import TrainSequence
 from pydantic import ValidationError
 
 from artlike.types import DPOConfig, StepEvent, TrainRequest, train_config
@@ -37,7 +38,7 @@ REFERENCE = torch.tensor([[-1.5, -2.0], [-1.5, -2.0]], dtype=torch.float64)  # b
 
 
 def test_doctests() -> None:
-    for module in (dpo, packing):
+    for module in (dpo, packing, steps):
         assert doctest.testmod(module).failed == 0
 
 

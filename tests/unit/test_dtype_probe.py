@@ -155,7 +155,7 @@ def test_the_cache_lives_in_the_artlike_cache_dir(monkeypatch: pytest.MonkeyPatc
 
 def test_the_parent_side_never_imports_torch(fake_python: tuple[str, Path], tmp_path: Path) -> None:
     python, _ = fake_python
-    check = ("import sys, pathlib; from artlike_server.hardware import choose_dtypes; "
+    check = ("import sys, pathlib; from artlike_server.dtype_choice import choose_dtypes; "
              "from artlike_server.dtype_probe import probe; "
              f"r = choose_dtypes({{'engine': 'auto', 'trainer': 'auto'}}, 'cpu', run_probe=lambda: probe("
              f"python={python!r}, path=pathlib.Path({str(tmp_path / 'c.json')!r}))); "

@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from artlike_server.trainer.objectives.grpo import policy_loss
+from artlike_server.torch_worker.objectives.grpo import policy_loss
 from artlike_server.training.advantages import group_advantages, is_zero_variance
 
 EPS_LOW, EPS_HIGH = 0.2, 0.28

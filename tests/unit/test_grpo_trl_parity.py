@@ -28,8 +28,8 @@ from typing import Any
 
 import pytest
 import torch
-from artlike_server.trainer.objectives.grpo import policy_loss
-from artlike_server.trainer.objectives.tokens import Aggregation
+from artlike_server.torch_worker.objectives.grpo import policy_loss
+from artlike_server.torch_worker.objectives.tokens import Aggregation
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", UserWarning)  # TRL warns that it has not been tried with this vLLM

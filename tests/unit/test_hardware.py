@@ -1,4 +1,4 @@
-"""How the engine's and the trainer's dtypes are decided (`artlike_server.hardware`): explicit, the measured
+"""How the engine's and the trainer's dtypes are decided (`artlike_server.dtype_choice`): explicit, the measured
 probe for each role, or the CPU-flags rule where the probe cannot run."""
 
 from __future__ import annotations
@@ -6,15 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from artlike_server.hardware import (
-    DtypeChoice,
-    choose_dtypes,
-    cpu_flags,
-    cpu_has_native_bf16,
-    cpu_model,
-    decide_dtype,
-    resolve_dtype,
-)
+from artlike_server.dtype_choice import DtypeChoice, choose_dtypes, decide_dtype, resolve_dtype
+from artlike_server.hardware import cpu_flags, cpu_has_native_bf16, cpu_model
 
 # Abridged /proc/cpuinfo of the two kinds of machine this project has run on.
 EPYC_AVX2 = """processor\t: 0

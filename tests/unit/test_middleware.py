@@ -10,8 +10,13 @@ import pytest
 from artlike_server.completion_log import CompletionLog
 from artlike_server.errors import install_error_handlers
 from artlike_server.metrics import Metrics
-from artlike_server.middleware import ApiKeyMiddleware, BodySizeLimitMiddleware, RequestMetricsMiddleware
-from artlike_server.studio.ui_sessions import COOKIE, CSRF_HEADER, UiSessions, cookie_value
+from artlike_server.middleware import (
+    CSRF_HEADER,
+    ApiKeyMiddleware,
+    BodySizeLimitMiddleware,
+    RequestMetricsMiddleware,
+)
+from artlike_server.studio.page_logins import COOKIE, PageLogins, cookie_value
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
@@ -190,13 +195,13 @@ async def test_browser_writes_from_another_origin_are_refused_with_or_without_a_
         assert (await http.get("/health", headers={"Origin": "http://evil.example"})).status_code == 200
 
 
-async def test_a_page_session_cookie_authenticates_and_writes_need_its_csrf_token() -> None:
-    sessions = UiSessions()
-    token, csrf = sessions.create()
+async def test_a_page_login_cookie_authenticates_and_writes_need_its_csrf_token() -> None:
+    logins = PageLogins()
+    token, csrf = logins.create()
     calls: list[int] = []
     app = FastAPI()
     install_error_handlers(app)
-    app.add_middleware(ApiKeyMiddleware, api_key=KEY, sessions=sessions)
+    app.add_middleware(ApiKeyMiddleware, api_key=KEY, logins=logins)
 
     @app.post("/v1/thing")
     async def thing() -> Response:
@@ -211,13 +216,13 @@ async def test_a_page_session_cookie_authenticates_and_writes_need_its_csrf_toke
         assert (await http.post("/v1/thing", headers=cookie | {CSRF_HEADER: "x" + csrf})).status_code == 403
         forged = {"Cookie": f"{COOKIE}=not-a-session", CSRF_HEADER: csrf}
         assert (await http.post("/v1/thing", headers=forged)).status_code == 401
-        sessions.end(token)
+        logins.end(token)
         assert (await http.post("/v1/thing", headers=cookie | {CSRF_HEADER: csrf})).status_code == 401
     assert calls == [1]
 
 
-def test_sessions_expire_after_their_idle_time() -> None:
-    sessions = UiSessions(ttl_s=0.0)
-    token, _ = sessions.create()
-    assert sessions.csrf_token(token) is None
+def test_page_logins_expire_after_their_idle_time() -> None:
+    logins = PageLogins(ttl_s=0.0)
+    token, _ = logins.create()
+    assert logins.csrf_token(token) is None
     assert cookie_value(b"a=1; artlike_session=abc; b=2") == "abc" and cookie_value(b"a=1") is None

@@ -9,13 +9,13 @@ import math
 import orjson
 import pytest
 import torch
-from artlike_server.trainer.loop import run_optimizer_steps
-from artlike_server.trainer.objectives import PolicyBatch, build_objective
-from artlike_server.trainer.objectives.cispo import cispo_loss
-from artlike_server.trainer.objectives.grpo import policy_loss
-from artlike_server.trainer.objectives.gspo import gspo_loss
-from artlike_server.trainer.objectives.tokens import step_normalizer
-from artlike_server.training.sequences import TrainSequence
+from artlike_server.torch_worker.loop import run_optimizer_steps
+from artlike_server.torch_worker.objectives import PolicyBatch, build_objective
+from artlike_server.torch_worker.objectives.cispo import cispo_loss
+from artlike_server.torch_worker.objectives.grpo import policy_loss
+from artlike_server.torch_worker.objectives.gspo import gspo_loss
+from artlike_server.torch_worker.objectives.tokens import step_normalizer
+from artlike_server.trainer_ipc.sequences import TrainSequence
 from pydantic import ValidationError
 
 from artlike.types import (

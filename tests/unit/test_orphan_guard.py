@@ -1,4 +1,4 @@
-"""The shim every engine starts through (engine/orphan_guard.py): the parent-death signal and core binding."""
+"""The shim every engine starts through (orphan_guard.py): the parent-death signal and core binding."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ PRINT_AFFINITY = "import os; print(sorted(os.sched_getaffinity(0)))"
 
 
 def guard(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "artlike_server.engine.orphan_guard", str(os.getpid()), *args],
+    return subprocess.run([sys.executable, "-m", "artlike_server.orphan_guard", str(os.getpid()), *args],
                           capture_output=True, text=True, timeout=60)
 
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from artlike_server.trainer.packing import count_gradient_steps, pack, plan_optimizer_steps, split_into_steps
+from artlike_server.torch_worker.packing import pack, plan_optimizer_steps, split_into_steps
+from artlike_server.trainer_ipc.steps import count_gradient_steps
 
 from artlike.types import GRPOConfig
 

@@ -12,11 +12,11 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from artlike_server.trainer.heads import ValueHead
-from artlike_server.trainer.logprobs import SelectedLogprobs, decoder_states, logprobs_from_states
-from artlike_server.trainer.loop import run_optimizer_steps, validate_batch
-from artlike_server.trainer.objectives import JobPasses, PolicyBatch, build_objective, ppo
-from artlike_server.trainer.objectives.ppo import (
+from artlike_server.torch_worker.heads import ValueHead
+from artlike_server.torch_worker.logprobs import SelectedLogprobs, decoder_states, logprobs_from_states
+from artlike_server.torch_worker.loop import run_optimizer_steps, validate_batch
+from artlike_server.torch_worker.objectives import JobPasses, PolicyBatch, build_objective, ppo
+from artlike_server.torch_worker.objectives.ppo import (
     KL_COEF_STATE,
     PPO,
     adaptive_kl_coef,
@@ -27,7 +27,7 @@ from artlike_server.trainer.objectives.ppo import (
     value_loss,
     whiten,
 )
-from artlike_server.training.sequences import TrainSequence
+from artlike_server.trainer_ipc.sequences import TrainSequence
 from torch.nn import functional as F
 
 from artlike.types import PPOConfig, StepEvent

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from artlike_server.trainer.precision import MasterWeights
+from artlike_server.torch_worker.precision import MasterWeights
 from torch import nn
 
 

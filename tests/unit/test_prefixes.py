@@ -10,22 +10,22 @@ import random
 
 import pytest
 import torch
-from artlike_server.trainer import attention
-from artlike_server.trainer.logprobs import (
+from artlike_server.torch_worker import attention
+from artlike_server.torch_worker.logprobs import (
     PrefixCacheError,
     PrefixFamilies,
     supports_prefix_sharing,
     token_logprobs,
 )
-from artlike_server.trainer.loop import collate, plan_step, run_optimizer_steps
-from artlike_server.trainer.packing import MicroBatchPlan, plan_micro_batches
-from artlike_server.trainer.prefixes import (
+from artlike_server.torch_worker.loop import collate, plan_step, run_optimizer_steps
+from artlike_server.torch_worker.packing import MicroBatchPlan, plan_micro_batches
+from artlike_server.torch_worker.prefixes import (
     Family,
     common_prefix_length,
     first_needed_position,
     plan_families,
 )
-from artlike_server.training.sequences import TrainSequence
+from artlike_server.trainer_ipc.sequences import TrainSequence
 
 from artlike.types import GRPOConfig, StepEvent
 from tests.unit.test_training_loop import VOCAB, tiny_peft_model

@@ -13,8 +13,8 @@ from pathlib import Path
 import orjson
 import pytest
 import torch
-from artlike_server.trainer import heads
-from artlike_server.trainer.adapters import (
+from artlike_server.torch_worker import heads
+from artlike_server.torch_worker.adapters import (
     CONFIG_FILE,
     STATE_FILE,
     WEIGHTS_FILE,
@@ -22,8 +22,7 @@ from artlike_server.trainer.adapters import (
     peft_lora_config,
     read_state,
 )
-from artlike_server.trainer.batch_file import read_batch, write_batch
-from artlike_server.trainer.heads import (
+from artlike_server.torch_worker.heads import (
     REWARD_HEAD_FILE,
     SCORE_KEY,
     VALUE_HEAD_FILE,
@@ -31,16 +30,17 @@ from artlike_server.trainer.heads import (
     ValueHead,
     pool,
 )
-from artlike_server.trainer.logprobs import decoder_states
-from artlike_server.trainer.loop import collate, run_optimizer_steps, score_sequences, validate_batch
-from artlike_server.trainer.objectives import PolicyBatch, build_objective, reward_model
-from artlike_server.trainer.objectives.reward_model import (
+from artlike_server.torch_worker.logprobs import decoder_states
+from artlike_server.torch_worker.loop import collate, run_optimizer_steps, score_sequences, validate_batch
+from artlike_server.torch_worker.objectives import PolicyBatch, build_objective, reward_model
+from artlike_server.torch_worker.objectives.reward_model import (
     RewardModel,
     bradley_terry_losses,
     masked_squared_errors,
     reward_model_loss,
 )
-from artlike_server.training.sequences import TrainSequence
+from artlike_server.trainer_ipc.batch_file import read_batch, write_batch
+from artlike_server.trainer_ipc.sequences import TrainSequence
 from peft import PeftModel
 from safetensors.torch import load_file
 from transformers import LlamaForSequenceClassification

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from artlike_server.default_model import ensure_default_model
 from artlike_server.tokenizer import load_chat_tokenizer
-from artlike_server.training.sequences import (
+from artlike_server.trainer_ipc.sequences import (
     SequenceBuildError,
     TrainSequence,
     sequences_from_completions,

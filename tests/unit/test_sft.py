@@ -9,11 +9,11 @@ import math
 
 import pytest
 import torch
-from artlike_server.trainer import schedule
-from artlike_server.trainer.loop import run_optimizer_steps
-from artlike_server.trainer.objectives.sft import cross_entropy_loss
-from artlike_server.trainer.schedule import learning_rate_at
-from artlike_server.training.sequences import Turn, merge_turns
+from artlike_server.torch_worker import schedule
+from artlike_server.torch_worker.loop import run_optimizer_steps
+from artlike_server.torch_worker.objectives.sft import cross_entropy_loss
+from artlike_server.torch_worker.schedule import learning_rate_at
+from artlike_server.trainer_ipc.sequences import Turn, merge_turns
 from pydantic import ValidationError
 
 import artlike as art

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from artlike_server.trainer import protocol
+from artlike_server.trainer_ipc import protocol
 from artlike_server.training.trainer_client import (
     TrainerCrashed,
     TrainerError,
@@ -33,7 +33,7 @@ def stand_in(tmp_path: Path, body: str) -> str:
         + textwrap.dedent(
             """
             import json, sys, time
-            DEFAULTS = {  # the fields each event must carry (artlike_server.trainer.protocol)
+            DEFAULTS = {  # the fields each event must carry (artlike_server.trainer_ipc.protocol)
                 "ready": {"device": "cpu", "dtype": "float32", "threads": 1, "backend": "peft", "vocab_size": 10,
                           "load_seconds": 0.0},
                 "train_started": {"num_gradient_steps": 1, "sequences": 1, "trainable_tokens": 1,

@@ -1,4 +1,4 @@
-"""trainer/distributed.py: the micro-batch split, the helpers around it, and the training loop on 2 gloo ranks
+"""torch_worker/distributed.py: the micro-batch split, the helpers around it, and the training loop on 2 gloo ranks
 against 1 (a tiny random model, SGD: the update is the gradient itself, so its scale is compared too)."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from artlike_server.trainer import distributed
-from artlike_server.trainer.distributed import Ranks, in_step, rank_cpus, shard_micro_batches
-from artlike_server.trainer.heads import ValueHead
-from artlike_server.trainer.loop import PassTotals, run_optimizer_steps
+from artlike_server.torch_worker import distributed
+from artlike_server.torch_worker.distributed import Ranks, in_step, rank_cpus, shard_micro_batches
+from artlike_server.torch_worker.heads import ValueHead
+from artlike_server.torch_worker.loop import PassTotals, run_optimizer_steps
 from artlike_server.training.trainer_client import launcher_args
 
 from artlike.types import GRPOConfig, PPOConfig, StepEvent

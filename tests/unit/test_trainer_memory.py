@@ -7,13 +7,13 @@ import subprocess
 import sys
 
 import pytest
-from artlike_server.trainer.memory import release_supported
+from artlike_server.torch_worker.memory import release_supported
 
 # 256 MiB in 64 KiB blocks (below glibc's initial 128 KiB mmap threshold, so they come from the heap), all
 # freed but the last: the live block on top keeps free() from trimming the heap by itself.
 PROGRAM = """
 import psutil
-from artlike_server.trainer.memory import release_freed_memory
+from artlike_server.torch_worker.memory import release_freed_memory
 rss = lambda: psutil.Process().memory_info().rss
 blocks = [bytearray(64 * 1024) for _ in range(4096)]
 last = blocks.pop()

@@ -6,10 +6,10 @@ import math
 
 import pytest
 import torch
-from artlike_server.trainer.logprobs import SelectedLogprobs, token_logprobs
-from artlike_server.trainer.loop import BatchError, collate, run_optimizer_steps, validate_batch
-from artlike_server.trainer.precision import MasterWeights
-from artlike_server.training.sequences import TrainSequence
+from artlike_server.torch_worker.logprobs import SelectedLogprobs, token_logprobs
+from artlike_server.torch_worker.loop import BatchError, collate, run_optimizer_steps, validate_batch
+from artlike_server.torch_worker.precision import MasterWeights
+from artlike_server.trainer_ipc.sequences import TrainSequence
 from peft import LoraConfig, get_peft_model
 from transformers import LlamaConfig, LlamaForCausalLM
 

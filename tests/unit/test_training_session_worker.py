@@ -1,4 +1,4 @@
-"""The worker side of training sessions (`trainer/sessions.py`) on a tiny random Llama: passes accumulate
+"""The worker side of training sessions (`torch_worker/training_sessions.py`) on a tiny random Llama: passes accumulate
 gradients until optim_step, forward leaves none, save_state writes the optimizer state that a new session
 (even in a new worker) reads back, and a closed session refuses commands. Plus the wire types' checks and
 the importance-sampling loss the `importance_sampling` primitive uses."""
@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from artlike_server.trainer import protocol
-from artlike_server.trainer.adapters import OPTIMIZER_FILE, AdapterSlots, peft_lora_config
-from artlike_server.trainer.batch_file import write_batch
-from artlike_server.trainer.objectives.grpo import policy_loss
-from artlike_server.trainer.objectives.importance_sampling import importance_sampling_loss
-from artlike_server.trainer.sessions import SessionError, Sessions
-from artlike_server.training.sequences import TrainSequence
+from artlike_server.torch_worker.adapters import OPTIMIZER_FILE, AdapterSlots, peft_lora_config
+from artlike_server.torch_worker.objectives.grpo import policy_loss
+from artlike_server.torch_worker.objectives.importance_sampling import importance_sampling_loss
+from artlike_server.torch_worker.training_sessions import SessionError, Sessions
+from artlike_server.trainer_ipc import protocol
+from artlike_server.trainer_ipc.batch_file import write_batch
+from artlike_server.trainer_ipc.sequences import TrainSequence
 from pydantic import ValidationError
 from transformers import LlamaConfig, LlamaForCausalLM
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from artlike_server.errors import Conflict, InvalidRequest, NotFound
 from artlike_server.models.store import ModelStore
-from artlike_server.trainer import protocol
+from artlike_server.trainer_ipc import protocol
 from artlike_server.training.job import TrainingService
 from artlike_server.training.sessions import TrainingSessions
 from artlike_server.training.trainer_client import TrainerError

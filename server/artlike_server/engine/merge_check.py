@@ -16,7 +16,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from ..models.targets import safetensors_shapes
+from ..safetensors_header import safetensors_shapes
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"

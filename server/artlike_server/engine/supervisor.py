@@ -235,7 +235,7 @@ class EngineSupervisor:
             # On CPU with cores given, every engine process runs on them (not only vLLM's compute threads).
             pin = self.config.device == "cpu" and self.config.cpu_ids is not None
             cpus = ["--cpus", ",".join(map(str, self.config.cpu_ids or ()))] if pin else []
-            command = [sys.executable, "-m", "artlike_server.engine.orphan_guard", str(os.getpid()), *cpus, "--",
+            command = [sys.executable, "-m", "artlike_server.orphan_guard", str(os.getpid()), *cpus, "--",
                        *command]
         if self._log is None:
             self._log = RotatingLog(self.config.log_path, max_bytes=self.config.log_max_bytes,

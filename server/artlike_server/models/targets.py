@@ -11,15 +11,12 @@ parts (`q_proj` matches `model.layers.0.self_attn.q_proj`).
 
 from __future__ import annotations
 
-import json
-import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import InvalidRequest
-
-_HEADER_LIMIT = 100 * 1024 * 1024  # a safetensors header is JSON; no real model's is anywhere near this
+from ..safetensors_header import safetensors_shapes
 
 
 @dataclass(frozen=True)
@@ -51,16 +48,6 @@ def read_module_names(model_dir: Path) -> ModuleNames | None:
         else:
             other.add(module)
     return ModuleNames(frozenset(linear), frozenset(other - linear))
-
-
-def safetensors_shapes(path: Path) -> dict[str, list[int]]:
-    """Tensor names and shapes from a safetensors file's JSON header (no tensor data is read)."""
-    with open(path, "rb") as handle:
-        (length,) = struct.unpack("<Q", handle.read(8))
-        if length > _HEADER_LIMIT:
-            raise ValueError(f"{path}: safetensors header of {length} bytes")
-        header = json.loads(handle.read(length))
-    return {key: list(value.get("shape", [])) for key, value in header.items() if key != "__metadata__"}
 
 
 def _matches(target: str, module: str) -> bool:

@@ -24,7 +24,7 @@ from ..completion_queries import completions_by_id
 from ..errors import InvalidRequest, NotFound, ServiceUnavailable
 from ..models.manager import ModelManager, served_name
 from ..models.store import ModelStore
-from ..training.sequences import SequenceBuildError
+from ..trainer_ipc.sequences import SequenceBuildError
 from ..training.trainer_client import TrainerCrashed, TrainerError, TrainerProcess, TrainerTimeout
 
 MAX_INPUT_TOKENS_DEFAULT = 4096

@@ -18,7 +18,7 @@ from pydantic import BaseModel
 from ..errors import Forbidden, NotFound, Unauthorized
 from ..middleware import is_authorized
 from ..state import get_state
-from .ui_sessions import COOKIE
+from .page_logins import COOKIE
 
 STATIC_DIR = Path(__file__).with_name("static")
 _MEDIA_TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css", ".svg": "image/svg+xml",
@@ -46,7 +46,7 @@ class SessionInfo(BaseModel):
 
 
 def _check_reachable(request: Request) -> None:
-    if get_state(request).ui_sessions.api_key:
+    if get_state(request).page_logins.api_key:
         return
     host = request.client.host if request.client else ""
     try:
@@ -78,9 +78,9 @@ async def static_file(name: str, request: Request) -> Response:
 async def get_session(request: Request) -> SessionInfo:
     _check_reachable(request)
     state = get_state(request)
-    if not state.ui_sessions.api_key:
-        return SessionInfo(auth_required=False, authenticated=True, csrf_token=state.ui_sessions.keyless_csrf_token)
-    csrf = state.ui_sessions.csrf_token(request.cookies.get(COOKIE))
+    if not state.page_logins.api_key:
+        return SessionInfo(auth_required=False, authenticated=True, csrf_token=state.page_logins.keyless_csrf_token)
+    csrf = state.page_logins.csrf_token(request.cookies.get(COOKIE))
     return SessionInfo(auth_required=True, authenticated=is_authorized(request.scope), csrf_token=csrf)
 
 
@@ -88,20 +88,20 @@ async def get_session(request: Request) -> SessionInfo:
 async def log_in(body: LoginRequest, request: Request, response: Response) -> SessionInfo:
     _check_reachable(request)
     state = get_state(request)
-    expected = state.ui_sessions.api_key
+    expected = state.page_logins.api_key
     if not expected:
-        return SessionInfo(auth_required=False, authenticated=True, csrf_token=state.ui_sessions.keyless_csrf_token)
+        return SessionInfo(auth_required=False, authenticated=True, csrf_token=state.page_logins.keyless_csrf_token)
     if not hmac.compare_digest(body.api_key.encode(), expected.encode()):
         raise Unauthorized("invalid API key", param="api_key", code="invalid_api_key")
-    token, csrf = state.ui_sessions.create()
+    token, csrf = state.page_logins.create()
     response.set_cookie(COOKIE, token, httponly=True, samesite="strict", path="/",
-                        secure=request.url.scheme == "https", max_age=int(state.ui_sessions.ttl_s))
+                        secure=request.url.scheme == "https", max_age=int(state.page_logins.ttl_s))
     return SessionInfo(auth_required=True, authenticated=True, csrf_token=csrf)
 
 
 @router.delete("/ui/session", status_code=204)
 async def log_out(request: Request) -> Response:
-    get_state(request).ui_sessions.end(request.cookies.get(COOKIE))
+    get_state(request).page_logins.end(request.cookies.get(COOKIE))
     response = Response(status_code=204)
     response.delete_cookie(COOKIE, path="/", secure=request.url.scheme == "https", httponly=True, samesite="strict")
     return response

@@ -53,11 +53,16 @@ from ..metrics import Metrics
 from ..models.manager import AdapterRefused, ModelManager, served_name
 from ..models.store import ModelStore
 from ..tokenizer import decode_as_engine
-from ..trainer import protocol
-from ..trainer.batch_file import write_batch
-from ..trainer.packing import count_gradient_steps, units_of
+from ..trainer_ipc import protocol
+from ..trainer_ipc.batch_file import write_batch
+from ..trainer_ipc.sequences import (
+    SequenceBuildError,
+    TrainSequence,
+    sequences_from_completions,
+    sequences_from_offline,
+)
+from ..trainer_ipc.steps import count_gradient_steps, units_of
 from .advantages import group_advantages, is_zero_variance
-from .sequences import SequenceBuildError, TrainSequence, sequences_from_completions, sequences_from_offline
 from .trainer_client import TrainerCrashed, TrainerError, TrainerProcess, TrainerTimeout
 
 log = logging.getLogger(__name__)

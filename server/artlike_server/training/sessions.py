@@ -2,7 +2,7 @@
 on one model's adapter, for people who write their own training loop (AITraining's and Tinker's users).
 
 The service checks a request, builds its sequences (token-level, or recorded trajectories token-exact), hands
-the worker one command at a time (`trainer/sessions.py` holds the gradients between commands) and turns a
+the worker one command at a time (`torch_worker/training_sessions.py` holds the gradients between commands) and turns a
 saved state into a committed step through `ModelManager.commit_step`, as a job's step. Rules:
 - one session per model, never beside a `/_train_model` job on it (`TrainingService.reserve_for_session`);
 - a session unused for `idle_timeout_s` ends (`reap_idle`, from the app's background loop), as does every
@@ -50,10 +50,10 @@ from ..completion_log import CompletionLog, ReadLimitExceeded
 from ..errors import Conflict, InvalidRequest, NotFound, ServiceUnavailable, validation_error
 from ..models.manager import ModelManager, served_name
 from ..models.store import ModelStore
-from ..trainer import protocol
-from ..trainer.batch_file import write_batch
+from ..trainer_ipc import protocol
+from ..trainer_ipc.batch_file import write_batch
+from ..trainer_ipc.sequences import UNKNOWN_LOGPROB, TrainSequence, sequences_from_completions
 from .job import TrainingService
-from .sequences import UNKNOWN_LOGPROB, TrainSequence, sequences_from_completions
 from .trainer_client import TrainerCrashed, TrainerError, TrainerProcess, TrainerTimeout
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""asyncio client of the trainer worker process (`artlike_server.trainer.worker`).
+"""asyncio client of the trainer worker process (`artlike_server.torch_worker.worker`).
 
 One `TrainerProcess` owns one worker: it spawns it, waits for its `ready` event, sends one command at a time
 (an asyncio.Lock) and turns the worker's events into return values, an async iterator, or typed errors.
@@ -15,9 +15,9 @@ whenever the worker has said nothing for `heartbeat_interval` seconds.
 After a crash or a timeout the next call starts a fresh worker (the base model loads again, a few seconds).
 A `train()` abandoned mid-command (its task cancelled, e.g. at server shutdown) kills the worker: it would
 otherwise train on to the end before reading the next command. On Linux the worker runs under the same
-parent-death guard as the engine (`engine/orphan_guard.py`): it gets SIGTERM if this process dies.
+parent-death guard as the engine (`orphan_guard.py`): it gets SIGTERM if this process dies.
 
-With several GPUs (`gpus`) the worker runs under torchrun, one rank per GPU (`trainer/distributed.py`):
+With several GPUs (`gpus`) the worker runs under torchrun, one rank per GPU (`torch_worker/distributed.py`):
 the process this client talks to is torchrun, whose rank 0 inherits the pipes; the protocol is the same.
 """
 
@@ -39,7 +39,7 @@ from pydantic import ValidationError
 from artlike.types import LoraConfig, RewardHeadConfig, TrainConfig
 from artlike_server.child_env import without_secrets
 from artlike_server.logfiles import RotatingLog
-from artlike_server.trainer import protocol
+from artlike_server.trainer_ipc import protocol
 
 logger = logging.getLogger("artlike.trainer_client")
 
@@ -124,14 +124,14 @@ class TrainerProcess:
         split them). `gpus`: the CUDA devices it trains on (CUDA_VISIBLE_DEVICES); with more than one, one
         rank per device under torchrun. `own_cores`: nothing else computes on the worker's cores (no engine:
         `placement.trainer_owns_its_cores`), so its threads may spin-wait. `attention`: the worker's attention
-        implementation (auto: `trainer/attention.py` on a CPU, SDPA elsewhere). `ranks`: that many CPU ranks (gloo)
+        implementation (auto: `torch_worker/attention.py` on a CPU, SDPA elsewhere). `ranks`: that many CPU ranks (gloo)
         under torchrun instead, with
         `device="cpu"`: the multi-rank path without GPUs, for tests.
         Limits, in seconds: `start_timeout` for loading the base model; `command_timeout` for ping,
         init_adapter and shutdown; `idle_timeout` for the worker's silence during training (it reports every
         micro-batch) before it is declared hung and killed."""
         self._argv = [
-            python, *launcher_args(gpus, ranks, device), "-m", "artlike_server.trainer.worker",
+            python, *launcher_args(gpus, ranks, device), "-m", "artlike_server.torch_worker.worker",
             "--base-model", str(base_model), "--dtype", dtype, "--device", device,
             *(["--gradient-checkpointing"] if gradient_checkpointing else []),
             *(["--attention", attention] if attention != "auto" else []),
@@ -206,7 +206,7 @@ class TrainerProcess:
             return ready
 
     async def session_command(self, command: SessionCommand) -> protocol.WorkerEvent:
-        """Run one training-session command (`trainer/sessions.py`) and return its answer; `command.id` is
+        """Run one training-session command (`torch_worker/training_sessions.py`) and return its answer; `command.id` is
         assigned here. Returns with the worker's pid unchanged, or raises: a new worker has no session."""
         async with self._lock:
             await self._ensure_started()
@@ -301,7 +301,7 @@ class TrainerProcess:
         self._stderr_tail.clear()
         argv = self._argv
         if sys.platform == "linux":
-            argv = [sys.executable, "-m", "artlike_server.engine.orphan_guard", str(os.getpid()), "--", *argv]
+            argv = [sys.executable, "-m", "artlike_server.orphan_guard", str(os.getpid()), "--", *argv]
         self._proc = await asyncio.create_subprocess_exec(
             *argv,
             stdin=asyncio.subprocess.PIPE,

@@ -1,4 +1,4 @@
-"""Run a command that dies with its parent: `python -m artlike_server.engine.orphan_guard PARENT_PID [--cpus LIST] -- CMD...`.
+"""Run a command that dies with its parent: `python -m artlike_server.orphan_guard PARENT_PID [--cpus LIST] -- CMD...`.
 
 The supervisor starts vLLM through this shim. It asks Linux to send SIGTERM to this process when the
 parent (the artlike proxy) dies, however it dies (SIGKILL and OOM kills included), then replaces itself
@@ -37,7 +37,7 @@ def main(argv: list[str]) -> int:
         argv = [argv[0], *argv[3:]]
     if len(argv) < 3 or argv[1] != "--":
         print(
-            "usage: python -m artlike_server.engine.orphan_guard PARENT_PID [--cpus 0,1] -- COMMAND [ARGS...]",
+            "usage: python -m artlike_server.orphan_guard PARENT_PID [--cpus 0,1] -- COMMAND [ARGS...]",
             file=sys.stderr,
         )
         return 2

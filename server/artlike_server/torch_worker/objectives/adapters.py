@@ -7,9 +7,14 @@ from collections.abc import Callable, Sequence
 from typing import ClassVar
 
 from artlike.types import CISPOConfig, GRPOConfig, ImportanceSamplingConfig
-from artlike_server.trainer.objectives import BaseObjective, LossOutput, PolicyBatch, trainable_counts
-from artlike_server.trainer.objectives.tokens import step_normalizer
-from artlike_server.training.sequences import TrainSequence
+from artlike_server.torch_worker.objectives.base import (
+    BaseObjective,
+    LossOutput,
+    PolicyBatch,
+    trainable_counts,
+)
+from artlike_server.torch_worker.objectives.tokens import step_normalizer
+from artlike_server.trainer_ipc.sequences import TrainSequence
 
 
 class TokenLevel(BaseObjective):

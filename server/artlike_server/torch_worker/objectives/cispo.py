@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import torch
 
-from artlike_server.trainer.objectives import LossOutput
-from artlike_server.trainer.objectives.adapters import TokenLevel
-from artlike_server.trainer.objectives.tokens import (
+from artlike_server.torch_worker.objectives.adapters import TokenLevel
+from artlike_server.torch_worker.objectives.base import LossOutput
+from artlike_server.torch_worker.objectives.tokens import (
     Aggregation,
     behaviour_or_current,
     k3_kl,

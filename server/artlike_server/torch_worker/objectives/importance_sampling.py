@@ -16,10 +16,10 @@ import math
 import torch
 
 from artlike.types import ImportanceSamplingConfig
-from artlike_server.trainer.objectives import LossOutput, PolicyBatch
-from artlike_server.trainer.objectives.adapters import TokenLevel
-from artlike_server.trainer.objectives.grpo import policy_loss
-from artlike_server.trainer.objectives.tokens import Aggregation
+from artlike_server.torch_worker.objectives.adapters import TokenLevel
+from artlike_server.torch_worker.objectives.base import LossOutput, PolicyBatch
+from artlike_server.torch_worker.objectives.grpo import policy_loss
+from artlike_server.torch_worker.objectives.tokens import Aggregation
 
 
 def importance_sampling_loss(

@@ -30,8 +30,8 @@ import torch
 import torch.nn.functional as F
 
 from artlike.types import RewardHeadConfig, RewardModelConfig
-from artlike_server.trainer.objectives import BaseObjective, LossOutput, PolicyBatch
-from artlike_server.training.sequences import TrainSequence
+from artlike_server.torch_worker.objectives.base import BaseObjective, LossOutput, PolicyBatch
+from artlike_server.trainer_ipc.sequences import TrainSequence
 
 
 def bradley_terry_losses(chosen: torch.Tensor, rejected: torch.Tensor, *, margin: float = 0.0,

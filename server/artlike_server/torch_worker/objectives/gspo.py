@@ -19,15 +19,20 @@ from collections.abc import Sequence
 import torch
 
 from artlike.types import GSPOConfig
-from artlike_server.trainer.objectives import BaseObjective, LossOutput, PolicyBatch, trainable_counts
-from artlike_server.trainer.objectives.tokens import (
+from artlike_server.torch_worker.objectives.base import (
+    BaseObjective,
+    LossOutput,
+    PolicyBatch,
+    trainable_counts,
+)
+from artlike_server.torch_worker.objectives.tokens import (
     behaviour_or_current,
     k3_kl,
     log_ratio,
     mismatch,
     step_normalizer,
 )
-from artlike_server.training.sequences import TrainSequence
+from artlike_server.trainer_ipc.sequences import TrainSequence
 
 
 def gspo_loss(

@@ -22,7 +22,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from artlike.types import RewardHeadConfig
-from artlike_server.trainer.objectives.reward_model import combined
+from artlike_server.torch_worker.objectives.reward_model import combined
 
 SCORE_KEY = "base_model.model.score.weight"  # where PEFT keeps a SEQ_CLS model's `modules_to_save` head
 REWARD_HEAD_FILE = "reward_head.json"

@@ -26,9 +26,14 @@ import torch
 import torch.nn.functional as F
 
 from artlike.types import DPOConfig
-from artlike_server.trainer.objectives import BaseObjective, LossOutput, PolicyBatch, trainable_counts
-from artlike_server.trainer.objectives.tokens import behaviour_or_current, mismatch
-from artlike_server.training.sequences import TrainSequence
+from artlike_server.torch_worker.objectives.base import (
+    BaseObjective,
+    LossOutput,
+    PolicyBatch,
+    trainable_counts,
+)
+from artlike_server.torch_worker.objectives.tokens import behaviour_or_current, mismatch
+from artlike_server.trainer_ipc.sequences import TrainSequence
 
 LossType = Literal["sigmoid", "ipo", "hinge", "robust"]
 

@@ -1,53 +1,16 @@
-"""The objective seam: what the training loop optimises, one module per objective.
-
-Each objective module holds a pure loss function on tensors (shapes in comments, the maths in its
-docstring, worked examples in tests/unit) and an `Objective` adapter that says what the loop must hand it:
-the loop computes the trainer's logprobs of every micro-batch, the reference policy's when
-`needs_reference`, and calls `loss()`; it never branches on which objective runs. `build_objective` maps a
-job's config (`artlike.types.TrainConfig`, a union on `objective`) to its adapter.
-
-    objective   module     config                 loss
-    grpo        grpo.py    GRPOConfig             PPO clip on token ratios (Dr. GRPO: constant normaliser)
-    cispo       cispo.py   CISPOConfig            clipped, detached importance weight × REINFORCE
-    gspo        gspo.py    GSPOConfig             PPO clip on the sequence-level ratio
-    importance_sampling    ImportanceSamplingConfig  −ρ·A per token, unclipped (importance_sampling.py)
-    sft         sft.py     SFTConfig              cross-entropy on the examples' assistant tokens
-    dpo         dpo.py     DPOConfig              preference loss on pairs' log-ratios to the reference
-    reward_model  reward_model.py  RewardModelConfig  Bradley–Terry on pairs / masked MSE on the reward head
-    ppo         ppo.py     PPOConfig              PPO clip + clipped value loss on GAE advantages (value head)
-
-Pair structure comes with the data, not the objective: sequences of a preference pair (`TrainSequence.preference`)
-always share an optimizer step and a micro-batch, and `PolicyBatch.pairs` names their rows.
-
-Beyond logprobs an objective may ask for `heads` ("value": the policy's value head at every position,
-"reward": the reward model's pooled scores), for the entropy with its gradient (`entropy_gradient`), and for
-a `prepare` pass once per job (no gradient) that turns the batch into per-sequence tensors (`extras`: PPO's
-advantages and returns) and carries a small state from step to step (PPO's KL coefficient).
-"""
+"""The objective seam's types: what the training loop hands an objective (`PolicyBatch`), what it answers
+(`LossOutput`, `Preparation`), the `Objective` protocol and the helpers every objective shares."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from artlike.types import (
-    CISPOConfig,
-    DPOConfig,
-    GRPOConfig,
-    GSPOConfig,
-    ImportanceSamplingConfig,
-    PPOConfig,
-    RewardHeadConfig,
-    RewardModelConfig,
-    SFTConfig,
-    TrainConfig,
-)
-
 if TYPE_CHECKING:
-    from artlike_server.training.sequences import TrainSequence
+    from artlike_server.trainer_ipc.sequences import TrainSequence
 
 
 @dataclass(frozen=True)
@@ -173,26 +136,3 @@ class BaseObjective:
 def trainable_counts(sequences: Sequence[TrainSequence]) -> list[int]:
     """Each sequence's trainable targets (token 0 is never a target)."""
     return [sum(s.trainable[1:]) for s in sequences]
-
-
-def _builders() -> dict[type, Callable[[Any], Objective]]:
-    from artlike_server.trainer.objectives.cispo import CISPO
-    from artlike_server.trainer.objectives.dpo import DPO
-    from artlike_server.trainer.objectives.grpo import GRPO
-    from artlike_server.trainer.objectives.gspo import GSPO
-    from artlike_server.trainer.objectives.importance_sampling import ImportanceSampling
-    from artlike_server.trainer.objectives.ppo import PPO
-    from artlike_server.trainer.objectives.reward_model import RewardModel
-    from artlike_server.trainer.objectives.sft import SFT
-
-    return {GRPOConfig: GRPO, CISPOConfig: CISPO, GSPOConfig: GSPO, ImportanceSamplingConfig: ImportanceSampling,
-            SFTConfig: SFT, DPOConfig: DPO, RewardModelConfig: RewardModel, PPOConfig: PPO}
-
-
-def build_objective(config: TrainConfig, *, reward_head: RewardHeadConfig | None = None) -> Objective:
-    """The objective a job's config asks for (`reward_head`: the trained reward model's, for its objective)."""
-    if isinstance(config, RewardModelConfig):
-        from artlike_server.trainer.objectives.reward_model import RewardModel
-
-        return RewardModel(config, reward_head)
-    return _builders()[type(config)](config)

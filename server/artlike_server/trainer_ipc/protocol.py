@@ -23,7 +23,7 @@ command it stopped waiting for. Commands run one at a time, in order.
         A score may be sent while a `train` runs (the one command that may overlap another): the worker
         answers it between two micro-batches, so scoring waits for at most one micro-batch.
 
-    Training sessions (low-level primitives, `trainer/sessions.py`), each answered by one event:
+    Training sessions (low-level primitives, `torch_worker/training_sessions.py`), each answered by one event:
     {"cmd": "session_open", "model_name", "adapter_dir", "optimizer": {AdamParams}}  -> session_ready
     {"cmd": "pass", "model_name", "batch_path", "config": {TrainConfig}, "backward": true,
      "reference_adapter_dir": null}                                                   -> pass_done (loss, logprobs)
@@ -155,8 +155,8 @@ class Ready(_Event):
     gradient_checkpointing: bool = False
     vocab_size: int
     load_seconds: float
-    ranks: int = 1  # processes training together under torchrun (trainer/distributed.py)
-    attention: str = "sdpa"  # transformers' attention implementation (trainer/attention.py on a CPU)
+    ranks: int = 1  # processes training together under torchrun (torch_worker/distributed.py)
+    attention: str = "sdpa"  # transformers' attention implementation (torch_worker/attention.py on a CPU)
 
 
 class Pong(_Event):

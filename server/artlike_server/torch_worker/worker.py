@@ -1,10 +1,10 @@
 """The trainer worker: a long-lived process that keeps the base model loaded and trains LoRA adapters.
 
-    python -m artlike_server.trainer.worker --base-model DIR [--dtype auto|bfloat16|float32]
+    python -m artlike_server.torch_worker.worker --base-model DIR [--dtype auto|bfloat16|float32]
                                              [--device auto|cpu|cuda] [--gradient-checkpointing]
-    python -m torch.distributed.run --standalone --nproc-per-node N -m artlike_server.trainer.worker ...
+    python -m torch.distributed.run --standalone --nproc-per-node N -m artlike_server.torch_worker.worker ...
 
-It speaks the line protocol of `artlike_server.trainer.protocol` on stdin/stdout. The base model is loaded
+It speaks the line protocol of `artlike_server.trainer_ipc.protocol` on stdin/stdout. The base model is loaded
 once (transformers, SDPA attention; unsloth's loader on CUDA when it is installed); every trainable model
 name gets its own LoRA adapter and AdamW state in the one PEFT model. A failing command answers an `error`
 event and the worker carries on; only a crash ends it.
@@ -40,23 +40,25 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from artlike.types import RewardModelConfig
 from artlike_server import dtype_probe
-from artlike_server.engine.orphan_guard import set_parent_death_signal
-from artlike_server.hardware import DTYPE_CHOICES, decide_dtype
-from artlike_server.trainer import attention, distributed, memory, protocol
-from artlike_server.trainer.adapters import AdapterSlots, check_writable, peft_lora_config
-from artlike_server.trainer.batch_file import read_batch
-from artlike_server.trainer.distributed import SINGLE, Ranks
-from artlike_server.trainer.heads import RewardHead
-from artlike_server.trainer.loop import (
+from artlike_server.dtype_choice import decide_dtype
+from artlike_server.hardware import DTYPE_CHOICES
+from artlike_server.orphan_guard import set_parent_death_signal
+from artlike_server.torch_worker import attention, distributed, memory
+from artlike_server.torch_worker.adapters import AdapterSlots, check_writable, peft_lora_config
+from artlike_server.torch_worker.distributed import SINGLE, Ranks
+from artlike_server.torch_worker.heads import RewardHead
+from artlike_server.torch_worker.loop import (
     BatchError,
     plan_job,
     run_optimizer_steps,
     score_sequences,
     validate_batch,
 )
-from artlike_server.trainer.objectives import build_objective
-from artlike_server.trainer.sessions import SessionError, Sessions
-from artlike_server.training.sequences import TrainSequence
+from artlike_server.torch_worker.objectives import build_objective
+from artlike_server.torch_worker.training_sessions import SessionError, Sessions
+from artlike_server.trainer_ipc import protocol
+from artlike_server.trainer_ipc.batch_file import read_batch
+from artlike_server.trainer_ipc.sequences import TrainSequence
 
 logger = logging.getLogger("artlike.trainer")
 
@@ -90,7 +92,7 @@ def choose_device(requested: str, ranks: Ranks = SINGLE) -> torch.device:
 
 
 def choose_dtype(requested: str, device: torch.device, threads: int | None = None) -> torch.dtype:
-    """`hardware.decide_dtype` for the trainer role, plus the GPU's own bf16 check (older GPUs have none).
+    """`dtype_choice.decide_dtype` for the trainer role, plus the GPU's own bf16 check (older GPUs have none).
     The server always passes an explicit dtype; "auto" on a CPU (the worker run by hand) runs the cached
     dtype probe in a subprocess, as the server does."""
     if requested == "auto" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
@@ -362,7 +364,7 @@ class Worker:
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m artlike_server.trainer.worker", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m artlike_server.torch_worker.worker", description=__doc__)
     parser.add_argument("--base-model", type=Path, required=True, help="Hugging Face model directory")
     parser.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")

@@ -13,8 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from artlike.types import TrainConfig
-from artlike_server.trainer.prefixes import Family
+from artlike_server.torch_worker.prefixes import Family
 
 
 def pack(lengths: Sequence[int], token_budget: int) -> list[list[int]]:
@@ -62,31 +61,6 @@ def split_into_steps(trainable_tokens: Sequence[int], num_steps: int) -> list[li
     return [sorted(step) for step in steps]
 
 
-def count_gradient_steps(num_units: int, config: TrainConfig) -> int:
-    """How many optimizer steps a job of `num_units` units (`units_of`) makes (as `plan_optimizer_steps`)."""
-    return config.epochs * min(config.gradient_steps_per_epoch, num_units)
-
-
-def units_of(group_indices: Sequence[int], preferences: Sequence[int]) -> list[list[int]]:
-    """The indices that must stay together in one optimizer step and micro-batch: the two sequences of each
-    preference pair (same group index, preference ±1), every other sequence alone; in first-seen order.
-
-    >>> units_of([0, 0, 1, 1, 7], [1, -1, -1, 1, 0])
-    [[0, 1], [2, 3], [4]]
-    """
-    units: list[list[int]] = []
-    pair_unit: dict[int, list[int]] = {}
-    for index, (group, preference) in enumerate(zip(group_indices, preferences, strict=True)):
-        if preference == 0:
-            units.append([index])
-        elif group in pair_unit:
-            pair_unit[group].append(index)
-        else:
-            pair_unit[group] = [index]
-            units.append(pair_unit[group])
-    return units
-
-
 def plan_optimizer_steps(
     trainable_tokens: Sequence[int],
     *,
@@ -94,7 +68,7 @@ def plan_optimizer_steps(
     steps_per_epoch: int,
     units: Sequence[Sequence[int]] | None = None,
 ) -> list[list[int]]:
-    """All optimizer steps of a job: `epochs` passes over the same split of the batch; `units` (`units_of`)
+    """All optimizer steps of a job: `epochs` passes over the same split of the batch; `units` (`trainer_ipc.steps.units_of`)
     are never split between steps."""
     if units is None:
         units = [[index] for index in range(len(trainable_tokens))]

@@ -18,17 +18,17 @@ import torch
 from torch import nn
 
 from artlike.types import StepEvent, TrainConfig
-from artlike_server.trainer import distributed
-from artlike_server.trainer.distributed import SINGLE, Ranks
-from artlike_server.trainer.heads import RewardHead
-from artlike_server.trainer.logprobs import (
+from artlike_server.torch_worker import distributed
+from artlike_server.torch_worker.distributed import SINGLE, Ranks
+from artlike_server.torch_worker.heads import RewardHead
+from artlike_server.torch_worker.logprobs import (
     DEFAULT_CHUNK_TOKENS,
     PrefixFamilies,
     decoder_states,
     logprobs_from_states,
     supports_prefix_sharing,
 )
-from artlike_server.trainer.objectives import (
+from artlike_server.torch_worker.objectives import (
     JobPasses,
     LossOutput,
     Objective,
@@ -36,24 +36,24 @@ from artlike_server.trainer.objectives import (
     Preparation,
     build_objective,
 )
-from artlike_server.trainer.packing import (
+from artlike_server.torch_worker.packing import (
     MicroBatchPlan,
     pack_families,
     pack_units,
     plan_micro_batches,
     plan_optimizer_steps,
-    units_of,
 )
-from artlike_server.trainer.precision import MasterWeights
-from artlike_server.trainer.prefixes import (
+from artlike_server.torch_worker.precision import MasterWeights
+from artlike_server.torch_worker.prefixes import (
     DEFAULT_CALL_OVERHEAD,
     Family,
     common_prefix_length,
     first_needed_position,
     plan_families,
 )
-from artlike_server.trainer.schedule import learning_rate_at
-from artlike_server.training.sequences import TrainSequence
+from artlike_server.torch_worker.schedule import learning_rate_at
+from artlike_server.trainer_ipc.sequences import TrainSequence
+from artlike_server.trainer_ipc.steps import units_of
 
 
 class BatchError(ValueError):

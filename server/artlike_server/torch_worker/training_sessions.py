@@ -21,13 +21,18 @@ from pathlib import Path
 import torch
 
 from artlike.session_types import AdamParams
-from artlike_server.trainer import protocol
-from artlike_server.trainer.adapters import OPTIMIZER_FILE, AdapterError, AdapterSlots
-from artlike_server.trainer.batch_file import read_batch
-from artlike_server.trainer.distributed import SINGLE, Ranks
-from artlike_server.trainer.logprobs import supports_prefix_sharing
-from artlike_server.trainer.loop import forward_backward, optimizer_step, reference_logprobs, validate_batch
-from artlike_server.trainer.objectives import build_objective
+from artlike_server.torch_worker.adapters import OPTIMIZER_FILE, AdapterError, AdapterSlots
+from artlike_server.torch_worker.distributed import SINGLE, Ranks
+from artlike_server.torch_worker.logprobs import supports_prefix_sharing
+from artlike_server.torch_worker.loop import (
+    forward_backward,
+    optimizer_step,
+    reference_logprobs,
+    validate_batch,
+)
+from artlike_server.torch_worker.objectives import build_objective
+from artlike_server.trainer_ipc import protocol
+from artlike_server.trainer_ipc.batch_file import read_batch
 
 logger = logging.getLogger("artlike.trainer")
 

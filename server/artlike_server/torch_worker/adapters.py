@@ -31,8 +31,8 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from artlike.types import LoraConfig, RewardHeadConfig
-from artlike_server.trainer.heads import SCORE_KEY, RewardHead, ValueHead
-from artlike_server.trainer.precision import MasterWeights
+from artlike_server.torch_worker.heads import SCORE_KEY, RewardHead, ValueHead
+from artlike_server.torch_worker.precision import MasterWeights
 
 REFERENCE_KEY = "reference"  # the PEFT adapter name of a reference step while it is in use
 SCORER_KEY = "scorer"  # the PEFT adapter name of the reward model step that scores (`AdapterSlots.scorer`)

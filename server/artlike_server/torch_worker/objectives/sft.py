@@ -14,8 +14,13 @@ from collections.abc import Sequence
 import torch
 
 from artlike.types import SFTConfig
-from artlike_server.trainer.objectives import BaseObjective, LossOutput, PolicyBatch, trainable_counts
-from artlike_server.training.sequences import TrainSequence
+from artlike_server.torch_worker.objectives.base import (
+    BaseObjective,
+    LossOutput,
+    PolicyBatch,
+    trainable_counts,
+)
+from artlike_server.trainer_ipc.sequences import TrainSequence
 
 
 def cross_entropy_loss(logprobs: torch.Tensor, mask: torch.Tensor, *, normalizer: float | None = None) -> LossOutput:

@@ -27,9 +27,15 @@ from collections.abc import Sequence
 import torch
 
 from artlike.types import PPOConfig
-from artlike_server.trainer.objectives import BaseObjective, JobPasses, LossOutput, PolicyBatch, Preparation
-from artlike_server.trainer.objectives.tokens import behaviour_or_current, k3_kl, log_ratio, mismatch
-from artlike_server.training.sequences import TrainSequence
+from artlike_server.torch_worker.objectives.base import (
+    BaseObjective,
+    JobPasses,
+    LossOutput,
+    PolicyBatch,
+    Preparation,
+)
+from artlike_server.torch_worker.objectives.tokens import behaviour_or_current, k3_kl, log_ratio, mismatch
+from artlike_server.trainer_ipc.sequences import TrainSequence
 
 KL_COEF_STATE = "kl_coef"
 

@@ -26,7 +26,7 @@ import orjson
 from safetensors import safe_open
 from safetensors.numpy import load_file, save_file
 
-from artlike_server.training.sequences import TrainSequence
+from artlike_server.trainer_ipc.sequences import TrainSequence
 
 FORMAT = "artlike-train-batch/1"
 
