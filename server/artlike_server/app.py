@@ -45,6 +45,7 @@ from .metrics import router as metrics_router
 from .middleware import ApiKeyMiddleware, BodySizeLimitMiddleware, RequestMetricsMiddleware, is_authorized
 from .models.api_router import router as models_router
 from .models.manager import ModelManager
+from .models.registry import ModelRegistry, ServedBase
 from .models.store import ModelStore
 from .openai_api.api_router import CompletionRoutes
 from .openai_api.api_router import router as openai_router
@@ -64,6 +65,7 @@ from .studio.ui_router import router as ui_router
 from .studio.ui_sessions import UiSessions
 from .tensorboard_log import TensorBoardLog
 from .tokenizer import load_chat_tokenizer
+from .training.adapter_init import TrainerAdapterInitializer
 from .training.api_router import router as training_router
 from .training.job import TrainingLimits, TrainingService
 from .training.sessions import TrainingSessions
@@ -233,7 +235,10 @@ def _build_state(settings: ServerSettings, metrics: Metrics, judge: ServerJudge,
     if settings.tensorboard_dir is not None:
         tensorboard = TensorBoardLog(settings.tensorboard_dir)
         models.history_observers.append(tensorboard.write_step)
-    return AppState(settings=settings, engine=engine, store=store, models=models,
+    registry = ModelRegistry(store, models, TrainerAdapterInitializer(trainer),
+                             ServedBase(settings.served_model_name, settings.model_path, settings.max_lora_rank),
+                             is_training=training.is_training)
+    return AppState(settings=settings, engine=engine, store=store, models=models, registry=registry,
                     log=completion_log, metrics=metrics, trainer=trainer, training=training, sessions=sessions,
                     response_store=response_store, sandbox=sandbox, files=FileStore(settings.data_dir / "files"),
                     graders=graders, jobs=jobs, studio=studio, ratings=ratings, continual=continual,

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from .jobs.service import JobService
     from .metrics import Metrics
     from .models.manager import ModelManager
+    from .models.registry import ModelRegistry
     from .models.store import ModelStore
     from .openai_api.dialects import Dialect
     from .openai_api.response_store import ResponseStore
@@ -38,6 +39,7 @@ class AppState:
     engine: EnginePool  # every engine (local or remote) behind the proxy; also its routing and admin calls
     store: ModelStore
     models: ModelManager
+    registry: ModelRegistry  # what /v1/trainable_models does: registration, aliases, steps
     log: CompletionLog
     metrics: Metrics
     trainer: TrainerProcess

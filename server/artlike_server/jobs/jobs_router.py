@@ -8,9 +8,10 @@ import orjson
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response, StreamingResponse
 
+from ..http_body import parse_body
 from ..state import AppState, get_state
 from . import motterl, openai_jobs
-from .http import json_body, json_response
+from .http import json_response
 from .service import JobService
 from .store import EventRecord, JobRecord
 
@@ -27,7 +28,7 @@ def _jobs(state: AppState) -> JobService:
 @router.post("/v1/fine_tuning/jobs")
 async def create_job(request: Request) -> Response:
     state = get_state(request)
-    create = openai_jobs.parse_create(await json_body(request))
+    create = await parse_body(request, openai_jobs.CreateJobRequest)
     new = openai_jobs.new_job(create, files=state.files, models=state.store,
                               served_base=state.settings.served_model_name)
     return json_response(openai_jobs.job_object(_jobs(state).create(new)))
@@ -89,7 +90,7 @@ async def job_checkpoints(request: Request, fine_tuning_job_id: str, after: str 
 @router.post("/api/training/start")
 async def motterl_start(request: Request) -> Response:
     state = get_state(request)
-    start = motterl.parse_start(await json_body(request))
+    start = await parse_body(request, motterl.StartTraining)
     job = _jobs(state).create(motterl.new_job(start, models=state.store, served_base=state.settings.served_model_name))
     return json_response({"job_id": job.id, "status": motterl.STATUS[job.status]})
 
