@@ -70,6 +70,7 @@ from .training.api_router import router as training_router
 from .training.job import TrainingLimits, TrainingService
 from .training.sessions import TrainingSessions
 from .training.sessions_router import router as sessions_router
+from .training.tokenizer_service import TokenizerService
 from .training.trainer_client import TrainerProcess
 
 log = logging.getLogger(__name__)
@@ -209,8 +210,8 @@ def _build_state(settings: ServerSettings, metrics: Metrics, judge: ServerJudge,
     limits = TrainingLimits(max_records=settings.max_train_records, max_bytes=settings.max_train_bytes,
                             max_sequence_tokens=settings.sequence_token_limit,
                             max_gradient_steps=settings.max_gradient_steps)
-    training = TrainingService(store, models, completion_log, trainer, metrics, _tokenizer_loader(settings),
-                               chat_template=chat_template, limits=limits)
+    tokenizer = TokenizerService(_tokenizer_loader(settings), chat_template)
+    training = TrainingService(store, models, completion_log, trainer, metrics, tokenizer, limits=limits)
     response_store = ResponseStore(settings.data_dir / "responses.sqlite")
     sessions = TrainingSessions(store, models, completion_log, trainer, training)
     # User code sees neither the data dir nor the server's memory: its workers live outside both.
@@ -230,7 +231,7 @@ def _build_state(settings: ServerSettings, metrics: Metrics, judge: ServerJudge,
     studio = StudioStore(settings.data_dir / "studio.sqlite")
     training.step_observers.append(studio.record_rewards)  # the trajectory browser's rewards
     continual = ContinualTrainer(studio, training, models, completion_log, engine)
-    ratings = RatingService(studio, completion_log, training.decode_text, on_rated=continual.notify)
+    ratings = RatingService(studio, completion_log, tokenizer.decode_text, on_rated=continual.notify)
     tensorboard = None
     if settings.tensorboard_dir is not None:
         tensorboard = TensorBoardLog(settings.tensorboard_dir)
@@ -242,9 +243,9 @@ def _build_state(settings: ServerSettings, metrics: Metrics, judge: ServerJudge,
                     log=completion_log, metrics=metrics, trainer=trainer, training=training, sessions=sessions,
                     response_store=response_store, sandbox=sandbox, files=FileStore(settings.data_dir / "files"),
                     graders=graders, jobs=jobs, studio=studio, ratings=ratings, continual=continual,
-                    trajectories=TrajectoryBrowser(completion_log, studio, training.decode_text, training.decode),
+                    trajectories=TrajectoryBrowser(completion_log, studio, tokenizer.decode_text, tokenizer.decode),
                     ui_sessions=ui_sessions, tensorboard=tensorboard,
-                    scoring=RewardScoring(store, models, completion_log, trainer, training.conversation_ids,
+                    scoring=RewardScoring(store, models, completion_log, trainer, tokenizer.conversation_ids,
                                           max_input_tokens=settings.sequence_token_limit),
                     dialects={"responses": ResponsesDialect(response_store), "messages": MessagesDialect()})
 
@@ -320,7 +321,7 @@ async def _start_engine_then_trainer(state: AppState, on_fatal: Callable[[BaseEx
     except Exception:
         log.exception("the trainer did not start; training requests will retry starting it")
     try:
-        await asyncio.to_thread(state.training.load_tokenizer)
+        await asyncio.to_thread(state.training.tokenizer.load)
     except Exception:
         log.exception("the tokenizer did not load; requests with offline trajectories will retry")
     state.jobs.start()  # managed jobs are clients of the engine and trainer: start (or resume) them now
