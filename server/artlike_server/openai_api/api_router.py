@@ -35,7 +35,8 @@ from artlike_server.errors import APIError, error_response
 from artlike_server.openai_api.dialects import Dialect
 from artlike_server.openai_api.dialects.responses import ResponsesDialect
 from artlike_server.openai_api.protocol import Endpoint
-from artlike_server.openai_api.serving import OpenAIServing, ProxyStream
+from artlike_server.openai_api.serving import OpenAIServing
+from artlike_server.openai_api.streaming import ProxyStream
 
 router = APIRouter()
 
