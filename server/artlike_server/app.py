@@ -58,6 +58,7 @@ from .settings import ServerSettings
 from .state import AppState, get_state
 from .studio.continual import ContinualTrainer
 from .studio.ratings import RatingService
+from .studio.reward_training import RatingsRewardTrainer
 from .studio.router import router as studio_router
 from .studio.store import StudioStore
 from .studio.trajectories import TrajectoryBrowser
@@ -243,6 +244,7 @@ def _build_state(settings: ServerSettings, metrics: Metrics, judge: ServerJudge,
                     log=completion_log, metrics=metrics, trainer=trainer, training=training, sessions=sessions,
                     response_store=response_store, sandbox=sandbox, files=FileStore(settings.data_dir / "files"),
                     graders=graders, jobs=jobs, studio=studio, ratings=ratings, continual=continual,
+                    reward_trainer=RatingsRewardTrainer(studio, completion_log, training),
                     trajectories=TrajectoryBrowser(completion_log, studio, tokenizer.decode_text, tokenizer.decode),
                     ui_sessions=ui_sessions, tensorboard=tensorboard,
                     scoring=RewardScoring(store, models, completion_log, trainer, tokenizer.conversation_ids,

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from .settings import ServerSettings
     from .studio.continual import ContinualTrainer
     from .studio.ratings import RatingService
+    from .studio.reward_training import RatingsRewardTrainer
     from .studio.store import StudioStore
     from .studio.trajectories import TrajectoryBrowser
     from .studio.ui_sessions import UiSessions
@@ -52,6 +53,7 @@ class AppState:
     jobs: JobService
     studio: StudioStore
     ratings: RatingService
+    reward_trainer: RatingsRewardTrainer  # reward models from ratings
     continual: ContinualTrainer
     trajectories: TrajectoryBrowser
     ui_sessions: UiSessions

@@ -15,7 +15,11 @@ import orjson
 import pytest
 from artlike_server.errors import APIError, InvalidRequest, NotFound, install_error_handlers
 from artlike_server.studio.feedback import RatedAnswer
-from artlike_server.studio.reward_training import reward_model_request, train_reward_model
+from artlike_server.studio.reward_training import (
+    RatingsRewardTrainer,
+    reward_model_request,
+    train_reward_model,
+)
 from artlike_server.studio.router import router as studio_router
 from artlike_server.studio.store import NewRating, StudioStore
 from fastapi import FastAPI
@@ -198,7 +202,8 @@ async def test_the_route_validates_and_streams_the_training_events(studio: Studi
     install_error_handlers(app)
     app.include_router(studio_router)
     training = FakeTraining()
-    app.state.artlike = SimpleNamespace(studio=studio, log=FakeLog([1, 2, 4, 5, 6]), training=training)
+    trainer = RatingsRewardTrainer(studio, FakeLog([1, 2, 4, 5, 6]), training)  # type: ignore[arg-type]
+    app.state.artlike = SimpleNamespace(reward_trainer=trainer)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
         answer = await http.post("/v1/ratings/train_reward_model", json={"model": "rm", "from": "pairs"})
         assert answer.status_code == 200 and answer.headers["content-type"] == "application/x-ndjson"

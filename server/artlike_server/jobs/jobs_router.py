@@ -72,16 +72,10 @@ async def job_events(request: Request, fine_tuning_job_id: str, after: str | Non
 @router.get("/v1/fine_tuning/jobs/{fine_tuning_job_id}/checkpoints")
 async def job_checkpoints(request: Request, fine_tuning_job_id: str, after: str | None = None,
                           limit: int = Query(10, ge=1, le=1000)) -> Response:
-    service = _jobs(get_state(request))
-    service.get(fine_tuning_job_id)
-    checkpoints = service.store.checkpoints(fine_tuning_job_id)
-    if after is not None:
-        ids = [c.id for c in checkpoints]
-        checkpoints = checkpoints[ids.index(after) + 1:] if after in ids else []
-    page = checkpoints[:limit]
+    page, has_more = _jobs(get_state(request)).checkpoints(fine_tuning_job_id, after=after, limit=limit)
     return json_response({"object": "list", "data": [openai_jobs.checkpoint_object(c) for c in page],
                   "first_id": page[0].id if page else None, "last_id": page[-1].id if page else None,
-                  "has_more": len(checkpoints) > limit})
+                  "has_more": has_more})
 
 
 # ------------------------------------------------------------------------------------------ MotteRL
@@ -123,11 +117,8 @@ async def motterl_logs(request: Request, job_id: str, follow: bool = False, afte
             async for item in service.follow(job_id, after=after):
                 yield _line(item)
             return
-        seq = 0
-        while batch := service.store.events(job_id, after_seq=seq, limit=1000):
-            for event in batch:
-                seq = event.seq
-                yield _line(event)
+        for event in service.all_events(job_id):
+            yield _line(event)
 
     return StreamingResponse(lines(), media_type="application/x-ndjson")
 

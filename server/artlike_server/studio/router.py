@@ -26,7 +26,6 @@ from ..errors import InvalidRequest
 from ..http_body import parse_body
 from ..state import get_state
 from ..training.job import RunningJob
-from .reward_training import train_reward_model
 
 router = APIRouter()
 _RATING = TypeAdapter(RatingRequest)
@@ -73,8 +72,7 @@ async def rating_pairs(request: Request, model: str | None = None,
 async def train_reward_model_from_ratings(request: Request) -> StreamingResponse:
     """Train a reward model on the train-split ratings (pairs and/or scores): the /_train_model NDJSON stream."""
     body = await parse_body(request, RewardModelFromRatings)
-    state = get_state(request)
-    job = await train_reward_model(body, state.studio, state.log, state.training)
+    job = await get_state(request).reward_trainer.start(body)
     return StreamingResponse(_ndjson(job), media_type="application/x-ndjson", headers={
         "X-Artlike-Stream-Version": str(STREAM_VERSION), "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
