@@ -52,6 +52,7 @@ from .openai_api.api_router import router as openai_router
 from .openai_api.dialects.anthropic_messages import MessagesDialect
 from .openai_api.dialects.responses import ResponsesDialect
 from .openai_api.response_store import ResponseStore
+from .openai_api.serving import OpenAIServing
 from .scoring.router import router as scoring_router
 from .scoring.service import RewardScoring
 from .settings import ServerSettings
@@ -247,6 +248,8 @@ def _build_state(settings: ServerSettings, metrics: Metrics, judge: ServerJudge,
                     reward_trainer=RatingsRewardTrainer(studio, completion_log, training),
                     trajectories=TrajectoryBrowser(completion_log, studio, tokenizer.decode_text, tokenizer.decode),
                     ui_sessions=ui_sessions, tensorboard=tensorboard,
+                    serving=OpenAIServing(engine=engine, upstream=engine, models=models, log=completion_log,
+                                          metrics=metrics, settings=settings),
                     scoring=RewardScoring(store, models, completion_log, trainer, tokenizer.conversation_ids,
                                           max_input_tokens=settings.sequence_token_limit),
                     dialects={"responses": ResponsesDialect(response_store), "messages": MessagesDialect()})

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from .models.store import ModelStore
     from .openai_api.dialects import Dialect
     from .openai_api.response_store import ResponseStore
+    from .openai_api.serving import OpenAIServing
     from .scoring.service import RewardScoring
     from .settings import ServerSettings
     from .studio.continual import ContinualTrainer
@@ -58,6 +59,7 @@ class AppState:
     trajectories: TrajectoryBrowser
     ui_sessions: UiSessions
     scoring: RewardScoring
+    serving: OpenAIServing  # the OpenAI surface: completions forwarded, rewritten and recorded
     tensorboard: TensorBoardLog | None = None
     dialects: dict[str, Dialect] = field(default_factory=dict)  # APIs served by translation, by route name
 

@@ -25,6 +25,7 @@ from artlike_server.metrics import router as metrics_router
 from artlike_server.middleware import ApiKeyMiddleware, BodySizeLimitMiddleware, RequestMetricsMiddleware
 from artlike_server.openai_api.api_router import CompletionRoutes
 from artlike_server.openai_api.api_router import router as openai_router
+from artlike_server.openai_api.serving import OpenAIServing
 from fastapi import FastAPI
 
 
@@ -138,12 +139,15 @@ def build_app(
     app.include_router(metrics_router)
     metrics.track_engine(engine)
     metrics.track_completion_log(log)
+    with_upstream = EngineWithUpstream(engine, upstream)
     app.state.artlike = SimpleNamespace(
-        engine=EngineWithUpstream(engine, upstream),
+        engine=with_upstream,
         models=models,
         log=log,
         metrics=metrics,
         settings=settings,
+        serving=OpenAIServing(engine=with_upstream, upstream=with_upstream, models=models, log=log,  # type: ignore[arg-type]
+                              metrics=metrics, settings=settings),
     )
     return app
 

@@ -12,9 +12,9 @@
 POSTs to the completion paths are answered by `CompletionRoutes`, a pure ASGI middleware, before FastAPI's
 exception middleware, dependency exit stack and route table (the same handlers are also routes, so other
 methods get the router's 405). Bodies are read raw (no FastAPI body model): serving parses them once with
-orjson and names the bad parameter itself. Shared objects come from `request.app.state.artlike` (engine: the pool, models, log,
-metrics, settings). A client that disconnects cancels its request, which closes the engine connection: vLLM
-aborts the generation instead of finishing it for nobody.
+orjson and names the bad parameter itself. The `OpenAIServing` is the app state's `serving`. A client that
+disconnects cancels its request, which closes the engine connection: vLLM aborts the generation instead of
+finishing it for nobody.
 """
 
 from __future__ import annotations
@@ -46,15 +46,8 @@ _SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
 
 def _serving(request: Request) -> OpenAIServing:
-    state = request.app.state.artlike
-    return OpenAIServing(
-        engine=state.engine,
-        upstream=state.engine,
-        models=state.models,
-        log=state.log,
-        metrics=state.metrics,
-        settings=state.settings,
-    )
+    serving: OpenAIServing = request.app.state.artlike.serving
+    return serving
 
 
 class ClientDisconnected(Exception):
