@@ -114,13 +114,28 @@ def validation_error(exc: RequestValidationError | ValidationError, *, prefix: s
         return InvalidRequest("invalid request")
     first = errors[0]
     loc = [str(part) for part in first.get("loc", ()) if part not in ("body", "query", "path")]
+    msg = str(first.get("msg"))
+    tag = _discriminator_field(first)
+    if tag is not None:  # pydantic reports a missing or unknown union tag at the union, not at the tag
+        loc.append(tag)
+        msg = "Field required" if first.get("type") == "union_tag_not_found" else msg
     param = ".".join([prefix, *loc] if prefix else loc) or None
     if first.get("type") == "json_invalid":
-        return InvalidRequest(f"request body is not valid JSON: {first.get('msg')}", code="invalid_json")
-    message = f"{param}: {first.get('msg')}" if param else str(first.get("msg"))
+        return InvalidRequest(f"request body is not valid JSON: {msg}", code="invalid_json")
+    message = f"{param}: {msg}" if param else msg
     if len(errors) > 1:
         message += f" (and {len(errors) - 1} more error{'s' if len(errors) > 2 else ''})"
     return InvalidRequest(message, param=param, code=code)
+
+
+def _discriminator_field(error: Any) -> str | None:
+    """The field a tagged union is told apart by (`kind` for a rating), when `error` is about that tag;
+    None for other errors and for unions told apart by a function (no one field to name)."""
+    if error.get("type") not in ("union_tag_not_found", "union_tag_invalid"):
+        return None
+    name = str((error.get("ctx") or {}).get("discriminator", ""))
+    quoted = len(name) > 2 and name[0] == name[-1] == "'"
+    return name[1:-1] if quoted else None
 
 
 def install_error_handlers(app: FastAPI) -> None:

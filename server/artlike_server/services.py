@@ -34,23 +34,28 @@ from .jobs.service import JobService
 from .jobs.store import JobStore
 from .metrics import Metrics
 from .models.manager import ModelManager
+from .models.registry import ModelRegistry
 from .models.store import ModelStore
 from .openai_api.dialects.anthropic_messages import MessagesDialect
 from .openai_api.dialects.responses import ResponsesDialect
 from .openai_api.policy import RequestPolicy
 from .openai_api.response_store import ResponseStore
+from .openai_api.serving import OpenAIServing
 from .scoring.service import RewardScoring
 from .settings import ServerSettings
 from .state import BaseModelInfo, Services
 from .studio.continual import ContinualTrainer
 from .studio.page_logins import PageLogins
 from .studio.ratings import RatingService
+from .studio.reward_training import RatingsRewardTrainer
 from .studio.store import StudioStore
 from .studio.trajectories import TrajectoryBrowser
 from .tensorboard_log import TensorBoardLog
 from .tokenizer import load_chat_tokenizer
+from .training.adapter_init import TrainerAdapterInitializer
 from .training.job import TrainingLimits, TrainingService
 from .training.sessions import TrainingSessions
+from .training.tokenizer_service import TokenizerService
 from .training.trainer_client import TrainerProcess
 
 log = logging.getLogger(__name__)
@@ -140,8 +145,8 @@ async def build_services(settings: ServerSettings, *, metrics: Metrics | None = 
                                 max_bytes=settings.limits.max_train_bytes,
                                 max_sequence_tokens=settings.sequence_token_limit,
                                 max_gradient_steps=settings.limits.max_gradient_steps)
-        training = TrainingService(store, models, completion_log, trainer, metrics, _tokenizer_loader(settings),
-                                   chat_template=chat_template, limits=limits)
+        tokenizer = TokenizerService(_tokenizer_loader(settings), chat_template)
+        training = TrainingService(store, models, completion_log, trainer, metrics, tokenizer, limits=limits)
         # usually done already (the CLI's begin_shutdown); a running job holds the trainer
         stack.push_async_callback(training.shutdown)
 
@@ -178,7 +183,7 @@ async def build_services(settings: ServerSettings, *, metrics: Metrics | None = 
         training.step_observers.append(studio.record_rewards)  # the trajectory browser's rewards
         continual = ContinualTrainer(studio, training, models, completion_log, engine)
         stack.push_async_callback(continual.shutdown)
-        ratings = RatingService(studio, completion_log, training.decode_text, on_rated=continual.notify)
+        ratings = RatingService(studio, completion_log, tokenizer.decode_text, on_rated=continual.notify)
 
         tensorboard = None
         if retention.tensorboard_dir is not None:
@@ -186,16 +191,23 @@ async def build_services(settings: ServerSettings, *, metrics: Metrics | None = 
             stack.callback(tensorboard.close)
             models.history_observers.append(tensorboard.write_step)
 
+        base_model = BaseModelInfo(settings.served_model_name, settings.model_path, settings.engine.max_lora_rank)
+        registry = ModelRegistry(store, models, TrainerAdapterInitializer(trainer), base_model,
+                                 is_training=training.is_training)
+        requests = request_policy(settings)
+        serving = OpenAIServing(engine=engine, upstream=engine, models=models, log=completion_log, metrics=metrics,
+                                settings=requests)
         services = Services(
-            base_model=BaseModelInfo(settings.served_model_name, settings.model_path, settings.engine.max_lora_rank),
+            base_model=base_model, registry=registry, serving=serving,
+            reward_trainer=RatingsRewardTrainer(studio, completion_log, training),
             network=network, max_body_bytes=settings.limits.max_body_bytes, engine_settings=settings.engine, trainer_settings=settings.trainer,
-            requests=request_policy(settings), engine=engine, store=store, models=models, log=completion_log,
+            requests=requests, engine=engine, store=store, models=models, log=completion_log,
             metrics=metrics, trainer=trainer, training=training, sessions=sessions, response_store=response_store,
             sandbox=sandbox, files=FileStore(settings.data_dir / "files"), graders=graders, jobs=jobs,
             studio=studio, ratings=ratings, continual=continual,
-            trajectories=TrajectoryBrowser(completion_log, studio, training.decode_text, training.decode),
+            trajectories=TrajectoryBrowser(completion_log, studio, tokenizer.decode_text, tokenizer.decode),
             page_logins=page_logins, tensorboard=tensorboard,
-            scoring=RewardScoring(store, models, completion_log, trainer, training.conversation_ids,
+            scoring=RewardScoring(store, models, completion_log, trainer, tokenizer.conversation_ids,
                                   max_input_tokens=settings.sequence_token_limit),
             dialects={"responses": ResponsesDialect(response_store), "messages": MessagesDialect()})
 
@@ -293,7 +305,7 @@ async def start_engine_then_trainer(services: Services, on_fatal: Callable[[Base
     except Exception:
         log.exception("the trainer did not start; training requests will retry starting it")
     try:
-        await asyncio.to_thread(services.training.load_tokenizer)
+        await asyncio.to_thread(services.training.tokenizer.load)
     except Exception:
         log.exception("the tokenizer did not load; requests with offline trajectories will retry")
     services.jobs.start()  # managed jobs are clients of the engine and trainer: start (or resume) them now

@@ -21,15 +21,18 @@ if TYPE_CHECKING:
     from .jobs.service import JobService
     from .metrics import Metrics
     from .models.manager import ModelManager
+    from .models.registry import ModelRegistry
     from .models.store import ModelStore
     from .openai_api.dialects import Dialect
     from .openai_api.policy import RequestPolicy
     from .openai_api.response_store import ResponseStore
+    from .openai_api.serving import OpenAIServing
     from .scoring.service import RewardScoring
     from .settings import EngineSettings, NetworkSettings, TrainerSettings
     from .studio.continual import ContinualTrainer
     from .studio.page_logins import PageLogins
     from .studio.ratings import RatingService
+    from .studio.reward_training import RatingsRewardTrainer
     from .studio.store import StudioStore
     from .studio.trajectories import TrajectoryBrowser
     from .tensorboard_log import TensorBoardLog
@@ -58,6 +61,7 @@ class Services:
     engine: EnginePool  # every engine (local or remote) behind the proxy; also its routing and admin calls
     store: ModelStore
     models: ModelManager
+    registry: ModelRegistry  # what /v1/trainable_models does: registration, aliases, steps
     log: CompletionLog
     metrics: Metrics
     trainer: TrainerProcess
@@ -70,10 +74,12 @@ class Services:
     jobs: JobService
     studio: StudioStore
     ratings: RatingService
+    reward_trainer: RatingsRewardTrainer  # reward models from ratings
     continual: ContinualTrainer
     trajectories: TrajectoryBrowser
     page_logins: PageLogins
     scoring: RewardScoring
+    serving: OpenAIServing  # the OpenAI surface: completions forwarded, rewritten and recorded
     tensorboard: TensorBoardLog | None = None
     dialects: dict[str, Dialect] = field(default_factory=dict)  # APIs served by translation, by route name
 

@@ -74,7 +74,7 @@ def test_chat_completion(server: Any, http: httpx.Client, base: str) -> None:
 
 
 # vLLM's chat logprobs object has `content` but not `refusal`, which the schema requires (null allowed).
-# Fix in openai_api/serving.py `_strip_choice`: when `choice["logprobs"]` is a dict with "content", set
+# Fix in openai_api/rewriting.py `_strip_choice`: when `choice["logprobs"]` is a dict with "content", set
 # `.setdefault("refusal", None)` (responses and stream chunks). Remove this marker with that fix.
 
 

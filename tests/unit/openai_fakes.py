@@ -22,6 +22,7 @@ from artlike_server.engine.upstream import Upstream
 from artlike_server.errors import NotFound
 from artlike_server.metrics import Metrics
 from artlike_server.openai_api.policy import RequestPolicy
+from artlike_server.openai_api.serving import OpenAIServing
 from artlike_server.settings import NetworkSettings
 from fastapi import FastAPI
 
@@ -130,15 +131,19 @@ def build_app(
     engine = engine or FakeEngine()
     metrics.track_engine(engine)
     metrics.track_completion_log(log)
+    with_upstream = EngineWithUpstream(engine, upstream)
+    requests = RequestPolicy(reject_seed=settings.reject_seed, max_recorded_choices=settings.max_recorded_choices,
+                             max_request_tokens=settings.max_request_tokens, max_model_len=settings.max_model_len)
     return create_app(fake_services(
-        engine=EngineWithUpstream(engine, upstream),
+        engine=with_upstream,
         models=models,
         log=log,
         metrics=metrics,
         network=NetworkSettings(api_key=settings.api_key),
         max_body_bytes=settings.max_body_bytes,
-        requests=RequestPolicy(reject_seed=settings.reject_seed, max_recorded_choices=settings.max_recorded_choices,
-                               max_request_tokens=settings.max_request_tokens, max_model_len=settings.max_model_len),
+        requests=requests,
+        serving=OpenAIServing(engine=with_upstream, upstream=with_upstream, models=models, log=log,  # type: ignore[arg-type]
+                              metrics=metrics, settings=requests),
     ))
 
 

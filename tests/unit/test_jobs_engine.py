@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from artlike_server.errors import InvalidRequest
+from artlike_server.errors import InvalidRequest, NotFound
 from artlike_server.jobs import motterl, openai_jobs
 from artlike_server.jobs.datasets import PromptRow
 from artlike_server.jobs.episodes import run_episode
@@ -20,6 +20,7 @@ from artlike_server.jobs.intake import check_episode_functions, grader_reward, p
 from artlike_server.jobs.rewards import JobReward, reward_value, sample_of
 from artlike_server.jobs.runner import StopFlag, Stopped, batch_rows
 from artlike_server.jobs.sandbox import Sandbox, SandboxLimits
+from artlike_server.jobs.service import JobService
 from artlike_server.jobs.spec import JobSpec, RolloutSettings
 from artlike_server.jobs.store import JobStore
 
@@ -91,6 +92,26 @@ def test_store_lists_newest_first_with_a_cursor_and_metadata_filter(tmp_path: Pa
 def rows(n: int) -> list[PromptRow]:
     return [PromptRow(line=i + 1, messages=[{"role": "user", "content": str(i)}], tools=None, item={"i": i})
             for i in range(n)]
+
+
+def test_the_service_pages_checkpoints_and_reads_every_event(tmp_path: Path) -> None:
+    store = JobStore(tmp_path)
+    store.create("ftjob-c", spec(), training_file=None, validation_file=None, suffix=None, metadata=None,
+                 train_rows=[{"prompt": "p"}], validation_rows=[])
+    saved = [store.add_checkpoint("ftjob-c", step, f"ft-x@{step}", {}) for step in (1, 2, 3)]
+    messages = [f"event {i}" for i in range(1005)]  # more than one page of the store
+    for message in messages:
+        store.add_event("ftjob-c", message)
+    service = JobService(store, None, None, None)  # type: ignore[arg-type]
+    newest, has_more = service.checkpoints("ftjob-c", after=None, limit=2)
+    assert [c.id for c in newest] == [saved[2].id, saved[1].id] and has_more
+    rest, has_more = service.checkpoints("ftjob-c", after=saved[1].id, limit=2)
+    assert [c.id for c in rest] == [saved[0].id] and not has_more
+    assert service.checkpoints("ftjob-c", after="ftckpt-unknown", limit=2) == ([], False)
+    assert [e.message for e in service.all_events("ftjob-c")] == messages
+    with pytest.raises(NotFound):
+        service.checkpoints("ftjob-none", after=None, limit=2)
+    store.close()
 
 
 def test_batches_cover_every_row_once_per_epoch_and_are_reproducible() -> None:

@@ -16,23 +16,23 @@ from artlike_server.completion_log import CompletionLog
 from artlike_server.engine.upstream import Upstream
 from artlike_server.errors import InvalidRequest, NotFound, ServiceUnavailable
 from artlike_server.metrics import Metrics
-from artlike_server.openai_api import api_router, serving
+from artlike_server.openai_api import api_router, rewriting, serving
 from artlike_server.openai_api.api_router import RouteTemplate, SSEResponse, match_completion_path
 from artlike_server.openai_api.protocol import validate_request
-from artlike_server.openai_api.serving import (
-    CallerAsked,
+from artlike_server.openai_api.recording import (
     CompletionTrace,
     LogprobAlignmentError,
-    OpenAIServing,
-    ProxyStream,
     RecordContext,
     aligned_logprobs,
-    engine_error,
+)
+from artlike_server.openai_api.rewriting import (
+    CallerAsked,
     prepare_upstream_body,
     rewrite_chunk,
     rewrite_response,
-    split_sse_events,
 )
+from artlike_server.openai_api.serving import OpenAIServing, engine_error
+from artlike_server.openai_api.streaming import ProxyStream, split_sse_events
 
 from tests.unit.openai_fakes import (
     PROMPT_IDS,
@@ -126,7 +126,8 @@ def test_recording_forces_token_ids_and_logprobs_without_touching_the_callers_bo
 
 
 def test_worked_examples_in_docstrings() -> None:
-    assert doctest.testmod(serving, raise_on_error=True).attempted >= 1
+    attempted = sum(doctest.testmod(module, raise_on_error=True).attempted for module in (serving, rewriting))
+    assert attempted >= 1
 
 
 def test_plain_routes_force_nothing_but_usage_on_streams() -> None:

@@ -16,7 +16,11 @@ import pytest
 from artlike_server.app import create_app
 from artlike_server.errors import APIError, InvalidRequest, NotFound
 from artlike_server.studio.feedback import RatedAnswer
-from artlike_server.studio.reward_training import reward_model_request, train_reward_model
+from artlike_server.studio.reward_training import (
+    RatingsRewardTrainer,
+    reward_model_request,
+    train_reward_model,
+)
 from artlike_server.studio.store import NewRating, StudioStore
 from pydantic import ValidationError
 
@@ -195,7 +199,8 @@ async def test_refusals_before_any_training(studio: StudioStore) -> None:
 
 async def test_the_route_validates_and_streams_the_training_events(studio: StudioStore) -> None:
     training = FakeTraining()
-    app = create_app(fake_services(studio=studio, log=FakeLog([1, 2, 4, 5, 6]), training=training))
+    trainer = RatingsRewardTrainer(studio, FakeLog([1, 2, 4, 5, 6]), training)  # type: ignore[arg-type]
+    app = create_app(fake_services(studio=studio, reward_trainer=trainer))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://localhost") as http:
         answer = await http.post("/v1/ratings/train_reward_model", json={"model": "rm", "from": "pairs"})
         assert answer.status_code == 200 and answer.headers["content-type"] == "application/x-ndjson"

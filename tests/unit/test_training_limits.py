@@ -15,6 +15,7 @@ from artlike_server.errors import InvalidRequest
 from artlike_server.metrics import Metrics
 from artlike_server.models.store import ModelStore
 from artlike_server.training.job import TrainingLimits, TrainingService
+from artlike_server.training.tokenizer_service import TokenizerService
 
 from artlike.types import LoraConfig, TrainRequest
 
@@ -63,7 +64,8 @@ async def log(tmp_path: Path) -> AsyncIterator[CompletionLog]:
 def service(tmp_path: Path, log: CompletionLog, tokenizer: Tokenizer | None = None, **limits: Any) -> TrainingService:
     store = ModelStore(tmp_path)
     store.create("agent", "base", LoraConfig())
-    return TrainingService(store, Models(), log, None, Metrics(), lambda: tokenizer or Tokenizer(),  # type: ignore[arg-type]
+    return TrainingService(store, Models(), log, None, Metrics(),  # type: ignore[arg-type]
+                           TokenizerService(lambda: tokenizer or Tokenizer()),
                            limits=TrainingLimits(**limits))
 
 

@@ -17,6 +17,7 @@ from artlike_server.models.store import ModelStore
 from artlike_server.trainer_ipc import protocol
 from artlike_server.training.job import TrainingService
 from artlike_server.training.sessions import TrainingSessions
+from artlike_server.training.tokenizer_service import TokenizerService
 from artlike_server.training.trainer_client import TrainerError
 
 from artlike.session_types import ForwardRequest, OpenSessionRequest, OptimStepRequest
@@ -62,7 +63,7 @@ def sessions(tmp_path: Path) -> tuple[TrainingSessions, StandInTrainer]:
     trainer = StandInTrainer()
     models: Any = SimpleNamespace(latest_step=lambda name: 0)
     training = TrainingService(store, models, completion_log=None, trainer=trainer, metrics=None,  # type: ignore[arg-type]
-                               tokenizer=lambda: None)
+                               tokenizer=TokenizerService(lambda: None))
     return TrainingSessions(store, models, None, trainer, training), trainer  # type: ignore[arg-type]
 
 

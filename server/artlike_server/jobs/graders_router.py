@@ -8,8 +8,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from ..errors import InvalidRequest
+from ..http_body import json_body
 from ..state import get_state
-from .http import json_body, json_response
+from .http import json_response
 
 router = APIRouter()
 

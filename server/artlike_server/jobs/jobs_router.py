@@ -8,9 +8,10 @@ import orjson
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response, StreamingResponse
 
+from ..http_body import parse_body
 from ..state import Services, get_state
 from . import motterl, openai_jobs
-from .http import json_body, json_response
+from .http import json_response
 from .service import JobService
 from .store import EventRecord, JobRecord
 
@@ -27,7 +28,7 @@ def _jobs(state: Services) -> JobService:
 @router.post("/v1/fine_tuning/jobs")
 async def create_job(request: Request) -> Response:
     state = get_state(request)
-    create = openai_jobs.parse_create(await json_body(request))
+    create = await parse_body(request, openai_jobs.CreateJobRequest)
     new = openai_jobs.new_job(create, files=state.files, models=state.store,
                               served_base=state.base_model.name)
     return json_response(openai_jobs.job_object(_jobs(state).create(new)))
@@ -71,16 +72,10 @@ async def job_events(request: Request, fine_tuning_job_id: str, after: str | Non
 @router.get("/v1/fine_tuning/jobs/{fine_tuning_job_id}/checkpoints")
 async def job_checkpoints(request: Request, fine_tuning_job_id: str, after: str | None = None,
                           limit: int = Query(10, ge=1, le=1000)) -> Response:
-    service = _jobs(get_state(request))
-    service.get(fine_tuning_job_id)
-    checkpoints = service.store.checkpoints(fine_tuning_job_id)
-    if after is not None:
-        ids = [c.id for c in checkpoints]
-        checkpoints = checkpoints[ids.index(after) + 1:] if after in ids else []
-    page = checkpoints[:limit]
+    page, has_more = _jobs(get_state(request)).checkpoints(fine_tuning_job_id, after=after, limit=limit)
     return json_response({"object": "list", "data": [openai_jobs.checkpoint_object(c) for c in page],
                   "first_id": page[0].id if page else None, "last_id": page[-1].id if page else None,
-                  "has_more": len(checkpoints) > limit})
+                  "has_more": has_more})
 
 
 # ------------------------------------------------------------------------------------------ MotteRL
@@ -89,7 +84,7 @@ async def job_checkpoints(request: Request, fine_tuning_job_id: str, after: str 
 @router.post("/api/training/start")
 async def motterl_start(request: Request) -> Response:
     state = get_state(request)
-    start = motterl.parse_start(await json_body(request))
+    start = await parse_body(request, motterl.StartTraining)
     job = _jobs(state).create(motterl.new_job(start, models=state.store, served_base=state.base_model.name))
     return json_response({"job_id": job.id, "status": motterl.STATUS[job.status]})
 
@@ -122,11 +117,8 @@ async def motterl_logs(request: Request, job_id: str, follow: bool = False, afte
             async for item in service.follow(job_id, after=after):
                 yield _line(item)
             return
-        seq = 0
-        while batch := service.store.events(job_id, after_seq=seq, limit=1000):
-            for event in batch:
-                seq = event.seq
-                yield _line(event)
+        for event in service.all_events(job_id):
+            yield _line(event)
 
     return StreamingResponse(lines(), media_type="application/x-ndjson")
 

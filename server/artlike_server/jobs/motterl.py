@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from ..errors import InvalidRequest, validation_error
+from ..errors import InvalidRequest
+from ..http_body import validate
 from ..models.store import ModelStore
 from .intake import check_episode_functions, prompt_rows, python_reward, resolve_target
 from .service import NewJob
@@ -45,10 +46,7 @@ class StartTraining(BaseModel):
 
 
 def parse_start(body: Any) -> StartTraining:
-    try:
-        return StartTraining.model_validate(body)
-    except ValidationError as error:
-        raise validation_error(error) from error
+    return validate(body, StartTraining)
 
 
 def new_job(request: StartTraining, *, models: ModelStore, served_base: str) -> NewJob:

@@ -13,9 +13,9 @@ import math
 from typing import Any, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from ..errors import InvalidRequest, validation_error
+from ..errors import InvalidRequest
 from ..models.store import ModelStore
 from .datasets import DatasetError, parse_chat_examples, parse_preference_rows
 from .files import FileStore
@@ -75,13 +75,6 @@ class CreateJobRequest(_Open):
     method: Method | None = None
     hyperparameters: Hyperparameters | None = None  # deprecated top-level form (supervised)
     metadata: dict[str, str] | None = None
-
-
-def parse_create(body: Any) -> CreateJobRequest:
-    try:
-        return CreateJobRequest.model_validate(body)
-    except ValidationError as error:
-        raise validation_error(error) from error
 
 
 def _value(value: Any, default: Any) -> Any:

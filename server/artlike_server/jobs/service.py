@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -26,7 +26,7 @@ from .rewards import JobReward, Judge, Scorer
 from .runner import JobFailed, JobRunner, ServerAccess, StopFlag
 from .sandbox import Sandbox, SandboxUnavailable
 from .spec import FINISHED, JobSpec
-from .store import EventRecord, JobRecord, JobStore, event_seq
+from .store import CheckpointRecord, EventRecord, JobRecord, JobStore, event_seq
 
 log = logging.getLogger(__name__)
 
@@ -194,6 +194,25 @@ class JobService:
         seq = _event_seq(after) if after is not None else None
         events = self.store.events(job_id, after_seq=seq, limit=limit + 1, newest_first=True)
         return events[:limit], len(events) > limit
+
+    def all_events(self, job_id: str) -> Iterator[EventRecord]:
+        """Every event so far, oldest first (read a page at a time)."""
+        self.get(job_id)
+        seq = 0
+        while batch := self.store.events(job_id, after_seq=seq, limit=1000):
+            for event in batch:
+                seq = event.seq
+                yield event
+
+    def checkpoints(self, job_id: str, *, after: str | None, limit: int) -> tuple[list[CheckpointRecord], bool]:
+        """Newest first, as OpenAI lists them; `after` is the last checkpoint id of the previous page (an
+        unknown one leaves nothing after it)."""
+        self.get(job_id)
+        checkpoints = self.store.checkpoints(job_id)
+        if after is not None:
+            ids = [c.id for c in checkpoints]
+            checkpoints = checkpoints[ids.index(after) + 1:] if after in ids else []
+        return checkpoints[:limit], len(checkpoints) > limit
 
     async def follow(self, job_id: str, *, after: str | None = None) -> AsyncIterator[EventRecord | JobRecord]:
         """Every event oldest first, waiting for new ones, then the finished job itself."""

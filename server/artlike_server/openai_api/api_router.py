@@ -12,9 +12,9 @@
 POSTs to the completion paths are answered by `CompletionRoutes`, a pure ASGI middleware, before FastAPI's
 exception middleware, dependency exit stack and route table (the same handlers are also routes, so other
 methods get the router's 405). Bodies are read raw (no FastAPI body model): serving parses them once with
-orjson and names the bad parameter itself. Shared objects come from `request.app.state.artlike` (engine: the pool, models, log,
-metrics, request policy). A client that disconnects cancels its request, which closes the engine connection: vLLM
-aborts the generation instead of finishing it for nobody.
+orjson and names the bad parameter itself. The `OpenAIServing` is the services' `serving` (it holds the request policy). A client that
+disconnects cancels its request, which closes the engine connection: vLLM aborts the generation instead of
+finishing it for nobody.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ from artlike_server.errors import APIError, error_response
 from artlike_server.openai_api.dialects import Dialect
 from artlike_server.openai_api.dialects.responses import ResponsesDialect
 from artlike_server.openai_api.protocol import Endpoint
-from artlike_server.openai_api.serving import OpenAIServing, ProxyStream
+from artlike_server.openai_api.serving import OpenAIServing
+from artlike_server.openai_api.streaming import ProxyStream
 
 router = APIRouter()
 
@@ -45,15 +46,8 @@ _SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
 
 def _serving(request: Request) -> OpenAIServing:
-    state = request.app.state.artlike
-    return OpenAIServing(
-        engine=state.engine,
-        upstream=state.engine,
-        models=state.models,
-        log=state.log,
-        metrics=state.metrics,
-        settings=state.requests,
-    )
+    serving: OpenAIServing = request.app.state.artlike.serving
+    return serving
 
 
 class ClientDisconnected(Exception):
@@ -278,9 +272,8 @@ class CompletionRoutes:
 
 
 # Plain Starlette routes, not FastAPI's: nothing here uses dependency injection or body models (bodies are
-# parsed once, by `serving`), and FastAPI's per-request dependency solving is a large share of the proxy's
-# own CPU per completion (bench/proxy_cpu.py measures that CPU). They are left out of the OpenAPI schema:
-# the OpenAI API reference documents them.
+# parsed once, by `serving`), and FastAPI's per-request dependency solving measured a third of the proxy's
+# own CPU per completion. They are left out of the OpenAPI schema: the OpenAI API reference documents them.
 for _path, _endpoint, _method in (
     ("/v1/chat/completions", chat_completions, "POST"),
     ("/t/{trajectory_id}/v1/chat/completions", chat_completions, "POST"),

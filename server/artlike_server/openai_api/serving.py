@@ -1,7 +1,9 @@
 """The OpenAI surface's logic: forward to vLLM, rewrite what comes back, record trajectory completions.
 
 No FastAPI here: `OpenAIServing` takes raw request bytes and returns response bytes or a `ProxyStream`,
-and raises the typed errors of `artlike_server.errors`. `api_router` is the thin HTTP glue.
+and raises the typed errors of `artlike_server.errors`. `api_router` is the thin HTTP glue. This module
+checks and forwards; its concerns live beside it: `rewriting` (the body sent upstream, the answer sent
+back), `recording` (trajectory completions into the log), `streaming` (SSE through `ProxyStream`).
 
 What happens to a completion request
 1. The body is parsed (orjson) and the fields the proxy relies on are checked (`protocol`): 400 naming the
@@ -51,17 +53,13 @@ give it a fake vLLM that answers over real HTTP.
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import orjson
 
 from artlike.types import TrajectoryRecord, is_valid_trajectory_id
-from artlike_server.completion_log import NewCompletion
 from artlike_server.engine.upstream import EngineAnswer, EngineConnectionError, Upstreams
 from artlike_server.errors import (
     APIError,
@@ -72,7 +70,7 @@ from artlike_server.errors import (
     ServiceUnavailable,
     Unauthorized,
 )
-from artlike_server.openai_api.dialects import Dialect, StreamEncoder, Translation
+from artlike_server.openai_api.dialects import Dialect, Translation
 from artlike_server.openai_api.protocol import (
     Endpoint,
     ModelCard,
@@ -80,26 +78,21 @@ from artlike_server.openai_api.protocol import (
     RecordedEndpoint,
     validate_request,
 )
+from artlike_server.openai_api.recording import (
+    CompletionLogLike,
+    CompletionRecorder,
+    CompletionTrace,
+    MetricsLike,
+    RecordContext,
+)
 from artlike_server.openai_api.request_caps import check_request_size
-
-logger = logging.getLogger(__name__)
+from artlike_server.openai_api.rewriting import prepare_upstream_body, rewrite_response
+from artlike_server.openai_api.streaming import ProxyStream, usage_tokens
 
 ENGINE_PATHS: dict[Endpoint, str] = {
     "chat.completions": "/v1/chat/completions",
     "completions": "/v1/completions",
 }
-ABORTED = "abort"
-"""finish_reason recorded for a choice whose stream ended early (client gone, engine gone, engine error)."""
-
-_SSE_DONE = b"data: [DONE]"
-
-# vLLM-only response fields dropped when they are null (noise for an OpenAI client); the proxy-forced ones
-# (token ids, logprobs) are handled by `_strip_*` according to what the caller asked for.
-_NULL_EXTRAS_TOP = ("prompt_logprobs", "prompt_text", "kv_transfer_params", "ec_transfer_params", "metrics")
-_NULL_EXTRAS_CHOICE = ("stop_reason", "routed_experts", "prompt_logprobs")
-# vLLM sends these as null; the OpenAI schema allows them absent, not null (array / object).
-_NULL_NOT_ALLOWED_MESSAGE = ("annotations", "function_call")
-_NULL_NOT_ALLOWED_USAGE = ("completion_tokens_details", "prompt_tokens_details")
 
 
 # ------------------------------------------------------------------------------------- collaborators
@@ -128,26 +121,6 @@ class ModelResolver(Protocol):
     async def served_model_ids(self) -> list[str]: ...
 
 
-class CompletionLogLike(Protocol):
-    async def record(self, completions: Sequence[NewCompletion]) -> None: ...
-
-    def submit(self, completions: Sequence[NewCompletion]) -> Any: ...
-
-    async def get(self, trajectory_id: str) -> list[Any]: ...
-
-    async def delete_trajectory(self, trajectory_id: str) -> int: ...
-
-
-class MetricsLike(Protocol):
-    def tokens(self, endpoint: str, prompt: int, completion: int) -> None: ...
-
-    def time_to_first_token(self, endpoint: str, seconds: float) -> None: ...
-
-    def completions_recorded(self, count: int) -> None: ...
-
-    def completion_log_failed(self, reason: str, count: int = 1) -> None: ...
-
-
 class SettingsLike(Protocol):
     @property
     def reject_seed(self) -> bool: ...
@@ -164,16 +137,6 @@ class SettingsLike(Protocol):
 
 # ------------------------------------------------------------------------------------------- errors
 
-
-class RecordingFailed(APIError):
-    """The completion was generated but could not be recorded in the trajectory's log."""
-
-    status_code = 500
-    error_type = "server_error"
-
-
-class LogprobAlignmentError(ValueError):
-    """A choice's token ids and sampling logprobs differ in length (or a logprob is missing)."""
 
 
 def check_trajectory_id(trajectory_id: str) -> None:
@@ -220,414 +183,6 @@ def engine_error(status: int, content: bytes, *, retry_after: float) -> APIError
     return result
 
 
-# -------------------------------------------------------------------------------- request rewriting
-
-
-@dataclass(frozen=True, slots=True)
-class CallerAsked:
-    """Which of the fields the proxy may force into a response the caller asked for itself."""
-
-    logprobs: bool = False
-    token_ids: bool = False
-    prompt_logprobs: bool = False
-    prompt_text: bool = False
-    reasoning: bool = True
-    usage: bool = False
-
-
-def prepare_upstream_body(
-    endpoint: Endpoint, body: dict[str, Any], engine_name: str, *, record: bool
-) -> tuple[dict[str, Any], CallerAsked]:
-    """The body to send to vLLM, and what the caller asked for (to strip the rest from the answer).
-
-    >>> prepare_upstream_body("chat.completions", {"model": "m", "messages": []}, "m@3", record=True)[0]
-    {'model': 'm@3', 'messages': [], 'return_token_ids': True, 'logprobs': True}
-    """
-    stream_options = body.get("stream_options") or {}
-    asked = CallerAsked(
-        logprobs=bool(body.get("logprobs"))
-        if endpoint == "chat.completions"
-        else body.get("logprobs") is not None,
-        token_ids=bool(body.get("return_token_ids")),
-        prompt_logprobs=body.get("prompt_logprobs") is not None,
-        prompt_text=bool(body.get("return_prompt_text")),
-        reasoning=body.get("include_reasoning") is not False,
-        usage=bool(stream_options.get("include_usage")),
-    )
-    upstream = dict(body)
-    upstream["model"] = engine_name
-    if body.get("stream"):
-        upstream["stream_options"] = {**stream_options, "include_usage": True}
-    if record:
-        upstream["return_token_ids"] = True
-        if endpoint == "chat.completions":
-            upstream["logprobs"] = True
-            if not asked.reasoning:
-                upstream["include_reasoning"] = True  # vLLM hides token ids along with the reasoning
-        elif not asked.logprobs:
-            upstream["logprobs"] = 0  # completions: the sampled token's logprob, no alternatives
-    return upstream, asked
-
-
-# ------------------------------------------------------------------------------- response rewriting
-
-
-def _strip_top(payload: dict[str, Any], asked: CallerAsked) -> None:
-    for key in _NULL_EXTRAS_TOP:
-        if key in payload and payload[key] is None:
-            del payload[key]
-    if not asked.token_ids:
-        payload.pop("prompt_token_ids", None)
-    if not asked.prompt_logprobs:
-        payload.pop("prompt_logprobs", None)
-    if not asked.prompt_text:
-        payload.pop("prompt_text", None)
-
-
-def _strip_choice(choice: dict[str, Any], asked: CallerAsked) -> None:
-    for key in _NULL_EXTRAS_CHOICE:
-        if key in choice and choice[key] is None:
-            del choice[key]
-    if not asked.token_ids:
-        choice.pop("token_ids", None)
-        choice.pop("prompt_token_ids", None)
-    elif "prompt_token_ids" in choice and choice["prompt_token_ids"] is None:
-        del choice["prompt_token_ids"]
-    if not asked.prompt_logprobs:
-        choice.pop("prompt_logprobs", None)
-    if not asked.logprobs and "logprobs" in choice:
-        choice["logprobs"] = None
-    message = choice.get("message") or choice.get("delta")
-    logprobs = choice.get("logprobs")
-    is_chat = "message" in choice or "delta" in choice
-    if is_chat and isinstance(logprobs, dict) and "refusal" not in logprobs:
-        logprobs["refusal"] = None  # the OpenAI schema requires it in a chat choice's logprobs (null: none)
-    if message and "reasoning" in message and (message["reasoning"] is None or not asked.reasoning):
-        del message["reasoning"]
-
-
-def rewrite_response(payload: dict[str, Any], asked: CallerAsked, served_name: str) -> None:
-    """Rewrite a non-streaming vLLM response in place for the caller."""
-    payload["model"] = served_name
-    _strip_top(payload, asked)
-    _drop_nulls(payload.get("usage"), _NULL_NOT_ALLOWED_USAGE)
-    for choice in payload.get("choices") or ():
-        _strip_choice(choice, asked)
-        _drop_nulls(choice.get("message"), _NULL_NOT_ALLOWED_MESSAGE)
-
-
-def _drop_nulls(part: Any, keys: tuple[str, ...]) -> None:
-    if isinstance(part, dict):
-        for key in keys:
-            if key in part and part[key] is None:
-                del part[key]
-
-
-def _says_nothing(choice: dict[str, Any]) -> bool:
-    """A chunk choice that only carried forced fields: vLLM would not have sent it."""
-    if choice.get("finish_reason") is not None or choice.get("logprobs") is not None:
-        return False
-    if "delta" in choice:
-        return not choice["delta"]
-    return not choice.get("text")
-
-
-def rewrite_chunk(chunk: dict[str, Any], asked: CallerAsked, served_name: str) -> bool:
-    """Rewrite one stream chunk in place; False when nothing is left for the caller (drop the event)."""
-    choices = chunk.get("choices")
-    if choices is None:
-        return True  # an in-stream error event: passed through as vLLM sent it
-    chunk["model"] = served_name
-    _strip_top(chunk, asked)
-    if not asked.usage:
-        if not choices:
-            return False  # the forced usage-only chunk
-        chunk.pop("usage", None)
-    if not choices:
-        return True
-    for choice in choices:
-        _strip_choice(choice, asked)
-    kept = [choice for choice in choices if not _says_nothing(choice)]
-    if len(kept) != len(choices):
-        chunk["choices"] = kept
-    return bool(kept) or "usage" in chunk
-
-
-# ------------------------------------------------------------------------------------ recording
-
-
-def sampled_logprobs(endpoint: Endpoint, choice: dict[str, Any]) -> list[float | None]:
-    """The logprob of each sampled token in a choice (or chunk choice), in order."""
-    logprobs = choice.get("logprobs")
-    if not logprobs:
-        return []
-    if endpoint == "chat.completions":
-        return [entry["logprob"] for entry in logprobs.get("content") or ()]
-    return list(logprobs.get("token_logprobs") or ())
-
-
-def aligned_logprobs(token_ids: Sequence[int], logprobs: Sequence[float | None]) -> list[float]:
-    """The logprobs of `token_ids`, one each; raise `LogprobAlignmentError` if they do not pair up 1:1."""
-    if len(logprobs) != len(token_ids):
-        raise LogprobAlignmentError(f"{len(token_ids)} output tokens but {len(logprobs)} sampling logprobs")
-    result: list[float] = []
-    for logprob in logprobs:
-        if logprob is None:
-            raise LogprobAlignmentError("a sampled token has no logprob")
-        result.append(float(logprob))
-    return result
-
-
-@dataclass(slots=True)
-class ChoiceTrace:
-    prompt_token_ids: list[int] | None = None
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[float | None] = field(default_factory=list)
-    finish_reason: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class RecordContext:
-    """Everything a completion log row needs besides what vLLM returns."""
-
-    trajectory_id: str
-    endpoint: RecordedEndpoint  # the route the caller used (a translated dialect records its own name)
-    requested_model: str
-    served_model: str
-    step: int | None
-    request: bytes  # the caller's body, as sent
-    created_at: float
-    started: float  # perf_counter at arrival, for latency
-
-
-class CompletionTrace:
-    """Collects token ids and sampling logprobs per choice, from one response or from stream chunks."""
-
-    def __init__(self, endpoint: Endpoint) -> None:
-        self.endpoint = endpoint
-        self.request_id: str | None = None
-        self.choices: dict[int, ChoiceTrace] = {}
-
-    def add(self, payload: dict[str, Any]) -> None:
-        """Take a whole response or one chunk (before it is rewritten for the caller)."""
-        if self.request_id is None:
-            self.request_id = payload.get("id")
-        shared_prompt = payload.get("prompt_token_ids")  # chat: top level; completions: per choice
-        for choice in payload.get("choices") or ():
-            trace = self.choices.get(choice["index"])
-            if trace is None:
-                trace = self.choices[choice["index"]] = ChoiceTrace()
-            if trace.prompt_token_ids is None:
-                trace.prompt_token_ids = choice.get("prompt_token_ids") or shared_prompt
-            token_ids = choice.get("token_ids")
-            if token_ids:
-                trace.token_ids.extend(token_ids)
-            trace.logprobs.extend(sampled_logprobs(self.endpoint, choice))
-            if choice.get("finish_reason") is not None:
-                trace.finish_reason = choice["finish_reason"]
-
-    def records(self, context: RecordContext, *, aborted: bool = False) -> list[NewCompletion]:
-        """One row per choice. Finished: every choice must be complete and aligned (else raise).
-
-        Aborted (stream cut short): choices that produced nothing are skipped, the others get "abort".
-        """
-        latency = time.perf_counter() - context.started
-        rows: list[NewCompletion] = []
-        for index in sorted(self.choices):
-            trace = self.choices[index]
-            finish_reason = trace.finish_reason
-            if aborted:
-                if finish_reason is None and not trace.token_ids:
-                    continue
-                finish_reason = finish_reason or ABORTED
-            if trace.prompt_token_ids is None:
-                raise LogprobAlignmentError(f"choice {index} came without prompt token ids")
-            rows.append(
-                NewCompletion(
-                    trajectory_id=context.trajectory_id,
-                    request_id=self.request_id or "",
-                    choice_index=index,
-                    endpoint=context.endpoint,
-                    model=context.requested_model,
-                    served_model=context.served_model,
-                    step=context.step,
-                    request=context.request,
-                    prompt_token_ids=trace.prompt_token_ids,
-                    output_token_ids=trace.token_ids,
-                    logprobs=aligned_logprobs(trace.token_ids, trace.logprobs),
-                    finish_reason=finish_reason,
-                    created_at=context.created_at,
-                    latency_seconds=latency,
-                )
-            )
-        return rows
-
-
-def _usage_tokens(usage: Any) -> tuple[int, int] | None:
-    if not isinstance(usage, dict):
-        return None
-    return int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
-
-
-# --------------------------------------------------------------------------------------- streaming
-
-
-def split_sse_events(buffer: bytearray, data: bytes) -> list[bytes]:
-    """Append `data` to `buffer` and pop every complete SSE event (without its blank-line terminator)."""
-    buffer += data
-    events: list[bytes] = []
-    start = 0
-    while (end := buffer.find(b"\n\n", start)) != -1:
-        events.append(bytes(buffer[start:end]))
-        start = end + 2
-    del buffer[:start]
-    return events
-
-
-def _sse(payload: dict[str, Any]) -> bytes:
-    return b"data: " + orjson.dumps(payload) + b"\n\n"
-
-
-class ProxyStream:
-    """An SSE stream from vLLM, rewritten chunk by chunk, recorded when it ends.
-
-    Iterate it for the bytes to send. Whoever sends them must call `aclose()` once when done, shielded from
-    cancellation: if the stream did not finish (client gone), that drops the upstream connection so vLLM
-    aborts the generation, and queues the partial completion for the log.
-    """
-
-    media_type = "text/event-stream"
-
-    def __init__(
-        self,
-        serving: OpenAIServing,
-        upstream: EngineAnswer,
-        *,
-        endpoint: Endpoint,
-        asked: CallerAsked,
-        served_name: str,
-        started: float,
-        context: RecordContext | None,
-        lease: AsyncExitStack,
-        encoder: StreamEncoder | None = None,
-        metrics_label: str | None = None,
-    ) -> None:
-        self._serving = serving
-        self._lease = lease
-        self._upstream = upstream
-        self._endpoint = endpoint
-        self._encoder = encoder  # None: the chunks go out as chat/completions SSE, as vLLM sent them
-        self._metrics_label = metrics_label or endpoint
-        self._asked = asked
-        self._served_name = served_name
-        self._started = started
-        self._context = context
-        self._trace = CompletionTrace(endpoint)
-        self._iterator: AsyncGenerator[bytes, None] | None = None
-        self._first_chunk_seen = False
-        self._finished = False  # the upstream stream was fully handled (recorded, if recording)
-        self._closed = False
-
-    def __aiter__(self) -> AsyncIterator[bytes]:
-        if self._iterator is None:
-            self._iterator = self._events()
-        return self._iterator
-
-    async def _events(self) -> AsyncGenerator[bytes, None]:
-        buffer = bytearray()
-        saw_done = False
-        try:
-            async for data in self._upstream.iter_chunks():
-                out: list[bytes] = []
-                for event in split_sse_events(buffer, data):
-                    if event.startswith(_SSE_DONE):
-                        saw_done = True  # held back until the completion is recorded
-                        continue
-                    rewritten = self._rewrite_event(event)
-                    if rewritten is not None:
-                        out.append(rewritten)
-                if out:
-                    yield b"".join(out)
-        except EngineConnectionError as exc:
-            # The engine went away mid-stream (crash, restart): record what was generated, tell the client.
-            logger.warning("engine stream broke off: %s", exc)
-            self._finished = True
-            self._record_partial()
-            yield self._error_event(ServiceUnavailable(f"the engine stopped mid-stream ({exc})"))
-            return
-        # Fully read: the connection is back in the pool. Recording submits its rows before its first await,
-        # so a cancellation from here on cannot lose them.
-        self._finished = True
-        if self._context is not None:
-            error = await self._record(aborted=not saw_done)
-            if error is not None:
-                yield self._error_event(error)
-                return
-        if saw_done:
-            yield _SSE_DONE + b"\n\n" if self._encoder is None else await self._encoder.done()
-
-    def _error_event(self, error: APIError) -> bytes:
-        return _sse(error.body()) if self._encoder is None else self._encoder.error(error)
-
-    def _rewrite_event(self, event: bytes) -> bytes | None:
-        if not event.startswith(b"data: "):
-            return event + b"\n\n"  # SSE comments and keep-alives pass through
-        chunk = orjson.loads(event[6:])
-        if not isinstance(chunk, dict):
-            return event + b"\n\n"
-        choices = chunk.get("choices")
-        if choices and not self._first_chunk_seen:
-            # vLLM sends its first chunk (the role) together with the first generated token
-            self._first_chunk_seen = True
-            self._serving.metrics.time_to_first_token(self._metrics_label, time.perf_counter() - self._started)
-        if choices == [] and (usage := _usage_tokens(chunk.get("usage"))) is not None:
-            self._serving.metrics.tokens(self._metrics_label, *usage)
-        if self._context is not None:
-            self._trace.add(chunk)
-        if not rewrite_chunk(chunk, self._asked, self._served_name):
-            return None
-        if self._encoder is not None:
-            return self._encoder.chunk(chunk) or None
-        return _sse(chunk)
-
-    async def _record(self, *, aborted: bool) -> APIError | None:
-        assert self._context is not None
-        try:
-            rows = self._trace.records(self._context, aborted=aborted)
-        except LogprobAlignmentError as exc:
-            return self._serving.recording_failed("alignment", exc)
-        try:
-            await self._serving.log.record(rows)
-        except Exception as exc:  # reported to the caller in-stream, counted and logged
-            return self._serving.recording_failed("write", exc)
-        self._serving.metrics.completions_recorded(len(rows))
-        return None
-
-    def _record_partial(self) -> None:
-        """Queue what was generated without awaiting anything: the task may be cancelled."""
-        if self._context is None:
-            return
-        try:
-            rows = self._trace.records(self._context, aborted=True)
-        except LogprobAlignmentError as exc:
-            self._serving.recording_failed("alignment", exc)
-            return
-        if rows:
-            self._serving.log.submit(rows).add_done_callback(self._serving.on_partial_recorded(len(rows)))
-
-    async def aclose(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        if self._iterator is not None:
-            await self._iterator.aclose()
-        if not self._finished:
-            self._finished = True
-            self._record_partial()
-            self._upstream.abort()  # drops the connection mid-body: vLLM aborts the request
-        await self._lease.aclose()
-
-
 # ----------------------------------------------------------------------------------------- serving
 
 
@@ -650,6 +205,7 @@ class OpenAIServing:
         self.log = log
         self.metrics = metrics
         self.settings = settings
+        self.recorder = CompletionRecorder(log, metrics)
 
     # ----------------------------------------------------------------------------------- completions
 
@@ -738,7 +294,8 @@ class OpenAIServing:
                                         model=served.engine_name)
             if request.stream:
                 return ProxyStream(
-                    self,
+                    self.recorder,
+                    self.metrics,
                     upstream,
                     endpoint=endpoint,
                     asked=asked,
@@ -750,12 +307,12 @@ class OpenAIServing:
                     metrics_label=label,
                 )
             payload = orjson.loads(await self._read(upstream))
-            if (usage := _usage_tokens(payload.get("usage"))) is not None:
+            if (usage := usage_tokens(payload.get("usage"))) is not None:
                 self.metrics.tokens(label, *usage)
             if context is not None:
                 trace = CompletionTrace(endpoint)
                 trace.add(payload)
-                await self._record(trace, context)
+                await self.recorder.record(trace, context)
             rewrite_response(payload, asked, served.engine_name)
             if translation is not None:
                 return orjson.dumps(await translation.response(payload, served.engine_name))
@@ -827,35 +384,6 @@ class OpenAIServing:
                 param="echo",
                 code="unsupported_parameter",
             )
-
-    async def _record(self, trace: CompletionTrace, context: RecordContext) -> None:
-        try:
-            rows = trace.records(context)
-        except LogprobAlignmentError as exc:
-            raise self.recording_failed("alignment", exc) from exc
-        try:
-            await self.log.record(rows)
-        except Exception as exc:
-            raise self.recording_failed("write", exc) from exc
-        self.metrics.completions_recorded(len(rows))
-
-    def recording_failed(self, reason: str, exc: BaseException) -> RecordingFailed:
-        logger.error("completion not recorded (%s): %r", reason, exc)
-        self.metrics.completion_log_failed(reason)
-        return RecordingFailed(
-            f"the completion was generated but could not be recorded ({reason}: {exc})",
-            code="completion_not_recorded",
-        )
-
-    def on_partial_recorded(self, rows: int) -> Any:
-        def done(future: Any) -> None:
-            error = future.exception()
-            if error is not None:
-                self.recording_failed("write", error)
-            else:
-                self.metrics.completions_recorded(rows)
-
-        return done
 
     # ----------------------------------------------------------------------------------- other routes
 

@@ -80,6 +80,18 @@ async def train_reward_model(body: RewardModelFromRatings, studio: StudioStore, 
     return training.start(await training.prepare(request))
 
 
+class RatingsRewardTrainer:
+    """`train_reward_model` over this server's studio store, completion log and training service."""
+
+    def __init__(self, studio: StudioStore, log: CompletionLog, training: TrainingService) -> None:
+        self._studio = studio
+        self._log = log
+        self._training = training
+
+    async def start(self, body: RewardModelFromRatings) -> RunningJob:
+        return await train_reward_model(body, self._studio, self._log, self._training)
+
+
 def recorded_ids(connection: sqlite3.Connection, ids: Sequence[int]) -> set[int]:
     """Which of these completion ids the log still holds (no bodies or tokens read)."""
     found: set[int] = set()

@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 import orjson
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import StreamingResponse
-from pydantic import TypeAdapter, ValidationError
+from pydantic import TypeAdapter
 
 from artlike.studio_types import (
     ContinualPolicyUpdate,
@@ -22,10 +22,10 @@ from artlike.studio_types import (
 from artlike.types import STREAM_VERSION
 
 from ..completion_queries import MAX_PAGE, parse_metadata_filter
-from ..errors import InvalidRequest, validation_error
+from ..errors import InvalidRequest
+from ..http_body import parse_body
 from ..state import get_state
 from ..training.job import RunningJob
-from .reward_training import train_reward_model
 
 router = APIRouter()
 _RATING = TypeAdapter(RatingRequest)
@@ -38,10 +38,7 @@ def _jsonl(rows: list[dict[str, Any]]) -> Response:
 @router.post("/v1/ratings", status_code=201, response_model=RatingList)
 async def rate(request: Request) -> RatingList:
     """Rate one recorded completion (thumb, scale, skip) or rank several (best first)."""
-    try:
-        body = _RATING.validate_json(await request.body())
-    except ValidationError as error:
-        raise validation_error(error) from None
+    body = await parse_body(request, _RATING)
     # The page (it sends its CSRF token) rates as "studio"; API clients as "api" unless they name a rater.
     from_page = bool(request.headers.get("x-csrf-token"))
     ratings = await get_state(request).ratings.rate(body, default_rater="studio" if from_page else "api")
@@ -74,12 +71,8 @@ async def rating_pairs(request: Request, model: str | None = None,
 @router.post("/v1/ratings/train_reward_model")
 async def train_reward_model_from_ratings(request: Request) -> StreamingResponse:
     """Train a reward model on the train-split ratings (pairs and/or scores): the /_train_model NDJSON stream."""
-    try:
-        body = RewardModelFromRatings.model_validate_json(await request.body())
-    except ValidationError as error:
-        raise validation_error(error) from None
-    state = get_state(request)
-    job = await train_reward_model(body, state.studio, state.log, state.training)
+    body = await parse_body(request, RewardModelFromRatings)
+    job = await get_state(request).reward_trainer.start(body)
     return StreamingResponse(_ndjson(job), media_type="application/x-ndjson", headers={
         "X-Artlike-Stream-Version": str(STREAM_VERSION), "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
@@ -106,10 +99,7 @@ async def continual_status(name: str, request: Request) -> ContinualStatus:
 
 @router.patch("/v1/trainable_models/{name}/continual", response_model=ContinualStatus)
 async def update_continual(name: str, request: Request) -> ContinualStatus:
-    try:
-        update = ContinualPolicyUpdate.model_validate_json(await request.body())
-    except ValidationError as error:
-        raise validation_error(error) from None
+    update = await parse_body(request, ContinualPolicyUpdate)
     return await get_state(request).continual.update_policy(name, update)
 
 

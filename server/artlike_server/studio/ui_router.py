@@ -16,6 +16,7 @@ from fastapi.responses import FileResponse
 from pydantic import BaseModel
 
 from ..errors import Forbidden, NotFound, Unauthorized
+from ..http_body import parse_body
 from ..middleware import is_authorized
 from ..state import get_state
 from .page_logins import COOKIE
@@ -85,8 +86,9 @@ async def get_session(request: Request) -> SessionInfo:
 
 
 @router.post("/ui/session", response_model=SessionInfo)
-async def log_in(body: LoginRequest, request: Request, response: Response) -> SessionInfo:
+async def log_in(request: Request, response: Response) -> SessionInfo:
     _check_reachable(request)
+    body = await parse_body(request, LoginRequest)
     state = get_state(request)
     expected = state.page_logins.api_key
     if not expected:

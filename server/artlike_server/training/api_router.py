@@ -1,25 +1,21 @@
 """`POST /_train_model`: validate (4xx before any work), then stream the job's events as NDJSON.
 
 The body (up to the body limit, tens of MB of offline trajectories) is parsed and validated in a worker
-thread, not by FastAPI's body model on the event loop, where it would stall every stream in flight (the
-body schema is `artlike.types.TrainRequest`, which is not in /openapi.json).
+thread (the body schema is `artlike.types.TrainRequest`; it is not in /openapi.json).
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
-from typing import Any
 
 import orjson
 from fastapi import APIRouter, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import StreamingResponse
-from pydantic import ValidationError
+from pydantic_core import ErrorDetails
 
 from artlike.types import OBJECTIVES, PAIR_KINDS, STREAM_VERSION, TrainRequest
 
-from ..errors import validation_error
+from ..http_body import parse_body, parse_json
 from ..state import get_state
 from .job import RunningJob
 
@@ -28,7 +24,7 @@ router = APIRouter()
 
 @router.post("/_train_model")
 async def train_model(request: Request) -> StreamingResponse:
-    body = await asyncio.to_thread(parse_train_request, await request.body())
+    body = await parse_body(request, TrainRequest, in_thread=True, locate=_without_union_tag)
     service = get_state(request).training
     prepared = await service.prepare(body)
     job = service.start(prepared)
@@ -42,13 +38,10 @@ async def train_model(request: Request) -> StreamingResponse:
 
 def parse_train_request(raw: bytes) -> TrainRequest:
     """Parse and validate a body; an invalid one raises the same 400 as FastAPI's body models."""
-    try:
-        return TrainRequest.model_validate_json(raw)
-    except ValidationError as exc:
-        raise validation_error(RequestValidationError([_without_union_tag(e) for e in exc.errors()])) from None
+    return parse_json(raw, TrainRequest, locate=_without_union_tag)
 
 
-def _without_union_tag(error: Any) -> Any:
+def _without_union_tag(error: ErrorDetails) -> ErrorDetails:
     """pydantic puts a union's tag in the location (`config.grpo.learning_rate`, `pairs.0.messages.prompt`);
     callers sent `config.learning_rate` and `pairs.0.prompt`, so that is the parameter to name."""
     loc = tuple(error.get("loc", ()))

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import statistics
-import threading
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
@@ -31,12 +29,10 @@ from artlike.types import (
     DoneEvent,
     DPOConfig,
     ErrorEvent,
-    OfflineTrajectory,
     PPOConfig,
     RecordedExample,
     RecordedPair,
     RewardModelConfig,
-    ScoredExample,
     SFTConfig,
     StartEvent,
     StatusEvent,
@@ -52,17 +48,12 @@ from ..errors import Conflict, InvalidRequest, NotFound, ServiceUnavailable
 from ..metrics import Metrics
 from ..models.manager import AdapterRefused, ModelManager, served_name
 from ..models.store import ModelStore
-from ..tokenizer import decode_as_engine
 from ..trainer_ipc import protocol
 from ..trainer_ipc.batch_file import write_batch
-from ..trainer_ipc.sequences import (
-    SequenceBuildError,
-    TrainSequence,
-    sequences_from_completions,
-    sequences_from_offline,
-)
+from ..trainer_ipc.sequences import TrainSequence
 from ..trainer_ipc.steps import count_gradient_steps, units_of
-from .advantages import group_advantages, is_zero_variance
+from .batches import BatchContext, builder_for
+from .tokenizer_service import TokenizerService
 from .trainer_client import TrainerCrashed, TrainerError, TrainerProcess, TrainerTimeout
 
 log = logging.getLogger(__name__)
@@ -140,8 +131,7 @@ class TrainingService:
         completion_log: CompletionLog,
         trainer: TrainerProcess,
         metrics: Metrics,
-        tokenizer: Callable[[], Any],
-        chat_template: str | None = None,
+        tokenizer: TokenizerService,
         limits: TrainingLimits = TrainingLimits(),
     ) -> None:
         self.store = store
@@ -149,13 +139,11 @@ class TrainingService:
         self.completion_log = completion_log
         self.trainer = trainer
         self.metrics = metrics
-        self._tokenizer = tokenizer  # loaded lazily: only offline trajectories need it
-        self._chat_template = chat_template  # the template the engine serves with, for offline prompts
+        self.tokenizer = tokenizer  # for offline trajectories
         self._active: dict[str, RunningJob] = {}
         self._sessions: dict[str, str] = {}  # model -> the training session open on it (sessions.py)
         self._shutting_down = False
         self.limits = limits
-        self._tokenizer_lock = threading.Lock()  # one thread at a time uses the (lazily loaded) tokenizer
         # Called after each committed step with (model, step, [(trajectory id, reward)]); must not raise.
         self.step_observers: list[Callable[[str, int, list[tuple[str, float]]], None]] = []
 
@@ -165,34 +153,6 @@ class TrainingService:
                 observer(model, step, rewards)
             except Exception:  # an observer (a log writer) never fails a committed step
                 log.exception("a step observer failed for %s@%d", model, step)
-
-    def decode(self, token_ids: list[int]) -> list[str]:
-        """Each token's text (blocking: call it in a thread); the tokenizer loads on first use."""
-        with self._tokenizer_lock:
-            tokenizer = self._tokenizer()
-            return [tokenizer.decode([token_id]) for token_id in token_ids]
-
-    def decode_text(self, token_ids: list[int]) -> str:
-        """The text of a token sequence without special tokens, as the engine returned it (blocking: call it in
-        a thread; see `decode_as_engine` for an output cut off inside a character)."""
-        with self._tokenizer_lock:
-            return decode_as_engine(self._tokenizer(), token_ids)
-
-    def conversation_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
-        """The token ids of a conversation that ends with an assistant answer, as training renders it (the
-        served chat template; blocking: call it in a thread). Raises SequenceBuildError."""
-        with self._tokenizer_lock:
-            built = sequences_from_offline(OfflineTrajectory(messages=messages, tools=tools), self._tokenizer(),
-                                           0.0, chat_template=self._chat_template)
-        if not built:
-            raise SequenceBuildError("the conversation has no assistant answer")
-        return built[-1].token_ids
-
-    def load_tokenizer(self) -> None:
-        """Load the tokenizer now (blocking: call it in a thread at start-up), so the first request with
-        offline trajectories does not pay for it while requests are in flight."""
-        with self._tokenizer_lock:
-            self._tokenizer()
 
     def is_training(self, model: str) -> bool:
         return model in self._active
@@ -260,9 +220,11 @@ class TrainingService:
                            param=data_param, code="trajectory_not_found")
 
         # Tokenizing offline trajectories and merging turns is CPU work: off the event loop.
-        build = self._build_reward_data if isinstance(config, RewardModelConfig) else \
-            {"examples": self._build_examples, "pairs": self._build_pairs}.get(data_param, self._build)
-        sequences, skipped, rewards, metric_values = await asyncio.to_thread(build, request, records)
+        head = self.store.require(request.model).reward_head
+        context = BatchContext(self.tokenizer, self.limits.max_sequence_tokens,
+                               reward_objectives=head.num_objectives if head is not None else 1)
+        batch = await asyncio.to_thread(builder_for(request), request, records, context)
+        sequences, skipped = batch.sequences, batch.groups_skipped
         if request.groups and skipped == len(request.groups):
             raise InvalidRequest(
                 f"all {skipped} group(s) have equal rewards within the group, so every advantage is 0 and "
@@ -283,8 +245,8 @@ class TrainingService:
             trajectories=len(request.examples) + 2 * len(request.pairs) + len(request.scored)
             + sum(len(g.trajectories) for g in request.groups),
             groups=len(request.groups),
-            groups_skipped=skipped, rewards=rewards,
-            metrics={k: statistics.fmean(v) for k, v in metric_values.items()},
+            groups_skipped=skipped, rewards=batch.rewards,
+            metrics={k: statistics.fmean(v) for k, v in batch.metrics.items()},
             num_gradient_steps=num_gradient_steps, reference_adapter_dir=reference_adapter_dir,
             reward_model_dir=reward_model_dir, promote=request.promote, annotations=dict(request.annotations),
             trajectory_rewards=[(t.trajectory_id, t.reward) for g in request.groups for t in g.trajectories
@@ -338,177 +300,6 @@ class TrainingService:
             raise InvalidRequest(f"the reference {config.reference!r} is an adapter of another base model",
                                  param="config.reference", code="invalid_reference")
         return self.store.step_dir(name, int(number))
-
-    def _build(self, request: TrainRequest, records: dict[str, list[Any]]
-               ) -> tuple[list[TrainSequence], int, list[float], dict[str, list[float]]]:
-        """Sequences, groups skipped, rewards and metrics of a request (runs in a worker thread)."""
-        config = request.config
-        assert not isinstance(config, SFTConfig | DPOConfig | RewardModelConfig), "they have their own builders"
-        ppo = isinstance(config, PPOConfig)
-        sequences: list[TrainSequence] = []
-        skipped = 0
-        rewards: list[float] = []
-        metric_values: dict[str, list[float]] = {}
-        for group_index, group in enumerate(request.groups):
-            group_rewards = [t.reward or 0.0 for t in group.trajectories]  # None: PPO's reward model scores
-            rewards.extend(t.reward for t in group.trajectories if t.reward is not None)
-            for t in group.trajectories:
-                for key, value in t.metrics.items():
-                    metric_values.setdefault(key, []).append(value)
-            if ppo:  # no groups needed: the value head is the baseline
-                advantages = [0.0] * len(group_rewards)
-            elif is_zero_variance(group_rewards):
-                skipped += 1
-                continue
-            else:
-                assert not isinstance(config, PPOConfig)
-                advantages = group_advantages(group_rewards, scale_rewards=config.scale_rewards)
-            for index, (trajectory, advantage) in enumerate(zip(group.trajectories, advantages, strict=True)):
-                if isinstance(trajectory, OfflineTrajectory):
-                    name = f"groups[{group_index}].trajectories[{index}]"
-                    try:
-                        with self._tokenizer_lock:
-                            built = sequences_from_offline(trajectory, self._tokenizer(), advantage,
-                                                           chat_template=self._chat_template,
-                                                           group_index=group_index)
-                    except SequenceBuildError as error:
-                        raise InvalidRequest(f"offline trajectory {name}: {error}", param=name,
-                                             code="invalid_trajectory") from None
-                else:
-                    name = f"trajectory {trajectory.trajectory_id!r}"
-                    try:
-                        built = sequences_from_completions(
-                            records[trajectory.trajectory_id], advantage, mask_truncated=config.mask_truncated,
-                            group_index=group_index, only=trajectory.completion_ids)
-                    except SequenceBuildError as error:
-                        raise InvalidRequest(str(error), param=f"groups[{group_index}].trajectories[{index}]"
-                                             ".completion_ids", code="completion_not_found") from None
-                self._check_lengths(built, name, f"groups[{group_index}].trajectories[{index}]")
-                for sequence in built:
-                    sequence.reward = group_rewards[index]
-                sequences.extend(s for s in built if s.num_trainable_tokens > 0)
-        return sequences, skipped, rewards, metric_values
-
-    def _build_examples(self, request: TrainRequest, records: dict[str, list[Any]]
-                        ) -> tuple[list[TrainSequence], int, list[float], dict[str, list[float]]]:
-        """SFT sequences of a request's examples (runs in a worker thread): recorded ones train on their
-        exact sampled tokens, message lists are rendered with the served chat template."""
-        assert isinstance(request.config, SFTConfig)
-        last_only = request.config.assistant_turns == "last"
-        sequences: list[TrainSequence] = []
-        for index, example in enumerate(request.examples):
-            name = f"examples[{index}]"
-            if isinstance(example, RecordedExample):
-                built = sequences_from_completions(records[example.trajectory_id], 1.0, mask_truncated=False,
-                                                   group_index=index, last_turn_only=last_only)
-            else:
-                offline = OfflineTrajectory(messages=example.messages, tools=example.tools, reward=0.0)
-                try:
-                    with self._tokenizer_lock:
-                        built = sequences_from_offline(offline, self._tokenizer(), 1.0,
-                                                       chat_template=self._chat_template, group_index=index,
-                                                       last_turn_only=last_only)
-                except SequenceBuildError as error:
-                    raise InvalidRequest(f"{name}: {error}", param=name, code="invalid_example") from None
-            self._check_lengths(built, name, name)
-            sequences.extend(s for s in built if s.num_trainable_tokens > 0)
-        return sequences, 0, [], {}
-
-    def _build_pairs(self, request: TrainRequest, records: dict[str, list[Any]]
-                     ) -> tuple[list[TrainSequence], int, list[float], dict[str, list[float]]]:
-        """DPO sequences of a request's pairs (runs in a worker thread): each answer is one sequence, the chosen
-        side `preference` 1 and the rejected -1, both with the pair's index as `group_index`."""
-        sequences: list[TrainSequence] = []
-        for index, pair in enumerate(request.pairs):
-            name = f"pairs[{index}]"
-            sides = []
-            for side, preference in (("chosen", 1), ("rejected", -1)):
-                if isinstance(pair, RecordedPair):
-                    trajectory_id, completion_id = (
-                        (pair.chosen_trajectory_id, pair.chosen_completion_id) if preference == 1
-                        else (pair.rejected_trajectory_id, pair.rejected_completion_id))
-                    try:
-                        built = sequences_from_completions(
-                            records[trajectory_id], 0.0, mask_truncated=False, group_index=index,
-                            only=None if completion_id is None else [completion_id])
-                    except SequenceBuildError as error:
-                        raise InvalidRequest(f"{name}.{side}: {error}", param=f"{name}.{side}_completion_id",
-                                             code="completion_not_found") from None
-                else:
-                    offline = OfflineTrajectory(messages=[*pair.prompt, *getattr(pair, side)], tools=pair.tools,
-                                                reward=0.0)
-                    try:
-                        with self._tokenizer_lock:
-                            built = sequences_from_offline(offline, self._tokenizer(), 0.0,
-                                                           chat_template=self._chat_template, group_index=index,
-                                                           context_messages=len(pair.prompt))
-                    except SequenceBuildError as error:
-                        raise InvalidRequest(f"{name}.{side}: {error}", param=f"{name}.{side}",
-                                             code="invalid_pair") from None
-                if len(built) != 1:
-                    raise InvalidRequest(
-                        f"{name}.{side} makes {len(built)} training sequences; each answer of a pair must be one "
-                        "conversation whose turns extend each other token for token", param=f"{name}.{side}",
-                        code="invalid_pair")
-                self._check_lengths(built, f"{name}.{side}", f"{name}.{side}")
-                built[0].preference = preference
-                sides.append(built[0])
-            chosen, rejected = sides
-            if (chosen.token_ids, chosen.trainable) == (rejected.token_ids, rejected.trainable):
-                raise InvalidRequest(f"{name}: the chosen and rejected answers are the same tokens",
-                                     param=name, code="invalid_pair")
-            sequences.extend(sides)
-        return sequences, 0, [], {}
-
-    def _build_reward_data(self, request: TrainRequest, records: dict[str, list[Any]]
-                           ) -> tuple[list[TrainSequence], int, list[float], dict[str, list[float]]]:
-        """A reward model's sequences (runs in a worker thread): its pairs as DPO's, then its scored examples,
-        each one whole conversation carrying its targets."""
-        sequences = self._build_pairs(request, records)[0] if request.pairs else []
-        head = self.store.require(request.model).reward_head
-        objectives = head.num_objectives if head is not None else 1
-        for index, example in enumerate(request.scored):
-            name = f"scored[{index}]"
-            if len(example.targets) != objectives:
-                raise InvalidRequest(f"{name} has {len(example.targets)} target(s); the reward model has "
-                                     f"{objectives} objective(s)", param=f"{name}.targets", code="invalid_targets")
-            built = self._scored_sequences(example, records, name, group_index=len(request.pairs) + index)
-            self._check_lengths(built, name, name)
-            sequence = built[-1]  # the whole conversation: later turns extend the earlier ones
-            sequence.targets = [math.nan if t is None else t for t in example.targets]
-            sequences.append(sequence)
-        return sequences, 0, [], {}
-
-    def _scored_sequences(self, example: ScoredExample, records: dict[str, list[Any]], name: str, *,
-                          group_index: int) -> list[TrainSequence]:
-        if example.trajectory_id is not None:
-            try:
-                built = sequences_from_completions(
-                    records[example.trajectory_id], 0.0, mask_truncated=False, group_index=group_index,
-                    only=None if example.completion_id is None else [example.completion_id])
-            except SequenceBuildError as error:
-                raise InvalidRequest(f"{name}: {error}", param=f"{name}.completion_id",
-                                     code="completion_not_found") from None
-        else:
-            assert example.messages is not None
-            offline = OfflineTrajectory(messages=example.messages, tools=example.tools, reward=0.0)
-            try:
-                with self._tokenizer_lock:
-                    built = sequences_from_offline(offline, self._tokenizer(), 0.0, chat_template=self._chat_template,
-                                                   group_index=group_index)
-            except (SequenceBuildError, ValueError) as error:
-                raise InvalidRequest(f"{name}: {error}", param=f"{name}.messages", code="invalid_example") from None
-        if not built:
-            raise InvalidRequest(f"{name} has no assistant answer to score", param=name, code="invalid_example")
-        return built
-
-    def _check_lengths(self, built: list[TrainSequence], name: str, param: str) -> None:
-        for sequence in built:
-            if sequence.num_tokens > self.limits.max_sequence_tokens:
-                raise InvalidRequest(
-                    f"{name} makes a training sequence of {sequence.num_tokens} tokens, over this "
-                    f"server's limit of {self.limits.max_sequence_tokens} (--max-sequence-tokens)",
-                    param=param, code="sequence_too_long")
 
     # --------------------------------------------------------------------------------- run
 

@@ -17,6 +17,7 @@ from artlike.session_types import (
     SessionInfo,
 )
 
+from ..http_body import parse_body
 from ..state import get_state
 from .sessions import TrainingSessions
 
@@ -28,8 +29,8 @@ def _sessions(request: Request) -> TrainingSessions:
 
 
 @router.post("", response_model=SessionInfo, status_code=201)
-async def open_session(body: OpenSessionRequest, request: Request) -> SessionInfo:
-    return await _sessions(request).open(body)
+async def open_session(request: Request) -> SessionInfo:
+    return await _sessions(request).open(await parse_body(request, OpenSessionRequest))
 
 
 @router.get("/{session_id}", response_model=SessionInfo)
@@ -43,27 +44,29 @@ async def end_session(session_id: str, request: Request) -> SessionInfo:
 
 
 @router.post("/{session_id}/forward_backward", response_model=PassResult)
-async def forward_backward(session_id: str, body: ForwardBackwardRequest, request: Request) -> PassResult:
+async def forward_backward(session_id: str, request: Request) -> PassResult:
+    body = await parse_body(request, ForwardBackwardRequest)
     return await _sessions(request).forward_backward(session_id, body)
 
 
 @router.post("/{session_id}/forward", response_model=PassResult)
-async def forward(session_id: str, body: ForwardRequest, request: Request) -> PassResult:
+async def forward(session_id: str, request: Request) -> PassResult:
+    body = await parse_body(request, ForwardRequest)
     return await _sessions(request).forward_backward(session_id, body, backward=False)
 
 
 @router.post("/{session_id}/optim_step", response_model=OptimStepResult)
-async def optim_step(session_id: str, body: OptimStepRequest, request: Request) -> OptimStepResult:
-    return await _sessions(request).optim_step(session_id, body)
+async def optim_step(session_id: str, request: Request) -> OptimStepResult:
+    return await _sessions(request).optim_step(session_id, await parse_body(request, OptimStepRequest))
 
 
 @router.post("/{session_id}/save_state", response_model=SavedState)
-async def save_state(session_id: str, request: Request, response: Response,
-                     body: SaveStateRequest | None = None) -> SavedState:
+async def save_state(session_id: str, request: Request, response: Response) -> SavedState:
+    body = await parse_body(request, SaveStateRequest, default=SaveStateRequest())
     response.status_code = 201
-    return await _sessions(request).save_state(session_id, body or SaveStateRequest())
+    return await _sessions(request).save_state(session_id, body)
 
 
 @router.post("/{session_id}/load_state", response_model=SessionInfo)
-async def load_state(session_id: str, body: LoadStateRequest, request: Request) -> SessionInfo:
-    return await _sessions(request).load_state(session_id, body)
+async def load_state(session_id: str, request: Request) -> SessionInfo:
+    return await _sessions(request).load_state(session_id, await parse_body(request, LoadStateRequest))
