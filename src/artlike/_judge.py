@@ -45,7 +45,6 @@ from tqdm.auto import tqdm
 
 from ._errors import APIConnectionError, APIError, JudgeError
 from ._trajectory import PLACEHOLDER_API_KEY, Trajectory, TrajectoryGroup
-from .studio_types import TrajectoryView
 
 if TYPE_CHECKING:
     import openai  # ~2 s to import on a small CPU: imported where a client is built
@@ -368,13 +367,12 @@ async def conversation_of(trajectory: Trajectory) -> list[dict[str, Any]]:
     decoded answer (in a multi-turn rollout that prompt holds every earlier turn). Offline: its messages."""
     if not trajectory.recorded:
         return trajectory.messages()
-    connection = trajectory._require_recording().connection
+    backend = trajectory._require_recording().backend
     try:
-        response = await connection.request("GET", f"/v1/trajectories/{trajectory.id}/view")
+        view = await backend.view_trajectory(trajectory.id)
     except (APIError, APIConnectionError) as error:
         raise JudgeError(f"could not read {trajectory!r} from the server: {error}",
                          code="trajectory_unavailable") from error
-    view = TrajectoryView.model_validate_json(response.content)
     if not view.completions:
         raise JudgeError(f"the server shows no completion for {trajectory!r}", code="trajectory_unavailable")
     last = max(view.completions, key=lambda completion: completion.id)
