@@ -44,6 +44,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from tqdm.auto import tqdm
 
 from ._errors import APIConnectionError, APIError, JudgeError
+from ._tasks import in_turn_of_finishing
 from ._trajectory import PLACEHOLDER_API_KEY, Trajectory, TrajectoryGroup
 
 if TYPE_CHECKING:
@@ -651,20 +652,17 @@ async def judge_groups(
                 return index, error
 
     bar = tqdm(total=len(groups), desc="judging", unit="group", disable=not progress)
-    async with judge.session() as client:
-        tasks = [asyncio.ensure_future(one(index, client)) for index in range(len(groups))]
-        try:
-            for next_done in asyncio.as_completed(tasks):
+    try:
+        async with judge.session() as client, \
+                in_turn_of_finishing(one(index, client) for index in range(len(groups))) as finished:
+            for next_done in finished:
                 index, outcome = await next_done
                 if isinstance(outcome, JudgeError) and on_failure == "raise":
                     raise outcome
                 outcomes[index] = outcome
                 bar.update(1)
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            bar.close()
+    finally:
+        bar.close()
     return _assemble(groups, outcomes, on_failure)
 
 
