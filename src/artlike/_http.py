@@ -1,4 +1,5 @@
-"""The one place that talks HTTP to the artlike server: client construction, auth, timeouts, retries.
+"""How the client's requests travel: client construction, auth, timeouts, retries, transports. Which routes
+it calls, with which bodies, is `_backend.Backend`'s part.
 
 Retries: 502/503/504 answers and connections that never reached the server are retried with exponential
 backoff (honouring Retry-After); read errors after the request went out are retried only for idempotent

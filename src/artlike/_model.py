@@ -359,7 +359,7 @@ class TrainableModel:
         return await TrainingSession.open(self._backend.connection, self.name, from_step=from_step,
                                           idle_timeout_s=idle_timeout_s, **optimizer)
 
-    training_session_sync = syncify(training_session)
+    training_session_sync = syncify(training_session, doc="`training_session` for sync code (use it with `with`).")
 
     def _stream(self, request: TrainRequest, progress: bool, idle_timeout: float, *, strict: bool = True
                 ) -> TrainStream:

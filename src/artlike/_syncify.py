@@ -54,8 +54,9 @@ def iterate_sync(iterator: AsyncIterator[_T]) -> Generator[_T, None, None]:
                 loop.run(close())
 
 
-def syncify(function: Callable[_P, Coroutine[Any, Any, _T]]) -> Callable[_P, _T]:
-    """The sync variant of an async function or method: same parameters, the result instead of a coroutine.
+def syncify(function: Callable[_P, Coroutine[Any, Any, _T]], *, doc: str | None = None) -> Callable[_P, _T]:
+    """The sync variant of an async function or method: same parameters, the result instead of a coroutine;
+    its docstring is the async one's unless `doc` says otherwise.
 
         class TrainableModel:
             async def get_info(self) -> ModelInfo: ...
@@ -68,6 +69,8 @@ def syncify(function: Callable[_P, Coroutine[Any, Any, _T]]) -> Callable[_P, _T]
 
     call.__name__ = f"{function.__name__}_sync"
     call.__qualname__ = f"{function.__qualname__}_sync"
+    if doc is not None:
+        call.__doc__ = doc
     return call
 
 
