@@ -13,15 +13,14 @@ Policy, in order:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 from collections.abc import Awaitable, Iterable
 from inspect import iscoroutine
-from typing import Any
 
 from tqdm.auto import tqdm
 
+from ._tasks import bounded, in_turn_of_finishing
 from ._trajectory import Trajectory, TrajectoryGroup
 
 __all__ = ["gather_trajectory_groups"]
@@ -80,19 +79,17 @@ async def gather_trajectory_groups(
 
     bar = tqdm(total=total, desc=pbar_desc, unit="traj", disable=not progress)
     tracker = _Tracker(bar, budget, max_exceptions, total)
-    tasks = [asyncio.ensure_future(_run(index, position, awaitable, limit)) for index, position, awaitable in jobs]
     try:
-        for group in groups:
-            for trajectory in group.trajectories:
-                tracker.record(trajectory)
-        for next_done in asyncio.as_completed(tasks):
-            index, position, outcome = await next_done
-            slots[index][position] = outcome
-            tracker.record(outcome)
+        async with in_turn_of_finishing(_run(index, position, awaitable, limit)
+                                        for index, position, awaitable in jobs) as finished:
+            for group in groups:
+                for trajectory in group.trajectories:
+                    tracker.record(trajectory)
+            for next_done in finished:
+                index, position, outcome = await next_done
+                slots[index][position] = outcome
+                tracker.record(outcome)
     finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
         for _, _, awaitable in jobs:
             if iscoroutine(awaitable):
                 awaitable.close()  # no-op once finished; a never-started one would warn "never awaited"
@@ -101,9 +98,8 @@ async def gather_trajectory_groups(
 
 
 async def _run(index: int, position: int, awaitable: Awaitable[Trajectory], limit: asyncio.Semaphore | None) -> _Outcome:
-    slot: contextlib.AbstractAsyncContextManager[Any] = limit if limit is not None else contextlib.nullcontext()
     try:
-        async with slot:
+        async with bounded(limit):
             result = await awaitable
     except Exception as exc:  # a failed rollout is an outcome: counted by the policy, raised past the budget
         return index, position, exc

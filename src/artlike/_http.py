@@ -1,4 +1,5 @@
-"""The one place that talks HTTP to the artlike server: client construction, auth, timeouts, retries.
+"""How the client's requests travel: client construction, auth, timeouts, retries, transports. Which routes
+it calls, with which bodies, is `_backend.Backend`'s part.
 
 Retries: 502/503/504 answers and connections that never reached the server are retried with exponential
 backoff (honouring Retry-After); read errors after the request went out are retried only for idempotent
@@ -11,8 +12,8 @@ import asyncio
 import random
 import ssl
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Generator, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -21,6 +22,7 @@ import httpx
 import orjson
 
 from ._errors import APIConnectionError, APITimeoutError, error_from_response, parse_retry_after
+from ._syncify import in_sync_call
 from ._version import __version__
 
 __all__ = ["RetryPolicy"]
@@ -103,12 +105,13 @@ def _stream_error(error: httpx.TransportError, request: httpx.Request, idle_time
 
 
 class Connection:
-    """httpx clients for one server (sync and async), with the API key, timeouts and retry policy.
+    """How to reach one server: base URL, API key, timeouts, retry policy and transports.
 
-    Each async call opens its own short-lived client: async connections belong to the event loop that
-    opened them, so a pooled one breaks scripts that call `asyncio.run` more than once. These calls are
-    a few per training step (rollout traffic goes through the trajectories' OpenAI clients), and with
-    the shared SSL context a client is cheap to build. The sync client, bound to no loop, is pooled.
+    Each call opens its own short-lived client: async connections belong to the event loop that opened
+    them, so a pooled one breaks scripts that call `asyncio.run` more than once (and every sync call runs
+    on a loop of its own, see `_syncify`). These calls are a few per training step (rollout traffic goes
+    through the trajectories' OpenAI clients), and the shared SSL context keeps a client cheap to build.
+    A sync call sends through `sync_transport` and waits between retries with the policy's `sync_sleep`.
     """
 
     def __init__(
@@ -130,7 +133,6 @@ class Connection:
         if sync_transport is None and isinstance(transport, httpx.BaseTransport):
             sync_transport = transport
         self._sync_transport = sync_transport
-        self._sync_client: httpx.Client | None = None
 
     @property
     def headers(self) -> dict[str, str]:
@@ -144,21 +146,24 @@ class Connection:
         """Built once: creating a context is costly, and every trajectory's openai client needs one."""
         return httpx.create_ssl_context()
 
-    def _async_client(self) -> httpx.AsyncClient:
+    def _client(self) -> httpx.AsyncClient:
         return httpx.AsyncClient(
-            base_url=self.base_url, headers=self.headers, timeout=self.timeout, transport=self._transport,
+            base_url=self.base_url, headers=self.headers, timeout=self.timeout, transport=self._chosen_transport(),
             verify=self.ssl_context,
         )
 
-    def _pooled_sync_client(self) -> httpx.Client:
-        if self._sync_client is None:
-            self._sync_client = httpx.Client(
-                base_url=self.base_url, headers=self.headers, timeout=self.timeout,
-                transport=self._sync_transport, verify=self.ssl_context,
-            )
-        return self._sync_client
+    def _chosen_transport(self) -> httpx.AsyncBaseTransport | None:
+        if not in_sync_call():
+            return self._transport
+        if self._sync_transport is None or isinstance(self._sync_transport, httpx.AsyncBaseTransport):
+            return self._sync_transport
+        return _BlockingTransport(self._sync_transport)
 
-    # ------------------------------------------------------------------------------------------- async
+    async def _wait(self, delay: float) -> None:
+        if in_sync_call():
+            self.retry.sync_sleep(delay)  # blocks only the sync call's own loop, as a sync client would
+        else:
+            await self.retry.sleep(delay)
 
     async def request(
         self, method: str, path: str, *, json: Any = None, params: dict[str, Any] | None = None,
@@ -178,7 +183,7 @@ class Connection:
         multipart: Multipart | None = None,
     ) -> AsyncIterator[httpx.Response]:
         """An open, successful (2xx) response whose body is not read yet; closed on exit."""
-        async with self._async_client() as client:
+        async with self._client() as client:
             request = self._build(client, method, path, json, params, request_timeout, multipart)
             retry_any_read = method in IDEMPOTENT_METHODS if idempotent is None else idempotent
             attempt = 0
@@ -194,7 +199,7 @@ class Connection:
                     if delay is None:
                         break
                     await response.aclose()
-                await self.retry.sleep(delay)
+                await self._wait(delay)
                 attempt += 1
             try:
                 if response.is_error:
@@ -220,69 +225,10 @@ class Connection:
                     raise _stream_error(error, response.request, idle_timeout) from error
                 yield line
 
-    # -------------------------------------------------------------------------------------------- sync
-
-    def request_sync(
-        self, method: str, path: str, *, json: Any = None, params: dict[str, Any] | None = None,
-        idempotent: bool | None = None, request_timeout: httpx.Timeout | None = None,
-        multipart: Multipart | None = None,
-    ) -> httpx.Response:
-        with self.stream_sync(method, path, json=json, params=params, idempotent=idempotent,
-                              request_timeout=request_timeout, multipart=multipart) as response:
-            response.read()
-        return response
-
-    @contextmanager
-    def stream_sync(
-        self, method: str, path: str, *, json: Any = None, params: dict[str, Any] | None = None,
-        idempotent: bool | None = None, request_timeout: httpx.Timeout | None = None,
-        multipart: Multipart | None = None,
-    ) -> Iterator[httpx.Response]:
-        client = self._pooled_sync_client()
-        request = self._build(client, method, path, json, params, request_timeout, multipart)
-        retry_any_read = method in IDEMPOTENT_METHODS if idempotent is None else idempotent
-        attempt = 0
-        while True:
-            try:
-                response = client.send(request, stream=True)
-            except httpx.TransportError as error:
-                delay = _retry_delay_for_error(self.retry, attempt, error, retry_any_read)
-                if delay is None:
-                    raise _connection_error(error, request) from error
-            else:
-                delay = _retry_delay_for_response(self.retry, attempt, response)
-                if delay is None:
-                    break
-                response.close()
-            self.retry.sync_sleep(delay)
-            attempt += 1
-        try:
-            if response.is_error:
-                response.read()
-                raise error_from_response(response)
-            yield response
-        finally:
-            response.close()
-
-    def stream_lines_sync(
-        self, method: str, path: str, *, json: Any = None, idle_timeout: float, params: dict[str, Any] | None = None,
-    ) -> Generator[str, None, None]:
-        with self.stream_sync(method, path, json=json, params=params,
-                              request_timeout=self._streaming_timeout(idle_timeout)) as response:
-            lines = response.iter_lines()
-            while True:
-                try:
-                    line = next(lines)
-                except StopIteration:
-                    return
-                except httpx.TransportError as error:
-                    raise _stream_error(error, response.request, idle_timeout) from error
-                yield line
-
     def close(self) -> None:
-        if self._sync_client is not None:
-            self._sync_client.close()
-            self._sync_client = None
+        """Close an injected sync-only transport; every call opens and closes its own client."""
+        if self._sync_transport is not None and not isinstance(self._sync_transport, httpx.AsyncBaseTransport):
+            self._sync_transport.close()
 
     # ------------------------------------------------------------------------------------------ shared
 
@@ -293,7 +239,7 @@ class Connection:
 
     @staticmethod
     def _build(
-        client: httpx.Client | httpx.AsyncClient, method: str, path: str, json: Any,
+        client: httpx.AsyncClient, method: str, path: str, json: Any,
         params: dict[str, Any] | None, timeout: httpx.Timeout | None, multipart: Multipart | None = None,
     ) -> httpx.Request:
         if multipart is not None:  # file uploads: httpx writes the multipart body
@@ -306,3 +252,33 @@ class Connection:
             method, path, content=content, params=params, headers=headers,
             timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
         )
+
+
+class _BlockingTransport(httpx.AsyncBaseTransport):
+    """A sync-only transport (`sync_transport=`) behind the async client of a sync call: it blocks that
+    call's private loop while it works, as it would block a sync client's thread."""
+
+    def __init__(self, transport: httpx.BaseTransport) -> None:
+        self._transport = transport
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        response = self._transport.handle_request(request)
+        return httpx.Response(response.status_code, headers=response.headers,
+                              stream=_BlockingStream(response.stream), extensions=response.extensions)
+
+    async def aclose(self) -> None:
+        """Kept open: the transport is the caller's, shared by every sync call (`Connection.close` closes it)."""
+
+
+class _BlockingStream(httpx.AsyncByteStream):
+    def __init__(self, stream: httpx.SyncByteStream | httpx.AsyncByteStream) -> None:
+        self._stream = stream
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        assert isinstance(self._stream, httpx.SyncByteStream), "a sync transport answers with a sync stream"
+        for chunk in self._stream:
+            yield chunk
+
+    async def aclose(self) -> None:
+        if isinstance(self._stream, httpx.SyncByteStream):
+            self._stream.close()

@@ -7,7 +7,8 @@
     job = await jobs.get(job.id)                     # job.fine_tuned_model: a model name to chat with
 
 The wire format is OpenAI's fine-tuning jobs API (`/v1/files`, `/v1/fine_tuning/jobs`), so anything
-started here is visible to the `openai` SDK and to MotteRL's routes too. Every method has a `_sync` twin.
+started here is visible to the `openai` SDK and to MotteRL's routes too. Every method has a `_sync` variant,
+generated from it (`_syncify`).
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ from typing import Any, Literal
 import httpx
 import orjson
 
+from ._backend import Backend
 from ._errors import APIConnectionError
 from ._http import DEFAULT_TIMEOUT, Connection, Multipart, RetryPolicy
+from ._syncify import iterate_sync, syncify
 from .job_types import Checkpoint, Job, JobEvent
 
 Method = Literal["reinforcement", "supervised", "dpo"]
@@ -92,10 +95,10 @@ class Jobs:
                  transport: httpx.AsyncBaseTransport | None = None,
                  sync_transport: httpx.BaseTransport | None = None) -> None:
         self.model = model  # the default `model=` of start(): a base model or a trainable model's name
-        self._connection = Connection(
+        self._backend = Backend(Connection(
             base_url, api_key=api_key if api_key is not None else os.environ.get("ARTLIKE_API_KEY"),
             timeout=timeout if isinstance(timeout, httpx.Timeout) else httpx.Timeout(timeout), retry=retry,
-            transport=transport, sync_transport=sync_transport)
+            transport=transport, sync_transport=sync_transport))
 
     # ------------------------------------------------------------------------------------ requests
 
@@ -117,8 +120,7 @@ class Jobs:
 
     async def upload(self, data: str | Path | Iterable[Mapping[str, Any]], *, purpose: str = "fine-tune") -> str:
         """A JSONL file (path) or rows (dicts) uploaded as a file; returns its id."""
-        response = await self._connection.request("POST", "/v1/files", multipart=self._upload_body(data, purpose))
-        return str(response.json()["id"])
+        return await self._backend.upload_file(self._upload_body(data, purpose))
 
     async def start(self, *, data: str | Path | Iterable[Mapping[str, Any]], reward: str | Path | None = None,
                     grader: Mapping[str, Any] | str | Path | None = None, model: str | None = None,
@@ -134,54 +136,40 @@ class Jobs:
                            **{k: v for k, v in options.items() if k != "model"})
         training_file = await self._file_id(data)
         validation_file = await self._file_id(validation_data) if validation_data is not None else None
-        body = self._start_body(training_file, validation_file, options)
-        return Job.model_validate_json((await self._connection.request(
-            "POST", "/v1/fine_tuning/jobs", json=body)).content)
+        return await self._backend.create_job(self._start_body(training_file, validation_file, options))
 
     async def _file_id(self, data: str | Path | Iterable[Mapping[str, Any]]) -> str:
         return str(data) if _is_file_id(data) else await self.upload(data)
 
     async def get(self, job_id: str) -> Job:
-        return Job.model_validate_json((await self._connection.request("GET", f"/v1/fine_tuning/jobs/{job_id}")).content)
+        return await self._backend.get_job(job_id)
 
     async def list(self, *, limit: int = 20, after: str | None = None) -> builtins.list[Job]:
-        params: dict[str, Any] = {"limit": limit} | ({"after": after} if after else {})
-        response = await self._connection.request("GET", "/v1/fine_tuning/jobs", params=params)
-        return [Job.model_validate(j) for j in response.json()["data"]]
+        return await self._backend.list_jobs(limit, after)
 
     async def cancel(self, job_id: str) -> Job:
-        return await self._control(job_id, "cancel")
+        return await self._backend.control_job(job_id, "cancel")
 
     async def pause(self, job_id: str) -> Job:
-        return await self._control(job_id, "pause")
+        return await self._backend.control_job(job_id, "pause")
 
     async def resume(self, job_id: str) -> Job:
-        return await self._control(job_id, "resume")
-
-    async def _control(self, job_id: str, action: str) -> Job:
-        response = await self._connection.request("POST", f"/v1/fine_tuning/jobs/{job_id}/{action}", idempotent=True)
-        return Job.model_validate_json(response.content)
+        return await self._backend.control_job(job_id, "resume")
 
     async def events(self, job_id: str, *, after: str | None = None, limit: int = 100) -> builtins.list[JobEvent]:
         """A page of events, newest first (OpenAI's order)."""
-        params: dict[str, Any] = {"limit": limit} | ({"after": after} if after else {})
-        response = await self._connection.request("GET", f"/v1/fine_tuning/jobs/{job_id}/events", params=params)
-        return [JobEvent.model_validate(e) for e in response.json()["data"]]
+        return await self._backend.job_events(job_id, limit, after)
 
     async def checkpoints(self, job_id: str) -> builtins.list[Checkpoint]:
-        response = await self._connection.request("GET", f"/v1/fine_tuning/jobs/{job_id}/checkpoints",
-                                                  params={"limit": 1000})
-        return [Checkpoint.model_validate(c) for c in response.json()["data"]]
+        return await self._backend.job_checkpoints(job_id)
 
     async def follow(self, job_id: str) -> AsyncIterator[JobEvent]:
         """Every event of the job, oldest first, as it happens, until the job ends (or pauses). A dropped
         connection is resumed after the last event seen."""
         last: str | None = None
         while True:
-            params = {"follow": "true"} | ({"after": last} if last else {})
             try:
-                async for line in self._connection.stream_lines("GET", f"/api/training/logs/{job_id}",
-                                                                 params=params, idle_timeout=FOLLOW_IDLE_TIMEOUT_S):
+                async for line in self._backend.job_log_lines(job_id, last, FOLLOW_IDLE_TIMEOUT_S):
                     event = _followed(line)
                     if event is _END:
                         return
@@ -199,89 +187,28 @@ class Jobs:
                 on_event(event)
         return await self.get(job_id)
 
+    async def base_model(self) -> str:
+        """The server's base model (the first model `/v1/models` lists)."""
+        return (await self._backend.served_models())[0]
+
     # ----------------------------------------------------------------------------------------- sync
 
-    def upload_sync(self, data: str | Path | Iterable[Mapping[str, Any]], *, purpose: str = "fine-tune") -> str:
-        response = self._connection.request_sync("POST", "/v1/files", multipart=self._upload_body(data, purpose))
-        return str(response.json()["id"])
-
-    def start_sync(self, *, data: str | Path | Iterable[Mapping[str, Any]], reward: str | Path | None = None,
-                   grader: Mapping[str, Any] | str | Path | None = None, model: str | None = None,
-                   validation_data: str | Path | Iterable[Mapping[str, Any]] | None = None,
-                   method: Method = "reinforcement", suffix: str | None = None, seed: int | None = None,
-                   metadata: Mapping[str, str] | None = None, **hyperparameters: Any) -> Job:
-        options: dict[str, Any] = {"reward": reward, "grader": grader, "model": model, "method": method, "suffix": suffix,
-                   "seed": seed, "metadata": metadata, "hyperparameters": hyperparameters}
-        reinforcement_body(model="check", training_file="check", validation_file=None,
-                           **{k: v for k, v in options.items() if k != "model"})
-        training_file = str(data) if _is_file_id(data) else self.upload_sync(data)
-        validation_file = None
-        if validation_data is not None:
-            validation_file = str(validation_data) if _is_file_id(validation_data) else \
-                self.upload_sync(validation_data)
-        body = self._start_body(training_file, validation_file, options)
-        return Job.model_validate_json(self._connection.request_sync("POST", "/v1/fine_tuning/jobs", json=body).content)
-
-    def get_sync(self, job_id: str) -> Job:
-        return Job.model_validate_json(self._connection.request_sync("GET", f"/v1/fine_tuning/jobs/{job_id}").content)
-
-    def list_sync(self, *, limit: int = 20, after: str | None = None) -> builtins.list[Job]:
-        params: dict[str, Any] = {"limit": limit} | ({"after": after} if after else {})
-        response = self._connection.request_sync("GET", "/v1/fine_tuning/jobs", params=params)
-        return [Job.model_validate(j) for j in response.json()["data"]]
-
-    def cancel_sync(self, job_id: str) -> Job:
-        return self._control_sync(job_id, "cancel")
-
-    def pause_sync(self, job_id: str) -> Job:
-        return self._control_sync(job_id, "pause")
-
-    def resume_sync(self, job_id: str) -> Job:
-        return self._control_sync(job_id, "resume")
-
-    def _control_sync(self, job_id: str, action: str) -> Job:
-        response = self._connection.request_sync("POST", f"/v1/fine_tuning/jobs/{job_id}/{action}", idempotent=True)
-        return Job.model_validate_json(response.content)
-
-    def events_sync(self, job_id: str, *, after: str | None = None, limit: int = 100) -> builtins.list[JobEvent]:
-        params: dict[str, Any] = {"limit": limit} | ({"after": after} if after else {})
-        response = self._connection.request_sync("GET", f"/v1/fine_tuning/jobs/{job_id}/events", params=params)
-        return [JobEvent.model_validate(e) for e in response.json()["data"]]
-
-    def checkpoints_sync(self, job_id: str) -> builtins.list[Checkpoint]:
-        response = self._connection.request_sync("GET", f"/v1/fine_tuning/jobs/{job_id}/checkpoints",
-                                                 params={"limit": 1000})
-        return [Checkpoint.model_validate(c) for c in response.json()["data"]]
+    upload_sync = syncify(upload)
+    start_sync = syncify(start)
+    get_sync = syncify(get)
+    list_sync = syncify(list)
+    cancel_sync = syncify(cancel)
+    pause_sync = syncify(pause)
+    resume_sync = syncify(resume)
+    events_sync = syncify(events)
+    checkpoints_sync = syncify(checkpoints)
+    wait_sync = syncify(wait)
+    base_model_sync = syncify(base_model)
 
     def follow_sync(self, job_id: str) -> Iterator[JobEvent]:
-        last: str | None = None
-        while True:
-            params = {"follow": "true"} | ({"after": last} if last else {})
-            try:
-                for line in self._connection.stream_lines_sync("GET", f"/api/training/logs/{job_id}", params=params,
-                                                               idle_timeout=FOLLOW_IDLE_TIMEOUT_S):
-                    event = _followed(line)
-                    if event is _END:
-                        return
-                    if isinstance(event, JobEvent):
-                        last = event.id
-                        yield event
-                return
-            except APIConnectionError:
-                continue
-
-    def wait_sync(self, job_id: str, *, on_event: Callable[[JobEvent], None] | None = None) -> Job:
-        for event in self.follow_sync(job_id):
-            if on_event is not None:
-                on_event(event)
-        return self.get_sync(job_id)
-
-    def base_model_sync(self) -> str:
-        """The server's base model (the first model `/v1/models` lists)."""
-        return str(self._connection.request_sync("GET", "/v1/models").json()["data"][0]["id"])
-
-    async def base_model(self) -> str:
-        return str((await self._connection.request("GET", "/v1/models")).json()["data"][0]["id"])
+        """`follow` for sync code."""
+        return iterate_sync(self.follow(job_id))
 
     def close(self) -> None:
-        self._connection.close()
+        """Close an injected sync-only transport (`sync_transport=`); no call keeps a connection open."""
+        self._backend.connection.close()

@@ -44,8 +44,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from tqdm.auto import tqdm
 
 from ._errors import APIConnectionError, APIError, JudgeError
+from ._tasks import in_turn_of_finishing
 from ._trajectory import PLACEHOLDER_API_KEY, Trajectory, TrajectoryGroup
-from .studio_types import TrajectoryView
 
 if TYPE_CHECKING:
     import openai  # slow to import on a small CPU: imported where a client is built
@@ -368,13 +368,12 @@ async def conversation_of(trajectory: Trajectory) -> list[dict[str, Any]]:
     decoded answer (in a multi-turn rollout that prompt holds every earlier turn). Offline: its messages."""
     if not trajectory.recorded:
         return trajectory.messages()
-    connection = trajectory._require_recording().connection
+    backend = trajectory._require_recording().backend
     try:
-        response = await connection.request("GET", f"/v1/trajectories/{trajectory.id}/view")
+        view = await backend.view_trajectory(trajectory.id)
     except (APIError, APIConnectionError) as error:
         raise JudgeError(f"could not read {trajectory!r} from the server: {error}",
                          code="trajectory_unavailable") from error
-    view = TrajectoryView.model_validate_json(response.content)
     if not view.completions:
         raise JudgeError(f"the server shows no completion for {trajectory!r}", code="trajectory_unavailable")
     last = max(view.completions, key=lambda completion: completion.id)
@@ -653,20 +652,17 @@ async def judge_groups(
                 return index, error
 
     bar = tqdm(total=len(groups), desc="judging", unit="group", disable=not progress)
-    async with judge.session() as client:
-        tasks = [asyncio.ensure_future(one(index, client)) for index in range(len(groups))]
-        try:
-            for next_done in asyncio.as_completed(tasks):
+    try:
+        async with judge.session() as client, \
+                in_turn_of_finishing(one(index, client) for index in range(len(groups))) as finished:
+            for next_done in finished:
                 index, outcome = await next_done
                 if isinstance(outcome, JudgeError) and on_failure == "raise":
                     raise outcome
                 outcomes[index] = outcome
                 bar.update(1)
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            bar.close()
+    finally:
+        bar.close()
     return _assemble(groups, outcomes, on_failure)
 
 

@@ -1,8 +1,8 @@
 """`TrainableModel`: a LoRA adapter on the server's base model, served and trained step by step.
 
-Every network method is async; its sync twin has the same name with a `_sync` suffix
+Every network method is async; its sync variant has the same name with a `_sync` suffix
 (`register_sync`, `get_step_sync`, `list_steps_sync`, `delete_steps_sync`, `train_sync`, ...) for scripts
-and notebooks. `trajectory()` needs no network and works with `async with` and `with`.
+and notebooks, generated from it (`_syncify`). `trajectory()` needs no network and works with `async with` and `with`.
 
 A model registered with `kind="reward"` is a reward model: a scalar head on the LoRA, trained with
 `train_reward_model(pairs=..., scored=...)` and asked with `score(inputs)`; it does not generate.
@@ -11,27 +11,27 @@ A model registered with `kind="reward"` is a reward model: a scalar head on the 
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncGenerator, Callable, Generator, Iterable, Mapping
-from contextlib import aclosing, closing
+from collections.abc import AsyncGenerator, Callable, Iterable, Mapping
+from contextlib import aclosing
 from types import TracebackType
 from typing import Any
 
 import httpx
-from pydantic import BaseModel
 
+from ._backend import Backend
 from ._dpo import Pair, build_dpo_request, to_pair
 from ._errors import BadRequestError
 from ._http import DEFAULT_TIMEOUT, Connection, RetryPolicy
-from ._score import ScoreInput, score_with, score_with_sync
+from ._rewards import ScoreInput, score_with
 from ._session import TrainingSession
 from ._sft import Example, build_sft_request
+from ._syncify import run_sync, syncify
 from ._train import (
     DEFAULT_IDLE_TIMEOUT,
     AnyEvent,
     TrainResult,
     TrainStream,
     build_train_request,
-    run_train_sync,
     skipped_step_line,
 )
 from ._trajectory import Trajectory, TrajectoryGroup
@@ -56,15 +56,6 @@ from .types import (
 __all__ = ["TrainableModel"]
 
 Groups = Iterable[TrajectoryGroup | Iterable[Trajectory]]
-
-
-class _StepList(BaseModel):
-    data: list[StepInfo]
-
-
-class _DeletedSteps(BaseModel):
-    deleted: list[int]
-    data: list[StepInfo]
 
 
 class TrainableModel:
@@ -101,14 +92,14 @@ class TrainableModel:
             retention=StepRetention.model_validate(retention) if retention is not None else None,
             kind=kind, reward_head=RewardHeadConfig.model_validate(reward_head) if reward_head is not None else None,
         )
-        self._connection = Connection(
+        self._backend = Backend(Connection(
             server,
             api_key=api_key if api_key is not None else os.environ.get("ARTLIKE_API_KEY"),
             timeout=timeout if isinstance(timeout, httpx.Timeout) else httpx.Timeout(timeout),
             retry=retry,
             transport=transport,
             sync_transport=sync_transport,
-        )
+        ))
 
     @property
     def name(self) -> str:
@@ -133,7 +124,7 @@ class TrainableModel:
 
     @property
     def server(self) -> str:
-        return self._connection.base_url
+        return self._backend.connection.base_url
 
     @property
     def inference_base_url(self) -> str:
@@ -152,73 +143,41 @@ class TrainableModel:
         Raises ConflictError when the name exists with another config, BadRequestError when the
         server serves another base model.
         """
-        response = await self._connection.request(
-            "POST", "/v1/trainable_models", json=self._registration.model_dump(mode="json"), idempotent=True
-        )
-        return ModelInfo.model_validate_json(response.content)
-
-    def register_sync(self) -> ModelInfo:
-        response = self._connection.request_sync(
-            "POST", "/v1/trainable_models", json=self._registration.model_dump(mode="json"), idempotent=True
-        )
-        return ModelInfo.model_validate_json(response.content)
+        return await self._backend.register_model(self._registration)
 
     async def get_info(self) -> ModelInfo:
-        response = await self._connection.request("GET", self._path())
-        return ModelInfo.model_validate_json(response.content)
-
-    def get_info_sync(self) -> ModelInfo:
-        return ModelInfo.model_validate_json(self._connection.request_sync("GET", self._path()).content)
+        return await self._backend.get_model(self.name)
 
     async def get_step(self) -> int:
         """The latest step, the one served under `name`."""
         return (await self.get_info()).latest_step
 
-    def get_step_sync(self) -> int:
-        return self.get_info_sync().latest_step
-
     async def list_steps(self) -> list[StepInfo]:
-        response = await self._connection.request("GET", self._path("/steps"))
-        return _StepList.model_validate_json(response.content).data
-
-    def list_steps_sync(self) -> list[StepInfo]:
-        return _StepList.model_validate_json(self._connection.request_sync("GET", self._path("/steps")).content).data
+        return await self._backend.list_steps(self.name)
 
     async def delete_steps(self, *, keep: int) -> list[int]:
         """Delete all but the latest `keep` steps from disk and the engine; returns the deleted step numbers."""
-        response = await self._connection.request("DELETE", self._path("/steps"), params={"keep": _check_keep(keep)})
-        return _DeletedSteps.model_validate_json(response.content).deleted
-
-    def delete_steps_sync(self, *, keep: int) -> list[int]:
-        response = self._connection.request_sync("DELETE", self._path("/steps"), params={"keep": _check_keep(keep)})
-        return _DeletedSteps.model_validate_json(response.content).deleted
+        return await self._backend.delete_steps(self.name, _check_keep(keep))
 
     async def set_retention(self, retention: StepRetention | Mapping[str, Any]) -> ModelInfo:
         """Change which steps the server keeps (`keep_last`, `keep_best`); applied at once and after every step."""
-        body = UpdateModelRequest(retention=StepRetention.model_validate(retention)).model_dump(mode="json")
-        response = await self._connection.request("PATCH", self._path(), json=body, idempotent=True)
-        return ModelInfo.model_validate_json(response.content)
-
-    def set_retention_sync(self, retention: StepRetention | Mapping[str, Any]) -> ModelInfo:
-        body = UpdateModelRequest(retention=StepRetention.model_validate(retention)).model_dump(mode="json")
-        response = self._connection.request_sync("PATCH", self._path(), json=body, idempotent=True)
-        return ModelInfo.model_validate_json(response.content)
+        return await self._backend.update_model(
+            self.name, UpdateModelRequest(retention=StepRetention.model_validate(retention)))
 
     async def log_evaluation(self, step: int, metrics: Mapping[str, float], *, split: str = "validation"
                              ) -> dict[str, Any]:
         """Record step `step`'s scores on held-out data in the model's history (`"event": "eval"`): TensorBoard
         shows them as `eval/*`, and a retention `keep_best` on `"eval.<metric>"` keeps the best evaluated steps."""
-        body = EvaluationRequest(step=step, metrics=dict(metrics), split=split).model_dump(mode="json")
-        response = await self._connection.request("POST", self._path("/evaluations"), json=body)
-        return dict(response.json())
+        return await self._backend.log_evaluation(
+            self.name, EvaluationRequest(step=step, metrics=dict(metrics), split=split))
 
-    def log_evaluation_sync(self, step: int, metrics: Mapping[str, float], *, split: str = "validation"
-                            ) -> dict[str, Any]:
-        body = EvaluationRequest(step=step, metrics=dict(metrics), split=split).model_dump(mode="json")
-        return dict(self._connection.request_sync("POST", self._path("/evaluations"), json=body).json())
-
-    def _path(self, suffix: str = "") -> str:
-        return f"/v1/trainable_models/{self.name}{suffix}"
+    register_sync = syncify(register)
+    get_info_sync = syncify(get_info)
+    get_step_sync = syncify(get_step)
+    list_steps_sync = syncify(list_steps)
+    delete_steps_sync = syncify(delete_steps)
+    set_retention_sync = syncify(set_retention)
+    log_evaluation_sync = syncify(log_evaluation)
 
     # -------------------------------------------------------------------------------- trajectories
 
@@ -230,7 +189,7 @@ class TrainableModel:
                 ...
                 t.reward = score
         """
-        return Trajectory._recorded(self._connection, self.name, metadata)
+        return Trajectory._recorded(self._backend, self.name, metadata)
 
     # ------------------------------------------------------------------------------------- scoring
 
@@ -238,10 +197,9 @@ class TrainableModel:
         """This reward model's scores of `inputs` (`POST /v1/rewards`), one `RewardScore` per input in order:
         recorded trajectories (their last recorded answer, token-exact), offline ones, chat message lists
         ending with the answer, or wire dicts. `step`: that step instead of the one the alias serves."""
-        return await score_with(self._connection, self._reference(step), inputs)
+        return await score_with(self._backend, self._reference(step), inputs)
 
-    def score_sync(self, inputs: Iterable[ScoreInput], *, step: int | None = None) -> list[RewardScore]:
-        return score_with_sync(self._connection, self._reference(step), inputs)
+    score_sync = syncify(score)
 
     def _reference(self, step: int | None) -> str:
         return self.name if step is None else f"{self.name}@{step}"
@@ -285,8 +243,8 @@ class TrainableModel:
         **options: Any,
     ) -> TrainResult:
         """`train` for sync code: runs the step and returns its result; `on_event` sees every event."""
-        return self._run_sync(build_train_request(self.name, groups, _train_config(config, options)), progress,
-                              on_event, idle_timeout, strict=strict)
+        return run_sync(self.train(groups, config=config, progress=progress, idle_timeout=idle_timeout, strict=strict,
+                                   **options)._collect(on_event))
 
     def train_sft(
         self,
@@ -316,8 +274,8 @@ class TrainableModel:
         **options: Any,
     ) -> TrainResult:
         """`train_sft` for sync code."""
-        sft = _train_config(config, {"objective": "sft", **options} if config is None else {})
-        return self._run_sync(build_sft_request(self.name, examples, sft), progress, on_event, idle_timeout)
+        return run_sync(self.train_sft(examples, config=config, progress=progress, idle_timeout=idle_timeout,
+                                       **options)._collect(on_event))
 
     def train_dpo(
         self,
@@ -347,8 +305,8 @@ class TrainableModel:
         **options: Any,
     ) -> TrainResult:
         """`train_dpo` for sync code."""
-        dpo = _train_config(config, {"objective": "dpo", **options} if config is None else {})
-        return self._run_sync(build_dpo_request(self.name, pairs, dpo), progress, on_event, idle_timeout)
+        return run_sync(self.train_dpo(pairs, config=config, progress=progress, idle_timeout=idle_timeout,
+                                       **options)._collect(on_event))
 
     def train_reward_model(
         self,
@@ -379,8 +337,8 @@ class TrainableModel:
         **options: Any,
     ) -> TrainResult:
         """`train_reward_model` for sync code."""
-        return self._run_sync(self._reward_model_request(pairs, scored, config, options), progress, on_event,
-                              idle_timeout)
+        return run_sync(self.train_reward_model(pairs=pairs, scored=scored, config=config, progress=progress,
+                                                idle_timeout=idle_timeout, **options)._collect(on_event))
 
     def _reward_model_request(self, pairs: Iterable[Pair], scored: Iterable[ScoredExample | Mapping[str, Any]],
                               config: TrainConfig | None, options: dict[str, Any]) -> TrainRequest:
@@ -398,14 +356,10 @@ class TrainableModel:
         """Open a training session (low-level primitives: forward_backward, optim_step, save_state...) on this
         model, from `from_step` (default: the latest); `optimizer` holds AdamW's `learning_rate`, `betas`,
         `eps`, `weight_decay`, `max_grad_norm`. Use it with `async with` to end it."""
-        return await TrainingSession.open(self._connection, self.name, from_step=from_step,
+        return await TrainingSession.open(self._backend.connection, self.name, from_step=from_step,
                                           idle_timeout_s=idle_timeout_s, **optimizer)
 
-    def training_session_sync(self, *, from_step: int | None = None, idle_timeout_s: float = 600.0,
-                              **optimizer: Any) -> TrainingSession:
-        """`training_session` for sync code (use it with `with`)."""
-        return TrainingSession.open_sync(self._connection, self.name, from_step=from_step,
-                                         idle_timeout_s=idle_timeout_s, **optimizer)
+    training_session_sync = syncify(training_session, doc="`training_session` for sync code (use it with `with`).")
 
     def _stream(self, request: TrainRequest, progress: bool, idle_timeout: float, *, strict: bool = True
                 ) -> TrainStream:
@@ -413,8 +367,7 @@ class TrainableModel:
 
         async def lines() -> AsyncGenerator[str, None]:
             try:
-                async with aclosing(self._connection.stream_lines("POST", "/_train_model", json=body,
-                                                                  idle_timeout=idle_timeout)) as stream:
+                async with aclosing(self._backend.train_lines(body, idle_timeout)) as stream:
                     async for line in stream:
                         yield line
             except BadRequestError as error:
@@ -424,27 +377,11 @@ class TrainableModel:
 
         return TrainStream(lines, model=self.name, progress=progress)
 
-    def _run_sync(self, request: TrainRequest, progress: bool, on_event: Callable[[AnyEvent], None] | None,
-                  idle_timeout: float, *, strict: bool = True) -> TrainResult:
-        body = request.model_dump(mode="json")
-
-        def lines() -> Generator[str, None, None]:
-            try:
-                with closing(self._connection.stream_lines_sync("POST", "/_train_model", json=body,
-                                                                idle_timeout=idle_timeout)) as stream:
-                    yield from stream
-            except BadRequestError as error:
-                if strict or error.code != "no_signal":
-                    raise
-                yield skipped_step_line(self.name, self.get_step_sync(), error.message)
-
-        return run_train_sync(lines(), model=self.name, progress=progress, on_event=on_event)
-
     # --------------------------------------------------------------------------------- lifecycle
 
     def close(self) -> None:
-        """Close the pooled connections of the sync API (the async API keeps none open)."""
-        self._connection.close()
+        """Close an injected sync-only transport (`sync_transport=`); no call keeps a connection open."""
+        self._backend.connection.close()
 
     async def aclose(self) -> None:
         self.close()

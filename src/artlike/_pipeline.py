@@ -28,7 +28,6 @@ where it stopped: `run(num_steps)` counts steps over all runs.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import os
@@ -45,6 +44,7 @@ from pydantic import BaseModel, Field
 from tqdm.auto import tqdm
 
 from ._gather import exception_budget
+from ._tasks import bounded
 from ._train import NoSignalWarning, TrainResult
 from ._trajectory import Trajectory, TrajectoryGroup
 from .types import KeepBest, StepRetention, TrainConfig, train_config
@@ -461,8 +461,7 @@ class _Run(Generic[Scenario]):
             self.changed.notify_all()
 
     async def _rollout_one(self, scenario: Scenario, policy_step: int) -> Trajectory | Exception:
-        slot: contextlib.AbstractAsyncContextManager[Any] = self.limit if self.limit else contextlib.nullcontext()
-        async with slot:
+        async with bounded(self.limit):
             self.engine.enter()
             self.rollouts_started += 1
             try:

@@ -5,7 +5,7 @@
         await session.optim_step()
         saved = await session.save_state()           # a new step, served as saved.model ("name@N")
 
-Every method has a `_sync` twin, and the compute methods (`forward_backward`, `forward`, `optim_step`)
+Every method has a `_sync` variant (generated: `_syncify`), and the compute methods (`forward_backward`, `forward`, `optim_step`)
 an `_async` one that returns an `asyncio.Task` at once: tasks of one session reach the server in the order
 they were made, so a loop can queue its next forward_backward while the current one runs.
 """
@@ -18,11 +18,12 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from types import TracebackType
 from typing import Any, TypeVar
 
-import httpx
 from pydantic import BaseModel
 
+from ._backend import Backend
 from ._errors import NotFoundError
 from ._http import Connection
+from ._syncify import in_sync_call, run_sync, syncify
 from ._trajectory import Trajectory
 from .session_types import (
     AdamParams,
@@ -41,9 +42,6 @@ from .session_types import (
 _T = TypeVar("_T")
 _M = TypeVar("_M", bound=BaseModel)
 
-COMPUTE_TIMEOUT = httpx.Timeout(None, connect=10.0)
-"""A forward/backward over a large batch may take minutes on a CPU: no read timeout for compute calls."""
-
 SequenceLike = SessionSequence | Mapping[str, Any]
 """`{"token_ids": [...], "trainable"?: [...], "logprobs"?: [...], "advantage"?: 0.0, "pair"?, "preference"?}`."""
 TrajectoryLike = RecordedSequence | Mapping[str, Any] | tuple[Trajectory, float]
@@ -55,7 +53,7 @@ class TrainingSession:
     `await model.training_session(...)` or `model.training_session_sync(...)`."""
 
     def __init__(self, connection: Connection, info: SessionInfo) -> None:
-        self._connection = connection
+        self._backend = Backend(connection)
         self.info = info
         self._tail: asyncio.Future[Any] | None = None  # the last queued `_async` task
 
@@ -76,18 +74,15 @@ class TrainingSession:
                    optimizer: AdamParams | Mapping[str, Any] | None = None, idle_timeout_s: float = 600.0,
                    **options: Any) -> TrainingSession:
         body = cls._open_request(model, from_step, optimizer, idle_timeout_s, options)
-        response = await connection.request("POST", "/v1/training_sessions", json=body, idempotent=False,
-                                             request_timeout=COMPUTE_TIMEOUT)
-        return cls(connection, SessionInfo.model_validate_json(response.content))
+        return cls(connection, await Backend(connection).open_session(body))
 
     @classmethod
     def open_sync(cls, connection: Connection, model: str, *, from_step: int | None = None,
                   optimizer: AdamParams | Mapping[str, Any] | None = None, idle_timeout_s: float = 600.0,
                   **options: Any) -> TrainingSession:
-        body = cls._open_request(model, from_step, optimizer, idle_timeout_s, options)
-        response = connection.request_sync("POST", "/v1/training_sessions", json=body, idempotent=False,
-                                           request_timeout=COMPUTE_TIMEOUT)
-        return cls(connection, SessionInfo.model_validate_json(response.content))
+        """`open` for sync code."""
+        return run_sync(cls.open(connection, model, from_step=from_step, optimizer=optimizer,
+                                 idle_timeout_s=idle_timeout_s, **options))
 
     # ------------------------------------------------------------------------------ primitives
 
@@ -105,12 +100,6 @@ class TrainingSession:
         body = _pass_body(sequences, trajectories, loss, loss_config)
         return self._queue(lambda: self._post("forward_backward", body, PassResult))
 
-    def forward_backward_sync(self, sequences: Iterable[SequenceLike] = (), *,
-                              trajectories: Iterable[TrajectoryLike] = (), loss: LossName = "cross_entropy",
-                              **loss_config: Any) -> PassResult:
-        return self._post_sync("forward_backward", _pass_body(sequences, trajectories, loss, loss_config),
-                               PassResult)
-
     async def forward(self, sequences: Iterable[SequenceLike] = (), *, trajectories: Iterable[TrajectoryLike] = (),
                       loss: LossName = "cross_entropy", **loss_config: Any) -> PassResult:
         """The model's logprobs of the batch's scored tokens (and the loss), without gradient."""
@@ -121,10 +110,6 @@ class TrainingSession:
         body = _pass_body(sequences, trajectories, loss, loss_config)
         return self._queue(lambda: self._post("forward", body, PassResult))
 
-    def forward_sync(self, sequences: Iterable[SequenceLike] = (), *, trajectories: Iterable[TrajectoryLike] = (),
-                     loss: LossName = "cross_entropy", **loss_config: Any) -> PassResult:
-        return self._post_sync("forward", _pass_body(sequences, trajectories, loss, loss_config), PassResult)
-
     async def optim_step(self, **overrides: Any) -> OptimStepResult:
         """Apply the accumulated gradients (AdamW, clipped at `max_grad_norm`) and clear them; `overrides`
         (`learning_rate`, `betas`, `eps`, `weight_decay`, `max_grad_norm`) stay in effect for later steps."""
@@ -134,16 +119,10 @@ class TrainingSession:
         body = _optim_body(overrides)
         return self._queue(lambda: self._post("optim_step", body, OptimStepResult))
 
-    def optim_step_sync(self, **overrides: Any) -> OptimStepResult:
-        return self._post_sync("optim_step", _optim_body(overrides), OptimStepResult)
-
     async def save_state(self, *, serve: bool = True) -> SavedState:
         """The adapter and optimizer state as the model's next step; sample from `result.model` ("name@N")."""
         await self._drain()
         return await self._post("save_state", {"serve": serve}, SavedState)
-
-    def save_state_sync(self, *, serve: bool = True) -> SavedState:
-        return self._post_sync("save_state", {"serve": serve}, SavedState)
 
     async def load_state(self, step: int) -> SessionInfo:
         """Continue from a saved step (its adapter, and its optimizer state when it has one); drops pending
@@ -152,26 +131,22 @@ class TrainingSession:
         self.info = await self._post("load_state", {"step": step}, SessionInfo)
         return self.info
 
-    def load_state_sync(self, step: int) -> SessionInfo:
-        self.info = self._post_sync("load_state", {"step": step}, SessionInfo)
-        return self.info
-
     async def refresh(self) -> SessionInfo:
-        response = await self._connection.request("GET", self._path())
-        self.info = SessionInfo.model_validate_json(response.content)
+        self.info = await self._backend.get_session(self.id)
         return self.info
 
     async def close(self) -> SessionInfo:
         """End the session (pending gradients are dropped; saved steps stay)."""
         await self._drain()
-        response = await self._connection.request("DELETE", self._path(), idempotent=False)
-        self.info = SessionInfo.model_validate_json(response.content)
+        self.info = await self._backend.close_session(self.id)
         return self.info
 
-    def close_sync(self) -> SessionInfo:
-        response = self._connection.request_sync("DELETE", self._path(), idempotent=False)
-        self.info = SessionInfo.model_validate_json(response.content)
-        return self.info
+    forward_backward_sync = syncify(forward_backward)
+    forward_sync = syncify(forward)
+    optim_step_sync = syncify(optim_step)
+    save_state_sync = syncify(save_state)
+    load_state_sync = syncify(load_state)
+    close_sync = syncify(close)
 
     async def __aenter__(self) -> TrainingSession:
         return self
@@ -196,18 +171,8 @@ class TrainingSession:
 
     # ------------------------------------------------------------------------------- internals
 
-    def _path(self, action: str = "") -> str:
-        return f"/v1/training_sessions/{self.id}" + (f"/{action}" if action else "")
-
     async def _post(self, action: str, body: dict[str, Any], result: type[_M]) -> _M:
-        response = await self._connection.request("POST", self._path(action), json=body, idempotent=False,
-                                                  request_timeout=COMPUTE_TIMEOUT)
-        return result.model_validate_json(response.content)
-
-    def _post_sync(self, action: str, body: dict[str, Any], result: type[_M]) -> _M:
-        response = self._connection.request_sync("POST", self._path(action), json=body, idempotent=False,
-                                                 request_timeout=COMPUTE_TIMEOUT)
-        return result.model_validate_json(response.content)
+        return await self._backend.session_action(self.id, action, body, result)
 
     def _queue(self, call: Callable[[], Awaitable[_T]]) -> asyncio.Task[_T]:
         """Start `call` after every task queued before it has finished (whatever their outcome)."""
@@ -223,7 +188,9 @@ class TrainingSession:
         return task
 
     async def _drain(self) -> None:
-        if self._tail is not None:
+        """Wait for the queued `_async` tasks. A `_sync` call runs on a loop of its own and cannot wait for
+        tasks of the caller's loop, so it goes ahead without them."""
+        if self._tail is not None and not in_sync_call():
             await asyncio.wait([self._tail])
 
 

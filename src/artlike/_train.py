@@ -12,8 +12,8 @@ Stream rules, enforced here:
 from __future__ import annotations
 
 import warnings
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Iterable, Iterator
-from contextlib import aclosing, closing
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Generator, Iterable
+from contextlib import aclosing
 from typing import Any, get_args
 
 import orjson
@@ -102,7 +102,7 @@ def parse_event(line: str | bytes) -> AnyEvent:
 
 
 class _EventDecoder:
-    """Applies the stream rules (module docstring) line by line; shared by the sync and async readers."""
+    """Applies the stream rules (module docstring) line by line."""
 
     def __init__(self) -> None:
         self.finished = False
@@ -135,18 +135,6 @@ async def iter_events(lines: AsyncGenerator[str, None]) -> AsyncIterator[AnyEven
     decoder = _EventDecoder()
     async with aclosing(lines):  # closes the HTTP stream as soon as `done` arrives
         async for line in lines:
-            event = decoder.feed(line)
-            if event is not None:
-                yield event
-            if decoder.finished:
-                return
-    decoder.end()
-
-
-def iter_events_sync(lines: Generator[str, None, None]) -> Iterator[AnyEvent]:
-    decoder = _EventDecoder()
-    with closing(lines):
-        for line in lines:
             event = decoder.feed(line)
             if event is not None:
                 yield event
@@ -251,16 +239,22 @@ class TrainStream:
         return iter_events(self._lines())
 
     def __await__(self) -> Generator[Any, None, TrainResult]:
-        self._claim()
-        return self._run().__await__()
+        return self._collect(None).__await__()
 
-    async def _run(self) -> TrainResult:
+    def _collect(self, on_event: Callable[[AnyEvent], None] | None) -> Coroutine[Any, Any, TrainResult]:
+        """The step's result (what awaiting gives), with `on_event` seeing every event (the `_sync` variants)."""
+        self._claim()
+        return self._run(on_event)
+
+    async def _run(self, on_event: Callable[[AnyEvent], None] | None) -> TrainResult:
         builder = _ResultBuilder()
         progress = TrainProgress(self._model, enabled=self._progress)
         try:
             async for event in iter_events(self._lines()):
                 builder.add(event)
                 progress.update(event)
+                if on_event is not None:
+                    on_event(event)
         finally:
             progress.close()
         return builder.result()
@@ -273,19 +267,3 @@ class TrainStream:
     def __del__(self) -> None:
         if not self._consumed:
             warnings.warn("model.train(...) was never awaited or iterated: nothing was trained", RuntimeWarning, stacklevel=1)
-
-
-def run_train_sync(
-    lines: Generator[str, None, None], *, model: str, progress: bool, on_event: Callable[[AnyEvent], None] | None
-) -> TrainResult:
-    builder = _ResultBuilder()
-    bar = TrainProgress(model, enabled=progress)
-    try:
-        for event in iter_events_sync(lines):
-            builder.add(event)
-            bar.update(event)
-            if on_event is not None:
-                on_event(event)
-    finally:
-        bar.close()
-    return builder.result()

@@ -24,7 +24,8 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeAlias
 from uuid import uuid4
 
-from ._http import Connection
+from ._backend import Backend
+from ._syncify import syncify
 from .types import OfflineTrajectory, TrajectoryRecord, TrajectoryRef
 
 if TYPE_CHECKING:
@@ -81,7 +82,7 @@ class _Recording:
     id: str
     base_url: str
     model: str
-    connection: Connection
+    backend: Backend
 
 
 class Trajectory:
@@ -107,12 +108,12 @@ class Trajectory:
         self._async_clients: list[openai.AsyncOpenAI] = []
 
     @classmethod
-    def _recorded(cls, connection: Connection, model: str, metadata: Mapping[str, Any] | None = None) -> Trajectory:
+    def _recorded(cls, backend: Backend, model: str, metadata: Mapping[str, Any] | None = None) -> Trajectory:
         trajectory = cls(metadata=metadata)
         trajectory_id = uuid4().hex  # matches types.TRAJECTORY_ID_PATTERN
         trajectory._recording = _Recording(
-            id=trajectory_id, base_url=f"{connection.base_url}/t/{trajectory_id}/v1", model=model,
-            connection=connection,
+            id=trajectory_id, base_url=f"{backend.connection.base_url}/t/{trajectory_id}/v1", model=model,
+            backend=backend,
         )
         return trajectory
 
@@ -144,7 +145,7 @@ class Trajectory:
     @property
     def api_key(self) -> str:
         """The key to give any OpenAI-compatible client (a placeholder when the server needs none)."""
-        return self._require_recording().connection.api_key or PLACEHOLDER_API_KEY
+        return self._require_recording().backend.connection.api_key or PLACEHOLDER_API_KEY
 
     # -------------------------------------------------------------------------------- OpenAI clients
 
@@ -165,7 +166,7 @@ class Trajectory:
         return client
 
     def _client_options(self, overrides: dict[str, Any], http_client: type) -> dict[str, Any]:
-        connection = self._require_recording().connection
+        connection = self._require_recording().backend.connection
         options: dict[str, Any] = {
             "base_url": self.base_url,
             "api_key": self.api_key,
@@ -181,13 +182,9 @@ class Trajectory:
     async def get_record(self) -> TrajectoryRecord:
         """What the server recorded for this trajectory: every completion, token-exact."""
         recording = self._require_recording()
-        response = await recording.connection.request("GET", f"/v1/trajectories/{recording.id}")
-        return TrajectoryRecord.model_validate_json(response.content)
+        return await recording.backend.get_trajectory(recording.id)
 
-    def get_record_sync(self) -> TrajectoryRecord:
-        recording = self._require_recording()
-        response = recording.connection.request_sync("GET", f"/v1/trajectories/{recording.id}")
-        return TrajectoryRecord.model_validate_json(response.content)
+    get_record_sync = syncify(get_record)
 
     def messages(self) -> list[dict[str, Any]]:
         """`messages_and_choices` as plain chat messages (offline trajectories)."""
