@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
+from artlike_server.launcher import ServerProcess
 
 
-def recorded(server: Any, trajectory_id: str) -> list[dict[str, Any]]:
+def recorded(server: ServerProcess, trajectory_id: str) -> list[dict[str, Any]]:
     """The trajectory's recorded completions, as `GET /v1/trajectories/{id}` returns them."""
     response = httpx.get(
         f"{server.base_url}/v1/trajectories/{trajectory_id}", headers=server.headers, timeout=30

@@ -11,6 +11,7 @@ import anthropic
 import httpx
 import openai
 import pytest
+from artlike_server.launcher import ServerProcess
 
 import artlike as art
 
@@ -27,13 +28,13 @@ WEATHER_TOOL: dict[str, Any] = {
 }
 
 
-def client_for(server: Any, trajectory_id: str | None = None, **options: Any) -> anthropic.Anthropic:
+def client_for(server: ServerProcess, trajectory_id: str | None = None, **options: Any) -> anthropic.Anthropic:
     base = f"{server.base_url}/t/{trajectory_id}" if trajectory_id else server.base_url
     return anthropic.Anthropic(base_url=base, api_key=server.api_key, max_retries=0, **options)
 
 
 
-def test_a_message_is_a_recorded_chat_completion_with_the_same_tokens(server: Any) -> None:
+def test_a_message_is_a_recorded_chat_completion_with_the_same_tokens(server: ServerProcess) -> None:
     trajectory = uuid4().hex
     message = client_for(server, trajectory).messages.create(
         model=server.model_id, max_tokens=12, extra_body=GREEDY, system="You are terse.",
@@ -55,7 +56,7 @@ def test_a_message_is_a_recorded_chat_completion_with_the_same_tokens(server: An
     assert len(row["logprobs"]) == len(row["output_token_ids"]) == message.usage.output_tokens
 
 
-def test_streams_build_the_same_message(server: Any) -> None:
+def test_streams_build_the_same_message(server: ServerProcess) -> None:
     client = client_for(server, uuid4().hex)
     whole = client.messages.create(model=server.model_id, max_tokens=12, extra_body=GREEDY,
                                    messages=[{"role": "user", "content": QUESTION}])
@@ -72,7 +73,7 @@ def test_streams_build_the_same_message(server: Any) -> None:
     assert "content_block_delta" in kinds
 
 
-def test_a_forced_tool_call_and_its_result_continue_the_conversation(server: Any) -> None:
+def test_a_forced_tool_call_and_its_result_continue_the_conversation(server: ServerProcess) -> None:
     trajectory = uuid4().hex
     client = client_for(server, trajectory)
     messages: list[dict[str, Any]] = [{"role": "user", "content": "What is the weather in Paris?"}]
@@ -92,7 +93,7 @@ def test_a_forced_tool_call_and_its_result_continue_the_conversation(server: Any
     assert rows[1]["prompt_token_ids"][: len(rows[0]["prompt_token_ids"])] == rows[0]["prompt_token_ids"]
 
 
-def test_bad_requests_are_anthropic_errors_naming_the_field(server: Any) -> None:
+def test_bad_requests_are_anthropic_errors_naming_the_field(server: ServerProcess) -> None:
     client = client_for(server, uuid4().hex)
     cases = [
         ({"messages": [{"role": "user", "content": "hi"}]}, "max_tokens"),
@@ -116,7 +117,7 @@ def test_bad_requests_are_anthropic_errors_naming_the_field(server: Any) -> None
             model=server.model_id, max_tokens=5, messages=[{"role": "user", "content": "hi"}])
 
 
-def test_the_translation_matches_vllms_own_messages_route(server: Any) -> None:
+def test_the_translation_matches_vllms_own_messages_route(server: ServerProcess) -> None:
     engine = engine_connection(server)
     body = {"model": server.model_id, "max_tokens": 12, "temperature": 0, "system": "You are terse.",
             "messages": [{"role": "user", "content": QUESTION}]}
@@ -131,7 +132,7 @@ def test_the_translation_matches_vllms_own_messages_route(server: Any) -> None:
     assert ours.stop_reason == theirs["stop_reason"]
 
 
-async def test_a_trajectory_recorded_through_the_anthropic_sdk_trains_a_step(server: Any) -> None:
+async def test_a_trajectory_recorded_through_the_anthropic_sdk_trains_a_step(server: ServerProcess) -> None:
     from examples.integrations.anthropic_sdk import run_weather_turns
 
     model = art.TrainableModel(f"claude-like-{uuid4().hex[:8]}", server.model_id, server.base_url,

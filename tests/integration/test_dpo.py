@@ -16,6 +16,7 @@ from uuid import uuid4
 
 import httpx
 import pytest
+from artlike_server.launcher import ServerProcess
 
 import artlike as art
 
@@ -61,7 +62,7 @@ class Scorer:
         return sum(margins) / len(margins)
 
 
-async def test_dpo_prefers_the_chosen_kind_on_held_out_pairs(server: Any) -> None:
+async def test_dpo_prefers_the_chosen_kind_on_held_out_pairs(server: ServerProcess) -> None:
     model = art.TrainableModel(f"dpo-{uuid4().hex[:8]}", server.model_id, server.base_url, api_key=server.api_key,
                                lora=art.LoraConfig(rank=8))
     await model.register()
@@ -97,7 +98,7 @@ async def test_dpo_prefers_the_chosen_kind_on_held_out_pairs(server: Any) -> Non
     assert abs(second.metrics[0].metrics["reward_margin"]) < 1e-3  # step 1 is both the policy and the reference
 
 
-async def test_pairs_dpo_cannot_use_are_refused(server: Any) -> None:
+async def test_pairs_dpo_cannot_use_are_refused(server: ServerProcess) -> None:
     model = art.TrainableModel(f"dpo-bad-{uuid4().hex[:8]}", server.model_id, server.base_url,
                                api_key=server.api_key)
     await model.register()

@@ -14,6 +14,7 @@ import httpx
 import openai
 import orjson
 import pytest
+from artlike_server.launcher import ServerProcess
 
 from tests.openapi_schema import assert_valid
 
@@ -67,7 +68,7 @@ def seekr_row(question: str, answer: str) -> dict[str, Any]:
 
 
 @pytest.fixture
-async def http(server: Any) -> Any:
+async def http(server: ServerProcess) -> Any:
     async with httpx.AsyncClient(base_url=server.base_url, headers=server.headers, timeout=120) as client:
         yield client
 
@@ -87,7 +88,7 @@ async def events_of(http: httpx.AsyncClient, job_id: str) -> list[dict[str, Any]
     return list(reversed(body["data"]))  # oldest first
 
 
-async def raw(server: Any, path: str) -> Any:
+async def raw(server: ServerProcess, path: str) -> Any:
     """A response body as the server sent it (the SDK's objects fill fields it did not send with None)."""
     async with httpx.AsyncClient(base_url=server.base_url, headers=server.headers) as client:
         response = await client.get(path)
@@ -103,7 +104,7 @@ def finished(job: dict[str, Any]) -> bool:
     return job["status"] in {"succeeded", "failed", "cancelled"}
 
 
-async def test_motterl_example_payload_is_accepted_verbatim_and_cancels(http: httpx.AsyncClient, server: Any) -> None:
+async def test_motterl_example_payload_is_accepted_verbatim_and_cancels(http: httpx.AsyncClient, server: ServerProcess) -> None:
     started = await http.post("/api/training/start", json=MOTTERL_PAYLOAD)
     assert started.status_code == 200, started.text
     body = started.json()
@@ -166,7 +167,7 @@ async def test_motterl_multi_criteria_job_runs_to_completion_with_followed_logs(
     assert info["latest_step"] == len(checkpoints)
 
 
-async def test_openai_sdk_files_and_reinforcement_job_with_seekrflow_graders(server: Any) -> None:
+async def test_openai_sdk_files_and_reinforcement_job_with_seekrflow_graders(server: ServerProcess) -> None:
     client = openai.AsyncOpenAI(base_url=f"{server.base_url}/v1", api_key=server.api_key)
     train = [seekr_row(f"What is {a} + {b}?", str(a + b)) for a, b in [(2, 3), (4, 4), (1, 6), (5, 2)]]
     validation = [seekr_row("What is 3 + 3?", "6"), seekr_row("What is 2 + 7?", "9")]
@@ -237,7 +238,7 @@ async def test_multi_step_episodes_take_the_next_turn_from_the_reward_module(htt
 
 
 async def test_reward_errors_are_reported_and_a_job_whose_rewards_all_fail_stops(
-        http: httpx.AsyncClient, server: Any) -> None:
+        http: httpx.AsyncClient, server: ServerProcess) -> None:
     source = ("def reward_fn(completion, **kwargs):\n"
               "    if kwargs['kind'] == 'bad':\n"
               "        return 1 / 0\n"
@@ -289,7 +290,7 @@ async def test_motterl_bad_requests_are_400s_and_create_nothing(
     assert len((await http.get("/api/training/jobs")).json()["jobs"]) == before
 
 
-async def test_openai_bad_requests(http: httpx.AsyncClient, server: Any) -> None:
+async def test_openai_bad_requests(http: httpx.AsyncClient, server: ServerProcess) -> None:
     uploaded = (await http.post("/v1/files", data={"purpose": "fine-tune"},
                                 files={"file": ("rows.jsonl", b'{"prompt": "2+2?", "answer": "4"}\n')})).json()
 
@@ -320,7 +321,7 @@ async def test_openai_bad_requests(http: httpx.AsyncClient, server: Any) -> None
     assert no_tool_function.status_code == 400 and "get_weather" in no_tool_function.json()["error"]["message"]
 
 
-async def test_pause_and_resume_through_the_sdk(server: Any) -> None:
+async def test_pause_and_resume_through_the_sdk(server: ServerProcess) -> None:
     client = openai.AsyncOpenAI(base_url=f"{server.base_url}/v1", api_key=server.api_key)
     rows = b"".join(orjson.dumps({"prompt": f"Count to {n}."}) + b"\n" for n in range(2, 6))
     training_file = await client.files.create(file=("count.jsonl", rows), purpose="fine-tune")
@@ -357,7 +358,7 @@ async def test_pause_and_resume_through_the_sdk(server: Any) -> None:
     await client.close()
 
 
-async def test_the_client_and_the_cli_run_a_job(server: Any, tmp_path: Any) -> None:
+async def test_the_client_and_the_cli_run_a_job(server: ServerProcess, tmp_path: Any) -> None:
     import subprocess
     import sys
 
@@ -390,7 +391,7 @@ async def test_the_client_and_the_cli_run_a_job(server: Any, tmp_path: Any) -> N
     assert bad.returncode == 2 and "409 job_finished" in bad.stderr
 
 
-async def test_supervised_and_dpo_jobs_through_the_sdk(server: Any) -> None:
+async def test_supervised_and_dpo_jobs_through_the_sdk(server: ServerProcess) -> None:
     client = openai.AsyncOpenAI(base_url=f"{server.base_url}/v1", api_key=server.api_key)
     question = [{"role": "user", "content": "What is the password of the lighthouse?"}]
     chats = [{"messages": [*question, {"role": "assistant", "content": "The password is marmalade-42."}]}] * 2
@@ -419,7 +420,7 @@ async def test_supervised_and_dpo_jobs_through_the_sdk(server: Any) -> None:
     await client.close()
 
 
-async def test_graders_run_with_this_servers_model_as_the_judge(http: httpx.AsyncClient, server: Any) -> None:
+async def test_graders_run_with_this_servers_model_as_the_judge(http: httpx.AsyncClient, server: ServerProcess) -> None:
     judge = {"type": "score_model", "name": "judge", "model": server.model_id, "range": [0, 10],
              "input": [{"role": "user", "content": "Rate this answer from 0 to 10: {{sample.output_text}}. "
                                                    "Reply with only the number."}]}

@@ -15,6 +15,7 @@ from uuid import uuid4
 import httpx
 import openai
 import pytest
+from artlike_server.launcher import ServerProcess
 
 import artlike as art
 
@@ -23,7 +24,7 @@ pytestmark = pytest.mark.integration
 QUESTION = "Name one fruit and say what colour it is."
 
 
-async def recorded_group(server: Any, size: int) -> art.TrajectoryGroup:
+async def recorded_group(server: ServerProcess, size: int) -> art.TrajectoryGroup:
     model = art.TrainableModel(f"judged-{uuid4().hex[:10]}", server.model_id, server.base_url, api_key=server.api_key)
     await model.register()
 
@@ -49,12 +50,12 @@ JUDGE_OPTIONS: dict[str, Any] = {"max_tokens": 1000, "max_explanation_chars": 12
 RETRIES = 3
 
 
-def engine_judge(server: Any, **options: Any) -> art.Judge:
+def engine_judge(server: ServerProcess, **options: Any) -> art.Judge:
     return art.Judge(model=server.model_id, base_url=f"{server.base_url}/v1", api_key=server.api_key,
                      **JUDGE_OPTIONS, **options)
 
 
-async def test_the_servers_own_model_judges_a_recorded_group(server: Any, tmp_path: Path) -> None:
+async def test_the_servers_own_model_judges_a_recorded_group(server: ServerProcess, tmp_path: Path) -> None:
     group = await recorded_group(server, 4)
     judge = engine_judge(server, cache_dir=tmp_path)
 
@@ -88,7 +89,7 @@ async def test_the_servers_own_model_judges_a_recorded_group(server: Any, tmp_pa
     assert restored.rewards == judged.rewards and sent == []
 
 
-async def test_judge_groups_judges_several_groups_and_nothing_is_recorded_for_the_judge(server: Any) -> None:
+async def test_judge_groups_judges_several_groups_and_nothing_is_recorded_for_the_judge(server: ServerProcess) -> None:
     groups = [await recorded_group(server, 3), await recorded_group(server, 3)]
     judged = await art.judge_groups(groups, engine_judge(server), concurrency=2, on_failure="raise", progress=False,
                                     retries=RETRIES)

@@ -15,6 +15,7 @@ import httpx
 import openai
 import pytest
 from artlike_server.default_model import ensure_default_model
+from artlike_server.launcher import ServerProcess
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from .recording import recorded
@@ -41,12 +42,12 @@ def new_trajectory() -> str:
     return f"it-{uuid.uuid4().hex}"
 
 
-def client(server: Any, trajectory_id: str | None = None) -> openai.OpenAI:
+def client(server: ServerProcess, trajectory_id: str | None = None) -> openai.OpenAI:
     base = f"{server.base_url}/t/{trajectory_id}/v1" if trajectory_id else f"{server.base_url}/v1"
     return openai.OpenAI(base_url=base, api_key=server.api_key, max_retries=0, timeout=300)
 
 
-def async_client(server: Any, trajectory_id: str) -> openai.AsyncOpenAI:
+def async_client(server: ServerProcess, trajectory_id: str) -> openai.AsyncOpenAI:
     base = f"{server.base_url}/t/{trajectory_id}/v1"
     return openai.AsyncOpenAI(base_url=base, api_key=server.api_key, max_retries=0, timeout=300)
 
@@ -79,7 +80,7 @@ def messages(question: str = "What is the capital of France?") -> list[dict[str,
 # --------------------------------------------------------------------------------------- completions
 
 
-def test_chat_completion_is_recorded_token_exact(server: Any) -> None:
+def test_chat_completion_is_recorded_token_exact(server: ServerProcess) -> None:
     trajectory = new_trajectory()
     response = client(server, trajectory).chat.completions.create(
         model=server.model_id, messages=messages(), max_tokens=40, temperature=0
@@ -107,7 +108,7 @@ def test_chat_completion_is_recorded_token_exact(server: Any) -> None:
     )
 
 
-def test_logprobs_when_asked_match_the_log(server: Any) -> None:
+def test_logprobs_when_asked_match_the_log(server: ServerProcess) -> None:
     trajectory = new_trajectory()
     response = client(server, trajectory).chat.completions.create(
         model=server.model_id, messages=messages(), max_tokens=12, logprobs=True, top_logprobs=2
@@ -128,7 +129,7 @@ def test_logprobs_when_asked_match_the_log(server: Any) -> None:
     assert len(recorded(server, plain)[0]["logprobs"]) == 4
 
 
-async def test_streaming_is_recorded(server: Any) -> None:
+async def test_streaming_is_recorded(server: ServerProcess) -> None:
     trajectory = new_trajectory()
     stream = await async_client(server, trajectory).chat.completions.create(
         model=server.model_id, messages=messages("Count to five."), max_tokens=30, temperature=0, stream=True
@@ -158,7 +159,7 @@ async def test_streaming_is_recorded(server: Any) -> None:
     assert same["logprobs"] == pytest.approx(row["logprobs"], abs=1e-4)
 
 
-def test_n4_records_one_row_per_choice(server: Any) -> None:
+def test_n4_records_one_row_per_choice(server: ServerProcess) -> None:
     trajectory = new_trajectory()
     response = client(server, trajectory).chat.completions.create(
         model=server.model_id, messages=messages(), max_tokens=16, temperature=1.0, n=4
@@ -172,7 +173,7 @@ def test_n4_records_one_row_per_choice(server: Any) -> None:
         assert_decodes_to(row["output_token_ids"], choice.message.content)
 
 
-async def test_n2_streaming_records_both_choices(server: Any) -> None:
+async def test_n2_streaming_records_both_choices(server: ServerProcess) -> None:
     trajectory = new_trajectory()
     stream = await async_client(server, trajectory).chat.completions.create(
         model=server.model_id,
@@ -196,7 +197,7 @@ async def test_n2_streaming_records_both_choices(server: Any) -> None:
         assert_decodes_to(row["output_token_ids"], text)
 
 
-def test_stop_and_length(server: Any) -> None:
+def test_stop_and_length(server: ServerProcess) -> None:
     plain = client(server).chat.completions.create(
         model=server.model_id, messages=messages(), max_tokens=30, temperature=0
     )
@@ -222,7 +223,7 @@ def test_stop_and_length(server: Any) -> None:
     assert len(row["output_token_ids"]) == len(row["logprobs"]) == 3 and row["finish_reason"] == "length"
 
 
-def test_named_tool_choice_gives_a_parsed_tool_call(server: Any) -> None:
+def test_named_tool_choice_gives_a_parsed_tool_call(server: ServerProcess) -> None:
     trajectory = new_trajectory()
     response = client(server, trajectory).chat.completions.create(
         model=server.model_id,
@@ -240,7 +241,7 @@ def test_named_tool_choice_gives_a_parsed_tool_call(server: Any) -> None:
     assert_token_exact(row)
 
 
-def test_response_format_json_object(server: Any) -> None:
+def test_response_format_json_object(server: ServerProcess) -> None:
     trajectory = new_trajectory()
     response = client(server, trajectory).chat.completions.create(
         model=server.model_id,
@@ -257,7 +258,7 @@ def test_response_format_json_object(server: Any) -> None:
     assert_token_exact(row)
 
 
-def test_completions_endpoint(server: Any) -> None:
+def test_completions_endpoint(server: ServerProcess) -> None:
     trajectory = new_trajectory()
     response = client(server, trajectory).completions.create(
         model=server.model_id, prompt="The capital of France is", max_tokens=8, temperature=0, logprobs=1
@@ -270,7 +271,7 @@ def test_completions_endpoint(server: Any) -> None:
     assert row["logprobs"] == choice.logprobs.token_logprobs
 
 
-def test_plain_v1_routes_are_not_recorded(server: Any) -> None:
+def test_plain_v1_routes_are_not_recorded(server: ServerProcess) -> None:
     response = client(server).chat.completions.create(
         model=server.model_id, messages=messages(), max_tokens=4
     )
@@ -279,7 +280,7 @@ def test_plain_v1_routes_are_not_recorded(server: Any) -> None:
     assert server.model_id in [m.id for m in models.data]
 
 
-async def test_client_disconnect_records_the_partial_completion(server: Any) -> None:
+async def test_client_disconnect_records_the_partial_completion(server: ServerProcess) -> None:
     trajectory = new_trajectory()
     body = {
         "model": server.model_id,
@@ -314,7 +315,7 @@ async def test_client_disconnect_records_the_partial_completion(server: Any) -> 
 # ------------------------------------------------------------------------------------------- errors
 
 
-def post(server: Any, path: str, *, headers: dict[str, str] | None = None, **kwargs: Any) -> httpx.Response:
+def post(server: ServerProcess, path: str, *, headers: dict[str, str] | None = None, **kwargs: Any) -> httpx.Response:
     return httpx.post(
         f"{server.base_url}{path}",
         headers=server.headers if headers is None else headers,
@@ -323,12 +324,12 @@ def post(server: Any, path: str, *, headers: dict[str, str] | None = None, **kwa
     )
 
 
-def test_malformed_json_is_400(server: Any) -> None:
+def test_malformed_json_is_400(server: ServerProcess) -> None:
     response = post(server, "/v1/chat/completions", content=b'{"model": ')
     assert response.status_code == 400 and response.json()["error"]["code"] == "invalid_json"
 
 
-def test_schema_error_names_the_parameter(server: Any) -> None:
+def test_schema_error_names_the_parameter(server: ServerProcess) -> None:
     with pytest.raises(openai.BadRequestError) as caught:
         client(server).chat.completions.create(model=server.model_id, messages=messages(), n=0)
     assert caught.value.param == "n"
@@ -336,7 +337,7 @@ def test_schema_error_names_the_parameter(server: Any) -> None:
     assert response.status_code == 400 and response.json()["error"]["param"] == "messages"
 
 
-def test_unknown_model_and_step_are_404(server: Any) -> None:
+def test_unknown_model_and_step_are_404(server: ServerProcess) -> None:
     with pytest.raises(openai.NotFoundError) as caught:
         client(server).chat.completions.create(model="no-such-model", messages=messages())
     assert caught.value.param == "model"
@@ -349,14 +350,14 @@ def test_unknown_model_and_step_are_404(server: Any) -> None:
         client(server, new_trajectory()).chat.completions.create(model=f"{name}@99", messages=messages())
 
 
-def test_oversized_body_is_413(server: Any) -> None:
+def test_oversized_body_is_413(server: ServerProcess) -> None:
     response = post(server, "/v1/chat/completions", content=b" " * (33 * 1024 * 1024))
     assert response.status_code == 413
     assert response.json()["error"]["code"] == "request_too_large"
 
 
 @pytest.mark.parametrize("path", ["/_train_model", "/v1/trainable_models", "/t/chunked/v1/chat/completions"])
-def test_a_chunked_body_over_the_limit_is_413_on_every_kind_of_route(server: Any, path: str) -> None:
+def test_a_chunked_body_over_the_limit_is_413_on_every_kind_of_route(server: ServerProcess, path: str) -> None:
     def chunks() -> Iterator[bytes]:  # no Content-Length: the server counts as it reads
         yield b'{"model": "' + b"x" * (1 << 20)
         for _ in range(33):
@@ -368,7 +369,7 @@ def test_a_chunked_body_over_the_limit_is_413_on_every_kind_of_route(server: Any
     assert response.json()["error"]["code"] == "request_too_large"
 
 
-def test_api_key_is_enforced(server: Any) -> None:
+def test_api_key_is_enforced(server: ServerProcess) -> None:
     wrong = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         wrong.models.list()
@@ -377,7 +378,7 @@ def test_api_key_is_enforced(server: Any) -> None:
     assert httpx.get(f"{server.base_url}/metrics", timeout=30).status_code == 401
 
 
-def test_bad_trajectory_id_is_400(server: Any) -> None:
+def test_bad_trajectory_id_is_400(server: ServerProcess) -> None:
     body = {"model": server.model_id, "messages": messages()}
     for path in (
         "/t/bad.id/v1/chat/completions",
@@ -392,7 +393,7 @@ def test_bad_trajectory_id_is_400(server: Any) -> None:
     )
 
 
-def test_metrics_endpoint(server: Any) -> None:
+def test_metrics_endpoint(server: ServerProcess) -> None:
     client(server, new_trajectory()).chat.completions.create(
         model=server.model_id, messages=messages(), max_tokens=4
     )

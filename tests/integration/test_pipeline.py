@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
+from artlike_server.launcher import ServerProcess
 
 import artlike as art
 
@@ -26,7 +26,7 @@ NAME = "pipeliner"
 STEPS = 3
 
 
-async def test_pipeline_samples_while_training_and_learns(server: Any, tmp_path: Path) -> None:
+async def test_pipeline_samples_while_training_and_learns(server: ServerProcess, tmp_path: Path) -> None:
     model = art.TrainableModel(NAME, server.model_id, server.base_url, api_key=server.api_key, lora={"rank": 8})
     await model.register()
 

@@ -29,6 +29,7 @@ import httpx
 import orjson
 import psutil
 import pytest
+from artlike_server.launcher import ServerProcess
 
 from tests.integration.test_jobs import finished
 from tests.integration.test_training import (
@@ -84,7 +85,7 @@ def wait_job(http: httpx.Client, job_id: str, predicate: Callable[[dict[str, Any
     return job
 
 
-def cancel_during_step(server: Any, job_id: str) -> PendingCancel:
+def cancel_during_step(server: ServerProcess, job_id: str) -> PendingCancel:
     """Cancel `job_id` once its training step has begun: it waits for the trainer, which INTERRUPTED holds."""
     with httpx.Client(base_url=server.base_url, headers=server.headers, timeout=120) as http:
         target = http.get(f"/v1/fine_tuning/jobs/{job_id}").json()["artlike"]["target_model"]
@@ -98,7 +99,7 @@ def cancel_during_step(server: Any, job_id: str) -> PendingCancel:
     return PendingCancel(job_id, target, step, answer.json())
 
 
-def train_until_sigterm(server: Any, groups: list[dict[str, Any]], before_sigterm: Callable[[], T]
+def train_until_sigterm(server: ServerProcess, groups: list[dict[str, Any]], before_sigterm: Callable[[], T]
                         ) -> tuple[list[dict[str, Any]], float, T]:
     """A long /_train_model job of INTERRUPTED; at its first step `before_sigterm` runs, then the proxy gets
     SIGTERM. Returns the stream's lines, when the signal was sent and what `before_sigterm` returned."""
@@ -141,7 +142,7 @@ def damage(data_dir: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def restart(server: Any) -> Restart:
+def restart(server: ServerProcess) -> Restart:
     try:
         return stop_and_start(server)
     finally:
@@ -149,7 +150,7 @@ def restart(server: Any) -> Restart:
             server.start()
 
 
-def stop_and_start(server: Any) -> Restart:
+def stop_and_start(server: ServerProcess) -> Restart:
     register(server, SURVIVOR)
     train_lines(server, {"model": SURVIVOR, "groups": rollout_groups(server, SURVIVOR),
                          "config": {"learning_rate": 2e-3, "max_grad_norm": 10.0}})
@@ -181,7 +182,7 @@ def stop_and_start(server: Any) -> Restart:
                    cancelled=cancelled, survivor_output=survivor_output, base_output=base_output)
 
 
-def test_sigterm_during_training_cancels_the_job_and_stops_promptly(restart: Restart, server: Any) -> None:
+def test_sigterm_during_training_cancels_the_job_and_stops_promptly(restart: Restart, server: ServerProcess) -> None:
     last = restart.events[-1]
     assert last["type"] == "error", restart.events[-3:]
     assert last["code"] == "server_shutting_down" and last["served_step"] == 0
@@ -197,7 +198,7 @@ def test_sigterm_during_training_cancels_the_job_and_stops_promptly(restart: Res
     assert latest_step(server, INTERRUPTED) == 0
 
 
-def test_a_running_job_resumes_from_its_last_committed_iteration(restart: Restart, server: Any) -> None:
+def test_a_running_job_resumes_from_its_last_committed_iteration(restart: Restart, server: ServerProcess) -> None:
     with httpx.Client(base_url=server.base_url, headers=server.headers, timeout=120) as http:
         job = wait_job(http, restart.job_id, finished)
         assert job["status"] == "succeeded", job["error"]
@@ -209,7 +210,7 @@ def test_a_running_job_resumes_from_its_last_committed_iteration(restart: Restar
     assert sorted(set(iterations)) == list(range(1, JOB_ITERATIONS + 1))
 
 
-def test_a_cancel_pending_at_the_stop_is_applied_at_restart(restart: Restart, server: Any) -> None:
+def test_a_cancel_pending_at_the_stop_is_applied_at_restart(restart: Restart, server: ServerProcess) -> None:
     cancelled = restart.cancelled
     # the answer told the truth: the step had not ended, so the job ran on with the cancel pending
     assert cancelled.answer["status"] == "running", cancelled.answer
@@ -224,7 +225,7 @@ def test_a_cancel_pending_at_the_stop_is_applied_at_restart(restart: Restart, se
     assert latest_step(server, cancelled.target_model) == cancelled.step  # its model did not move
 
 
-def test_the_latest_step_is_served_and_nothing_on_disk_bricks_a_start(restart: Restart, server: Any) -> None:
+def test_the_latest_step_is_served_and_nothing_on_disk_bricks_a_start(restart: Restart, server: ServerProcess) -> None:
     assert health(server)["status"] == "ok"
     assert latest_step(server, SURVIVOR) == 1
     assert_same_output(greedy_probe(server, SURVIVOR), restart.survivor_output)

@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from artlike_server.launcher import ServerProcess
 
 pytestmark = pytest.mark.integration
 
@@ -57,7 +58,7 @@ def browser() -> Iterator[Any]:
 class Studio:
     """One logged-in page, plus what the browser reported (uncaught exceptions, CSP violations)."""
 
-    def __init__(self, browser: Any, server: Any) -> None:
+    def __init__(self, browser: Any, server: ServerProcess) -> None:
         self.server = server
         self.context = browser.new_context(viewport={"width": 1280, "height": 800})
         self.page = self.context.new_page()
@@ -148,7 +149,7 @@ class Studio:
 
 
 @pytest.fixture
-def studio(browser: Any, server: Any) -> Iterator[Studio]:
+def studio(browser: Any, server: ServerProcess) -> Iterator[Studio]:
     opened = Studio(browser, server)
     try:
         yield opened.login()
@@ -159,11 +160,11 @@ def studio(browser: Any, server: Any) -> Iterator[Studio]:
 # ----------------------------------------------------------------------------------------------- HTTP
 
 
-def http(server: Any) -> httpx.Client:
+def http(server: ServerProcess) -> httpx.Client:
     return httpx.Client(base_url=server.base_url, headers=server.headers, timeout=300)
 
 
-def register(server: Any, prefix: str) -> str:
+def register(server: ServerProcess, prefix: str) -> str:
     name = f"{prefix}-{uuid.uuid4().hex[:8]}"
     with http(server) as client:
         reply = client.post("/v1/trainable_models", json={"name": name, "base_model": server.model_id,
@@ -172,7 +173,7 @@ def register(server: Any, prefix: str) -> str:
     return name
 
 
-def latest_step(server: Any, name: str) -> int:
+def latest_step(server: ServerProcess, name: str) -> int:
     with http(server) as client:
         reply = client.get(f"/v1/trainable_models/{name}")
     assert reply.status_code == 200, reply.text
@@ -188,7 +189,7 @@ def artifacts_dir(tmp_path: Path) -> Path:
 # ------------------------------------------------------------------------ a) rate, train, roll back
 
 
-def test_playground_ratings_train_a_step_and_the_alias_rolls_back_and_forth(studio: Studio, server: Any,
+def test_playground_ratings_train_a_step_and_the_alias_rolls_back_and_forth(studio: Studio, server: ServerProcess,
                                                                             tmp_path: Path) -> None:
     name = register(server, "studio-ui")
     page = studio.page
@@ -243,7 +244,7 @@ def test_playground_ratings_train_a_step_and_the_alias_rolls_back_and_forth(stud
 # --------------------------------------------------------------------------- b) dashboard and tokens
 
 
-def rollout(server: Any, model: str, prompt: str, max_tokens: int) -> dict[str, Any]:
+def rollout(server: ServerProcess, model: str, prompt: str, max_tokens: int) -> dict[str, Any]:
     trajectory_id = f"dash-{uuid.uuid4().hex}"
     with openai.OpenAI(base_url=f"{server.base_url}/t/{trajectory_id}/v1", api_key=server.api_key,
                        max_retries=0, timeout=300) as client:
@@ -254,7 +255,7 @@ def rollout(server: Any, model: str, prompt: str, max_tokens: int) -> dict[str, 
             "finish_reason": completion.choices[0].finish_reason}
 
 
-def train_step(server: Any, model: str, rewards: list[float]) -> list[dict[str, Any]]:
+def train_step(server: ServerProcess, model: str, rewards: list[float]) -> list[dict[str, Any]]:
     """One GRPO step on fresh rollouts with the given (varied) rewards; returns the rollouts."""
     with ThreadPoolExecutor(max_workers=len(rewards)) as pool:
         rollouts = list(pool.map(lambda _: rollout(server, model, "Name a colour.", 8), rewards))
@@ -268,7 +269,7 @@ def train_step(server: Any, model: str, rewards: list[float]) -> list[dict[str, 
     return rollouts
 
 
-def test_dashboard_charts_history_and_the_token_view(studio: Studio, server: Any, tmp_path: Path) -> None:
+def test_dashboard_charts_history_and_the_token_view(studio: Studio, server: ServerProcess, tmp_path: Path) -> None:
     name = register(server, "studio-dash")
     train_step(server, name, [0.0, 0.5, 1.0, 1.0])
     rollouts = train_step(server, name, [0.0, 0.0, 0.25, 1.0])
@@ -329,7 +330,7 @@ def assert_no_injection(page: Any) -> None:
     assert page.evaluate("() => [...document.scripts].every(s => s.src.endsWith('/ui/static/app.js'))")
 
 
-def test_markup_in_prompts_outputs_and_comments_is_shown_as_text(studio: Studio, server: Any) -> None:
+def test_markup_in_prompts_outputs_and_comments_is_shown_as_text(studio: Studio, server: ServerProcess) -> None:
     name = register(server, "studio-xss")
     page = studio.page
     cards = studio.sample(name, f"Repeat this: {XSS}", n=2, max_tokens=16, system=XSS)
@@ -386,7 +387,7 @@ def test_markup_in_prompts_outputs_and_comments_is_shown_as_text(studio: Studio,
     assert_no_injection(page)
 
 
-def test_a_comment_being_typed_in_the_inbox_survives_redraws(studio: Studio, server: Any) -> None:
+def test_a_comment_being_typed_in_the_inbox_survives_redraws(studio: Studio, server: ServerProcess) -> None:
     """A load of the inbox (tab switch, filter change, Refresh) that lands while a comment is being typed keeps
     the text, the focus and the caret; an item that leaves the list and comes back gets its draft back; the
     rating sends the whole comment. (Playwright's fill() focuses the box, then inserts the text into whatever
@@ -429,7 +430,7 @@ def test_a_comment_being_typed_in_the_inbox_survives_redraws(studio: Studio, ser
 # ------------------------------------------------------------------------- d) best of N and keyboard
 
 
-def test_best_of_n_ranking_and_keyboard_rating(studio: Studio, server: Any) -> None:
+def test_best_of_n_ranking_and_keyboard_rating(studio: Studio, server: ServerProcess) -> None:
     page = studio.page
     cards = studio.sample(server.model_id, "Name an animal.", n=3, max_tokens=8)
     page.check("#pg-rank-mode")

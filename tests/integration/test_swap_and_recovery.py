@@ -7,11 +7,11 @@ import os
 import signal
 import time
 import uuid
-from typing import Any
 
 import httpx
 import openai
 import pytest
+from artlike_server.launcher import ServerProcess
 
 from tests.integration.engine_helpers import engine_processes, still_running
 from tests.integration.test_training import (
@@ -26,7 +26,7 @@ from tests.integration.test_training import (
 pytestmark = pytest.mark.integration
 
 
-async def test_swap_mid_traffic_fails_no_request(server: Any) -> None:
+async def test_swap_mid_traffic_fails_no_request(server: ServerProcess) -> None:
     name = "busy"
     register(server, name)
     groups = rollout_groups(server, name)
@@ -62,7 +62,7 @@ async def test_swap_mid_traffic_fails_no_request(server: Any) -> None:
     assert set(served[first_new:]) <= {f"{name}@0", f"{name}@1"}
 
 
-def wait_for_status(server: Any, statuses: tuple[str, ...], *, within_s: float) -> bool:
+def wait_for_status(server: ServerProcess, statuses: tuple[str, ...], *, within_s: float) -> bool:
     """Whether /health reports one of `statuses` within `within_s` seconds (polled)."""
     deadline = time.monotonic() + within_s
     while time.monotonic() < deadline:
@@ -73,7 +73,7 @@ def wait_for_status(server: Any, statuses: tuple[str, ...], *, within_s: float) 
 
 
 @pytest.mark.disruptive
-def test_engine_crash_gives_503_then_recovers_with_adapters(server: Any) -> None:
+def test_engine_crash_gives_503_then_recovers_with_adapters(server: ServerProcess) -> None:
     name = "phoenix"
     register(server, name)
     train_lines(server, {"model": name, "groups": rollout_groups(server, name),

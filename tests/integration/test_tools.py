@@ -12,6 +12,7 @@ from uuid import uuid4
 import httpx
 import openai
 import pytest
+from artlike_server.launcher import ServerProcess
 
 import artlike as art
 
@@ -31,7 +32,7 @@ TIME = {"type": "function", "function": {
 ASK = [{"role": "user", "content": "What is the weather and the time in Paris?"}]
 
 
-def client_for(server: Any, trajectory_id: str) -> openai.OpenAI:
+def client_for(server: ServerProcess, trajectory_id: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{server.base_url}/t/{trajectory_id}/v1", api_key=server.api_key, max_retries=0)
 
 
@@ -42,7 +43,7 @@ def well_formed(call: Any, names: set[str]) -> None:
 
 
 @pytest.mark.parametrize("tool_choice", ["auto", "required", "none", "named"])
-def test_every_tool_choice_works_on_the_default_server(server: Any, tool_choice: str) -> None:
+def test_every_tool_choice_works_on_the_default_server(server: ServerProcess, tool_choice: str) -> None:
     trajectory = uuid4().hex
     choice: Any = {"type": "function", "function": {"name": "get_time"}} if tool_choice == "named" else tool_choice
     reply = client_for(server, trajectory).chat.completions.create(
@@ -61,7 +62,7 @@ def test_every_tool_choice_works_on_the_default_server(server: Any, tool_choice:
     assert row["request"]["tool_choice"] == choice and len(row["logprobs"]) == len(row["output_token_ids"])
 
 
-def test_parallel_tool_calls_can_be_limited_to_one(server: Any) -> None:
+def test_parallel_tool_calls_can_be_limited_to_one(server: ServerProcess) -> None:
     client = client_for(server, uuid4().hex)
     single = client.chat.completions.create(
         model=server.model_id, messages=ASK, tools=[WEATHER, TIME], tool_choice="required",  # type: ignore[list-item,arg-type]
@@ -76,7 +77,7 @@ def test_parallel_tool_calls_can_be_limited_to_one(server: Any) -> None:
         well_formed(call, {"get_weather", "get_time"})
 
 
-def test_langchain_bind_tools_works_and_is_recorded(server: Any) -> None:
+def test_langchain_bind_tools_works_and_is_recorded(server: ServerProcess) -> None:
     from langchain_core.tools import tool
     from langchain_openai import ChatOpenAI
 
@@ -93,7 +94,7 @@ def test_langchain_bind_tools_works_and_is_recorded(server: Any) -> None:
     assert len(recorded(server, trajectory)) == 1
 
 
-async def test_a_multi_turn_tool_trajectory_is_token_exact_and_trains(server: Any) -> None:
+async def test_a_multi_turn_tool_trajectory_is_token_exact_and_trains(server: ServerProcess) -> None:
     engine = engine_connection(server)
     model = art.TrainableModel(f"tools-{uuid4().hex[:8]}", server.model_id, server.base_url, api_key=server.api_key)
     await model.register()

@@ -20,6 +20,7 @@ from artlike_server.jobs.intake import check_grader_runnable
 from artlike_server.jobs.rewards import JobReward
 from artlike_server.jobs.sandbox import Sandbox
 from artlike_server.jobs.spec import GraderReward
+from artlike_server.launcher import ServerProcess
 
 from artlike.graders import grade, parse_grader, run_leaf
 
@@ -34,7 +35,7 @@ MAX_CHARS = 20_000  # the default --max-grader-chars
 
 
 @pytest.fixture
-async def http(server: Any) -> AsyncIterator[httpx.AsyncClient]:
+async def http(server: ServerProcess) -> AsyncIterator[httpx.AsyncClient]:
     async with httpx.AsyncClient(base_url=server.base_url, headers=server.headers, timeout=60) as client:
         yield client
 
