@@ -21,6 +21,8 @@ from pydantic import ValidationError
 
 import artlike as art
 
+from .helpers import trainable_model
+
 pytestmark = pytest.mark.integration
 
 CLIENT_DIR = Path(__file__).resolve().parents[2] / "client"
@@ -28,8 +30,7 @@ PROMPTS = ["Name a colour and say why you like it.", "Describe the sea in a few 
 
 
 def new_model(server: ServerProcess, name: str | None = None, **options: Any) -> art.TrainableModel:
-    options.setdefault("api_key", server.api_key)
-    return art.TrainableModel(name or f"client-{uuid4().hex[:10]}", server.model_id, server.base_url, **options)
+    return trainable_model(server, name or f"client-{uuid4().hex[:10]}", **options)
 
 
 def length_reward(completion: ChatCompletion) -> float:

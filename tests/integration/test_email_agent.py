@@ -17,6 +17,8 @@ from examples.email_agent.records import Question
 from examples.email_agent.rollout import rollout
 from examples.email_agent.tools import TOOL_SPECS
 
+from .helpers import trainable_model
+
 pytestmark = pytest.mark.integration
 
 # Forcing the first call through the server's structured output makes the model write a search_inbox call,
@@ -53,7 +55,7 @@ async def _group(model: art.TrainableModel, question: Question, data: EmailData)
 
 async def test_email_agent_records_multi_turn_trajectories_and_trains(server: ServerProcess, data: EmailData) -> None:
     question = _question(data)
-    model = art.TrainableModel(f"email-{uuid4().hex[:10]}", server.model_id, server.base_url, api_key=server.api_key)
+    model = trainable_model(server, f"email-{uuid4().hex[:10]}")
     async with model:
         await model.register()
 

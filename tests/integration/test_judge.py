@@ -13,11 +13,12 @@ from typing import Any
 from uuid import uuid4
 
 import httpx
-import openai
 import pytest
 from artlike_server.launcher import ServerProcess
 
 import artlike as art
+
+from .helpers import api_url, async_openai_client, trainable_model
 
 pytestmark = pytest.mark.integration
 
@@ -25,7 +26,7 @@ QUESTION = "Name one fruit and say what colour it is."
 
 
 async def recorded_group(server: ServerProcess, size: int) -> art.TrajectoryGroup:
-    model = art.TrainableModel(f"judged-{uuid4().hex[:10]}", server.model_id, server.base_url, api_key=server.api_key)
+    model = trainable_model(server, f"judged-{uuid4().hex[:10]}")
     await model.register()
 
     async def rollout(index: int) -> art.Trajectory:
@@ -51,7 +52,7 @@ RETRIES = 3
 
 
 def engine_judge(server: ServerProcess, **options: Any) -> art.Judge:
-    return art.Judge(model=server.model_id, base_url=f"{server.base_url}/v1", api_key=server.api_key,
+    return art.Judge(model=server.model_id, base_url=api_url(server), api_key=server.api_key,
                      **JUDGE_OPTIONS, **options)
 
 
@@ -81,8 +82,8 @@ async def test_the_servers_own_model_judges_a_recorded_group(server: ServerProce
     async def count(request: httpx.Request) -> None:
         sent.append(request)
 
-    client = openai.AsyncOpenAI(base_url=f"{server.base_url}/v1", api_key=server.api_key or "none",
-                                http_client=httpx.AsyncClient(event_hooks={"request": [count]}))  # type: ignore[arg-type]
+    client = async_openai_client(server, max_retries=2,
+                                 http_client=httpx.AsyncClient(event_hooks={"request": [count]}))  # type: ignore[arg-type]
     from_disk = art.Judge(model=server.model_id, client=client, cache_dir=tmp_path, **JUDGE_OPTIONS)
     restored = await art.judge_group(group, from_disk, retries=0)
     await client.close()

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -15,6 +14,8 @@ import pytest
 from artlike_server.launcher import ServerProcess
 
 from tests.openapi_schema import assert_valid, schema_errors
+
+from .helpers import api_url
 
 pytestmark = pytest.mark.integration
 
@@ -32,15 +33,7 @@ WEATHER_MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}
 
 @pytest.fixture(params=["v1", "trajectory"])
 def base(request: pytest.FixtureRequest, server: ServerProcess) -> str:
-    if request.param == "v1":
-        return f"{server.base_url}/v1"
-    return f"{server.base_url}/t/shapes-{uuid.uuid4().hex}/v1"
-
-
-@pytest.fixture(scope="module")
-def http(server: ServerProcess) -> Iterator[httpx.Client]:
-    with httpx.Client(headers=server.headers, timeout=300) as client:
-        yield client
+    return api_url(server, None if request.param == "v1" else f"shapes-{uuid.uuid4().hex}")
 
 
 def post(http: httpx.Client, url: str, body: dict[str, Any]) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from artlike_server.default_model import ensure_default_model
 from artlike_server.launcher import ServerProcess
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from .recording import recorded
+from .helpers import api_url, async_http_client, async_openai_client, openai_client, recorded
 
 pytestmark = pytest.mark.integration
 
@@ -40,17 +40,6 @@ def tokenizer() -> PreTrainedTokenizerBase:
 
 def new_trajectory() -> str:
     return f"it-{uuid.uuid4().hex}"
-
-
-def client(server: ServerProcess, trajectory_id: str | None = None) -> openai.OpenAI:
-    base = f"{server.base_url}/t/{trajectory_id}/v1" if trajectory_id else f"{server.base_url}/v1"
-    return openai.OpenAI(base_url=base, api_key=server.api_key, max_retries=0, timeout=300)
-
-
-def async_client(server: ServerProcess, trajectory_id: str) -> openai.AsyncOpenAI:
-    base = f"{server.base_url}/t/{trajectory_id}/v1"
-    return openai.AsyncOpenAI(base_url=base, api_key=server.api_key, max_retries=0, timeout=300)
-
 
 
 def assert_token_exact(row: dict[str, Any]) -> None:
@@ -82,7 +71,7 @@ def messages(question: str = "What is the capital of France?") -> list[dict[str,
 
 def test_chat_completion_is_recorded_token_exact(server: ServerProcess) -> None:
     trajectory = new_trajectory()
-    response = client(server, trajectory).chat.completions.create(
+    response = openai_client(server, trajectory).chat.completions.create(
         model=server.model_id, messages=messages(), max_tokens=40, temperature=0
     )
     choice = response.choices[0]
@@ -110,7 +99,7 @@ def test_chat_completion_is_recorded_token_exact(server: ServerProcess) -> None:
 
 def test_logprobs_when_asked_match_the_log(server: ServerProcess) -> None:
     trajectory = new_trajectory()
-    response = client(server, trajectory).chat.completions.create(
+    response = openai_client(server, trajectory).chat.completions.create(
         model=server.model_id, messages=messages(), max_tokens=12, logprobs=True, top_logprobs=2
     )
     content = response.choices[0].logprobs.content
@@ -122,7 +111,7 @@ def test_logprobs_when_asked_match_the_log(server: ServerProcess) -> None:
     ]
 
     plain = new_trajectory()
-    response = client(server, plain).chat.completions.create(
+    response = openai_client(server, plain).chat.completions.create(
         model=server.model_id, messages=messages(), max_tokens=4
     )
     assert response.choices[0].logprobs is None
@@ -131,7 +120,7 @@ def test_logprobs_when_asked_match_the_log(server: ServerProcess) -> None:
 
 async def test_streaming_is_recorded(server: ServerProcess) -> None:
     trajectory = new_trajectory()
-    stream = await async_client(server, trajectory).chat.completions.create(
+    stream = await async_openai_client(server, trajectory).chat.completions.create(
         model=server.model_id, messages=messages("Count to five."), max_tokens=30, temperature=0, stream=True
     )
     text, finish_reason, ids = "", None, set()
@@ -151,7 +140,7 @@ async def test_streaming_is_recorded(server: ServerProcess) -> None:
 
     # the same greedy request without streaming gives the same tokens and logprobs
     twin = new_trajectory()
-    client(server, twin).chat.completions.create(
+    openai_client(server, twin).chat.completions.create(
         model=server.model_id, messages=messages("Count to five."), max_tokens=30, temperature=0
     )
     (same,) = recorded(server, twin)
@@ -161,7 +150,7 @@ async def test_streaming_is_recorded(server: ServerProcess) -> None:
 
 def test_n4_records_one_row_per_choice(server: ServerProcess) -> None:
     trajectory = new_trajectory()
-    response = client(server, trajectory).chat.completions.create(
+    response = openai_client(server, trajectory).chat.completions.create(
         model=server.model_id, messages=messages(), max_tokens=16, temperature=1.0, n=4
     )
     assert [c.index for c in response.choices] == [0, 1, 2, 3]
@@ -175,7 +164,7 @@ def test_n4_records_one_row_per_choice(server: ServerProcess) -> None:
 
 async def test_n2_streaming_records_both_choices(server: ServerProcess) -> None:
     trajectory = new_trajectory()
-    stream = await async_client(server, trajectory).chat.completions.create(
+    stream = await async_openai_client(server, trajectory).chat.completions.create(
         model=server.model_id,
         messages=messages(),
         max_tokens=12,
@@ -198,13 +187,13 @@ async def test_n2_streaming_records_both_choices(server: ServerProcess) -> None:
 
 
 def test_stop_and_length(server: ServerProcess) -> None:
-    plain = client(server).chat.completions.create(
+    plain = openai_client(server).chat.completions.create(
         model=server.model_id, messages=messages(), max_tokens=30, temperature=0
     )
     text = plain.choices[0].message.content
     stop = text.split()[2]  # a word the greedy answer is known to contain
     trajectory = new_trajectory()
-    stopped = client(server, trajectory).chat.completions.create(
+    stopped = openai_client(server, trajectory).chat.completions.create(
         model=server.model_id, messages=messages(), max_tokens=30, temperature=0, stop=[stop]
     )
     assert stopped.choices[0].finish_reason == "stop"
@@ -215,7 +204,7 @@ def test_stop_and_length(server: ServerProcess) -> None:
     assert stop in tokenizer().decode(row["output_token_ids"])
 
     short = new_trajectory()
-    cut = client(server, short).chat.completions.create(
+    cut = openai_client(server, short).chat.completions.create(
         model=server.model_id, messages=messages(), max_completion_tokens=3, temperature=0
     )
     assert cut.choices[0].finish_reason == "length"
@@ -225,7 +214,7 @@ def test_stop_and_length(server: ServerProcess) -> None:
 
 def test_named_tool_choice_gives_a_parsed_tool_call(server: ServerProcess) -> None:
     trajectory = new_trajectory()
-    response = client(server, trajectory).chat.completions.create(
+    response = openai_client(server, trajectory).chat.completions.create(
         model=server.model_id,
         messages=messages("What is the weather in Paris?"),
         tools=[WEATHER_TOOL],
@@ -243,7 +232,7 @@ def test_named_tool_choice_gives_a_parsed_tool_call(server: ServerProcess) -> No
 
 def test_response_format_json_object(server: ServerProcess) -> None:
     trajectory = new_trajectory()
-    response = client(server, trajectory).chat.completions.create(
+    response = openai_client(server, trajectory).chat.completions.create(
         model=server.model_id,
         messages=messages("Describe Paris as a JSON object with the keys name and country."),
         response_format={"type": "json_object"},
@@ -260,7 +249,7 @@ def test_response_format_json_object(server: ServerProcess) -> None:
 
 def test_completions_endpoint(server: ServerProcess) -> None:
     trajectory = new_trajectory()
-    response = client(server, trajectory).completions.create(
+    response = openai_client(server, trajectory).completions.create(
         model=server.model_id, prompt="The capital of France is", max_tokens=8, temperature=0, logprobs=1
     )
     choice = response.choices[0]
@@ -272,11 +261,11 @@ def test_completions_endpoint(server: ServerProcess) -> None:
 
 
 def test_plain_v1_routes_are_not_recorded(server: ServerProcess) -> None:
-    response = client(server).chat.completions.create(
+    response = openai_client(server).chat.completions.create(
         model=server.model_id, messages=messages(), max_tokens=4
     )
     assert response.choices[0].logprobs is None
-    models = client(server).models.list()
+    models = openai_client(server).models.list()
     assert server.model_id in [m.id for m in models.data]
 
 
@@ -291,7 +280,7 @@ async def test_client_disconnect_records_the_partial_completion(server: ServerPr
     }
     url = f"{server.base_url}/t/{trajectory}/v1/chat/completions"
     async with (
-        httpx.AsyncClient(headers=server.headers, timeout=300) as http,
+        async_http_client(server) as http,
         http.stream("POST", url, json=body) as response,
     ):
         events = 0
@@ -300,7 +289,7 @@ async def test_client_disconnect_records_the_partial_completion(server: ServerPr
             if events == 8:
                 break
     # The partial row is queued while the request unwinds; poll the log (a separate request) briefly.
-    async with httpx.AsyncClient(headers=server.headers, timeout=30) as http:
+    async with async_http_client(server, timeout=30) as http:
         for _ in range(100):
             found = await http.get(f"{server.base_url}/v1/trajectories/{trajectory}")
             if found.status_code == 200:
@@ -331,7 +320,7 @@ def test_malformed_json_is_400(server: ServerProcess) -> None:
 
 def test_schema_error_names_the_parameter(server: ServerProcess) -> None:
     with pytest.raises(openai.BadRequestError) as caught:
-        client(server).chat.completions.create(model=server.model_id, messages=messages(), n=0)
+        openai_client(server).chat.completions.create(model=server.model_id, messages=messages(), n=0)
     assert caught.value.param == "n"
     response = post(server, "/t/x1/v1/chat/completions", json={"model": server.model_id, "messages": "hi"})
     assert response.status_code == 400 and response.json()["error"]["param"] == "messages"
@@ -339,15 +328,15 @@ def test_schema_error_names_the_parameter(server: ServerProcess) -> None:
 
 def test_unknown_model_and_step_are_404(server: ServerProcess) -> None:
     with pytest.raises(openai.NotFoundError) as caught:
-        client(server).chat.completions.create(model="no-such-model", messages=messages())
+        openai_client(server).chat.completions.create(model="no-such-model", messages=messages())
     assert caught.value.param == "model"
     name = f"m{uuid.uuid4().hex[:8]}"
     registered = post(server, "/v1/trainable_models", json={"name": name, "base_model": server.model_id})
     assert registered.status_code in (200, 201), registered.text
-    ids = [m.id for m in client(server).models.list().data]
+    ids = [m.id for m in openai_client(server).models.list().data]
     assert name in ids and f"{name}@0" in ids
     with pytest.raises(openai.NotFoundError):
-        client(server, new_trajectory()).chat.completions.create(model=f"{name}@99", messages=messages())
+        openai_client(server, new_trajectory()).chat.completions.create(model=f"{name}@99", messages=messages())
 
 
 def test_oversized_body_is_413(server: ServerProcess) -> None:
@@ -370,7 +359,7 @@ def test_a_chunked_body_over_the_limit_is_413_on_every_kind_of_route(server: Ser
 
 
 def test_api_key_is_enforced(server: ServerProcess) -> None:
-    wrong = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="wrong", max_retries=0)
+    wrong = openai.OpenAI(base_url=api_url(server), api_key="wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         wrong.models.list()
     body = {"model": server.model_id, "messages": messages()}
@@ -394,7 +383,7 @@ def test_bad_trajectory_id_is_400(server: ServerProcess) -> None:
 
 
 def test_metrics_endpoint(server: ServerProcess) -> None:
-    client(server, new_trajectory()).chat.completions.create(
+    openai_client(server, new_trajectory()).chat.completions.create(
         model=server.model_id, messages=messages(), max_tokens=4
     )
     exposition = httpx.get(f"{server.base_url}/metrics", headers=server.headers, timeout=30).text

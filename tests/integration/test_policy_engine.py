@@ -33,6 +33,8 @@ from tests.conftest import SERVER_ARGS, TEST_API_KEY
 from tests.integration.test_scale_out import PROBE, engines, served_by, train_one_step, wait_for
 from tests.integration.test_training import register, same_output
 
+from .helpers import api_url
+
 pytestmark = pytest.mark.integration
 
 ENGINE_KEY = "policy-test-engine-key"  # so the test can ask the LoRA engine directly, for comparison
@@ -59,7 +61,7 @@ def greedy(base_url: str, api_key: str, model: str) -> tuple[str, list[float]]:
 
 
 def through_proxy(server: ServerProcess, model: str) -> tuple[str, list[float]]:
-    return greedy(f"{server.base_url}/v1", server.api_key, model)
+    return greedy(api_url(server), server.api_key, model)
 
 
 def on_lora_engine(server: ServerProcess, model: str) -> tuple[str, list[float]]:

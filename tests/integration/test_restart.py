@@ -42,6 +42,8 @@ from tests.integration.test_training import (
     train_lines,
 )
 
+from .helpers import http_client
+
 pytestmark = [pytest.mark.integration, pytest.mark.disruptive]
 
 SURVIVOR = "survivor"  # trained one step before the stop
@@ -87,7 +89,7 @@ def wait_job(http: httpx.Client, job_id: str, predicate: Callable[[dict[str, Any
 
 def cancel_during_step(server: ServerProcess, job_id: str) -> PendingCancel:
     """Cancel `job_id` once its training step has begun: it waits for the trainer, which INTERRUPTED holds."""
-    with httpx.Client(base_url=server.base_url, headers=server.headers, timeout=120) as http:
+    with http_client(server, timeout=120) as http:
         target = http.get(f"/v1/fine_tuning/jobs/{job_id}").json()["artlike"]["target_model"]
         deadline = time.monotonic() + 120
         while target not in health(server)["training"]:
@@ -107,7 +109,7 @@ def train_until_sigterm(server: ServerProcess, groups: list[dict[str, Any]], bef
     events: list[dict[str, Any]] = []
     signalled: float | None = None
     result: T | None = None
-    with httpx.Client(timeout=600, headers=server.headers) as http, \
+    with http_client(server, timeout=600) as http, \
             http.stream("POST", f"{server.base_url}/_train_model", json=body) as response:
         for line in response.iter_lines():
             events.append(orjson.loads(line))
@@ -158,7 +160,7 @@ def stop_and_start(server: ServerProcess) -> Restart:
     register(server, INTERRUPTED)
     groups = rollout_groups(server, INTERRUPTED)
 
-    with httpx.Client(base_url=server.base_url, headers=server.headers, timeout=120) as http:
+    with http_client(server, timeout=120) as http:
         started = http.post("/api/training/start", json={"model": server.model_id, **job_body(JOB_ITERATIONS)})
         assert started.status_code == 200, started.text
         job_id = started.json()["job_id"]
@@ -199,7 +201,7 @@ def test_sigterm_during_training_cancels_the_job_and_stops_promptly(restart: Res
 
 
 def test_a_running_job_resumes_from_its_last_committed_iteration(restart: Restart, server: ServerProcess) -> None:
-    with httpx.Client(base_url=server.base_url, headers=server.headers, timeout=120) as http:
+    with http_client(server, timeout=120) as http:
         job = wait_job(http, restart.job_id, finished)
         assert job["status"] == "succeeded", job["error"]
         body = http.get(f"/v1/fine_tuning/jobs/{restart.job_id}/events", params={"limit": 1000}).json()
@@ -215,7 +217,7 @@ def test_a_cancel_pending_at_the_stop_is_applied_at_restart(restart: Restart, se
     # the answer told the truth: the step had not ended, so the job ran on with the cancel pending
     assert cancelled.answer["status"] == "running", cancelled.answer
     assert cancelled.answer["artlike"]["stop_request"] == "cancel"
-    with httpx.Client(base_url=server.base_url, headers=server.headers, timeout=120) as http:
+    with http_client(server, timeout=120) as http:
         job = http.get(f"/v1/fine_tuning/jobs/{cancelled.job_id}").json()
         body = http.get(f"/v1/fine_tuning/jobs/{cancelled.job_id}/events", params={"limit": 1000}).json()
     assert job["status"] == "cancelled" and job["artlike"]["stop_request"] is None, job

@@ -23,6 +23,8 @@ from artlike_server.launcher import ServerProcess
 
 import artlike as art
 
+from .helpers import async_http_client
+
 pytestmark = pytest.mark.integration
 
 INSTRUCTION = "Answer with yes or no. "
@@ -78,12 +80,6 @@ def scores(http: httpx.Client, model: str, inputs: list[Any]) -> list[float]:
     response = http.post("/v1/rewards", json={"model": model, "inputs": inputs})
     assert response.status_code == 200, response.text
     return [item["score"] for item in response.json()["data"]]
-
-
-@pytest.fixture(scope="module")
-def http(server: ServerProcess) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.base_url, headers=server.headers, timeout=300) as client:
-        yield client
 
 
 def train_yes_reward_model(http: httpx.Client, server: ServerProcess, *, pairs_per_question: int, epochs: int,
@@ -236,7 +232,7 @@ def sample(server: ServerProcess, model: str, questions: list[str], n: int) -> l
         return trajectory
 
     async def every_question() -> list[str]:
-        async with httpx.AsyncClient(base_url=server.base_url, headers=server.headers, timeout=300) as client:
+        async with async_http_client(server) as client:
             return list(await asyncio.gather(*(one(client, q) for q in questions)))
 
     return asyncio.run(every_question())

@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import openai
 import psutil
 import pytest
 from artlike_server.default_model import DEFAULT_MODEL_ID, ensure_default_model
@@ -39,6 +38,8 @@ from artlike_server.launcher import ServerProcess, ServerStartError, log_tail
 
 from tests.conftest import SERVER_ARGS, TEST_API_KEY
 from tests.integration.test_training import LOGPROB_TOLERANCE, health, register, rollout_groups, train_lines
+
+from .helpers import openai_client
 
 pytestmark = pytest.mark.integration
 
@@ -127,8 +128,7 @@ def pool_server(tmp_path_factory: pytest.TempPathFactory, external_engine: Exter
 
 def chat(server: ServerProcess, model: str, *, trajectory_id: str | None = None, max_tokens: int = 8,
          messages: list[dict[str, str]] | None = None, **extra: Any) -> Any:
-    base = f"{server.base_url}/t/{trajectory_id}/v1" if trajectory_id else f"{server.base_url}/v1"
-    with openai.OpenAI(base_url=base, api_key=server.api_key, max_retries=0, timeout=300) as client:
+    with openai_client(server, trajectory_id, timeout=300) as client:
         return client.chat.completions.create(model=model, messages=messages or PROBE, max_tokens=max_tokens,
                                               temperature=0.0, logprobs=True, **extra)
 

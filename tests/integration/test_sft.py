@@ -11,6 +11,8 @@ from artlike_server.launcher import ServerProcess
 
 import artlike as art
 
+from .helpers import trainable_model
+
 pytestmark = pytest.mark.integration
 
 PROMPT = [{"role": "system", "content": "You are a helpful assistant."},
@@ -27,8 +29,7 @@ async def greedy(model: art.TrainableModel, name: str) -> str:
 
 
 async def test_sft_teaches_the_greedy_answer(server: ServerProcess) -> None:
-    model = art.TrainableModel(f"sft-{uuid4().hex[:8]}", server.model_id, server.base_url, api_key=server.api_key,
-                               lora=art.LoraConfig(rank=8))
+    model = trainable_model(server, f"sft-{uuid4().hex[:8]}", lora=art.LoraConfig(rank=8))
     await model.register()
     before = await greedy(model, model.name)
     assert before != TARGET

@@ -18,12 +18,6 @@ pytestmark = pytest.mark.integration
 WAIT_S = 120.0
 
 
-@pytest.fixture(scope="module")
-def http(server: ServerProcess) -> httpx.Client:
-    with httpx.Client(base_url=server.base_url, headers=server.headers, timeout=120) as client:
-        yield client
-
-
 def register(http: httpx.Client, server: ServerProcess, prefix: str) -> str:
     name = f"{prefix}-{uuid4().hex[:6]}"
     response = http.post("/v1/trainable_models", json={"name": name, "base_model": server.model_id})

@@ -22,10 +22,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import httpx
-import openai
 import pytest
 from artlike_server.launcher import ServerProcess
+
+from .helpers import http_client, openai_client
 
 pytestmark = pytest.mark.integration
 
@@ -160,13 +160,9 @@ def studio(browser: Any, server: ServerProcess) -> Iterator[Studio]:
 # ----------------------------------------------------------------------------------------------- HTTP
 
 
-def http(server: ServerProcess) -> httpx.Client:
-    return httpx.Client(base_url=server.base_url, headers=server.headers, timeout=300)
-
-
 def register(server: ServerProcess, prefix: str) -> str:
     name = f"{prefix}-{uuid.uuid4().hex[:8]}"
-    with http(server) as client:
+    with http_client(server) as client:
         reply = client.post("/v1/trainable_models", json={"name": name, "base_model": server.model_id,
                                                           "lora": {"rank": 8}})
     assert reply.status_code in (200, 201), reply.text
@@ -174,7 +170,7 @@ def register(server: ServerProcess, prefix: str) -> str:
 
 
 def latest_step(server: ServerProcess, name: str) -> int:
-    with http(server) as client:
+    with http_client(server) as client:
         reply = client.get(f"/v1/trainable_models/{name}")
     assert reply.status_code == 200, reply.text
     return int(reply.json()["latest_step"])
@@ -203,7 +199,7 @@ def test_playground_ratings_train_a_step_and_the_alias_rolls_back_and_forth(stud
         page.wait_for_selector(f"#pg-cards .card[data-index='{index}'][data-rated='{action}']")
     assert "rated" in card.nth(0).locator(".badge").inner_text()
     page.screenshot(path=str(artifacts_dir(tmp_path) / "studio-playground.png"))
-    with http(server) as client:
+    with http_client(server) as client:
         ratings = client.get("/v1/ratings", params={"model": name}).json()["data"]
     assert len(ratings) == 4, ratings
     assert {r["completion_id"]: r["value"] for r in ratings} == {
@@ -246,8 +242,7 @@ def test_playground_ratings_train_a_step_and_the_alias_rolls_back_and_forth(stud
 
 def rollout(server: ServerProcess, model: str, prompt: str, max_tokens: int) -> dict[str, Any]:
     trajectory_id = f"dash-{uuid.uuid4().hex}"
-    with openai.OpenAI(base_url=f"{server.base_url}/t/{trajectory_id}/v1", api_key=server.api_key,
-                       max_retries=0, timeout=300) as client:
+    with openai_client(server, trajectory_id, timeout=300) as client:
         completion = client.chat.completions.create(
             model=model, messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens, temperature=1.0)
     assert completion.usage is not None
@@ -261,7 +256,7 @@ def train_step(server: ServerProcess, model: str, rewards: list[float]) -> list[
         rollouts = list(pool.map(lambda _: rollout(server, model, "Name a colour.", 8), rewards))
     group = [{"trajectory_id": r["trajectory_id"], "reward": reward} for r, reward in zip(rollouts, rewards, strict=True)]
     body = {"model": model, "groups": [{"trajectories": group}], "config": {"learning_rate": 1e-4}}
-    with http(server) as client, client.stream("POST", "/_train_model", json=body) as reply:
+    with http_client(server) as client, client.stream("POST", "/_train_model", json=body) as reply:
         assert reply.status_code == 200, reply.read()
         events = [json.loads(line) for line in reply.iter_lines() if line]
     done = [e for e in events if e.get("type") == "done"]
@@ -273,7 +268,7 @@ def test_dashboard_charts_history_and_the_token_view(studio: Studio, server: Ser
     name = register(server, "studio-dash")
     train_step(server, name, [0.0, 0.5, 1.0, 1.0])
     rollouts = train_step(server, name, [0.0, 0.0, 0.25, 1.0])
-    with http(server) as client:
+    with http_client(server) as client:
         lines = client.get(f"/v1/trainable_models/{name}/history").json()["data"]
     steps = [line for line in lines if "event" not in line]
     assert [line["step"] for line in steps] == [1, 2], lines
@@ -297,7 +292,7 @@ def test_dashboard_charts_history_and_the_token_view(studio: Studio, server: Ser
 
     # the token view of one trained trajectory: one coloured span per output token
     target = rollouts[0]
-    with http(server) as client:
+    with http_client(server) as client:
         view = client.get(f"/v1/trajectories/{target['trajectory_id']}/view").json()
     tokens = view["completions"][0]["tokens"]
     assert len(tokens) == target["completion_tokens"], (len(tokens), target)
@@ -335,7 +330,7 @@ def test_markup_in_prompts_outputs_and_comments_is_shown_as_text(studio: Studio,
     page = studio.page
     cards = studio.sample(name, f"Repeat this: {XSS}", n=2, max_tokens=16, system=XSS)
     rated, unrated = cards
-    with http(server) as client:
+    with http_client(server) as client:
         reply = client.post("/v1/ratings", json={"kind": "thumb", "completion_id": rated["id"], "value": "up",
                                                  "comment": XSS})
     assert reply.status_code == 201, reply.text
@@ -379,7 +374,7 @@ def test_markup_in_prompts_outputs_and_comments_is_shown_as_text(studio: Studio,
     item.locator("input.comment").fill(XSS)
     item.locator("button[data-action='scale-4']").click()
     item.wait_for(state="detached")
-    with http(server) as client:
+    with http_client(server) as client:
         ratings = {r["completion_id"]: r for r in client.get("/v1/ratings", params={"model": name}).json()["data"]}
     assert ratings[unrated["id"]]["kind"] == "scale" and ratings[unrated["id"]]["value"] == 4
     assert ratings[unrated["id"]]["comment"] == XSS and ratings[unrated["id"]]["rater"] == "studio", \
@@ -421,7 +416,7 @@ def test_a_comment_being_typed_in_the_inbox_survives_redraws(studio: Studio, ser
 
     item.locator("button[data-action='scale-4']").click()
     item.wait_for(state="detached")
-    with http(server) as client:
+    with http_client(server) as client:
         ratings = client.get("/v1/ratings", params={"model": name}).json()["data"]
     assert [(r["completion_id"], r["kind"], r["value"], r["comment"]) for r in ratings] == \
         [(card["id"], "scale", 4, "first half, second half")], studio.rating_posts
@@ -448,7 +443,7 @@ def test_best_of_n_ranking_and_keyboard_rating(studio: Studio, server: ServerPro
     page.keyboard.press("4")
     page.wait_for_selector("#pg-cards .card[data-index='1'][data-rated='scale-4']")
 
-    with http(server) as client:
+    with http_client(server) as client:
         data = client.get("/v1/ratings", params={"model": server.model_id, "limit": 1000}).json()["data"]
     mine = {r["completion_id"]: r for r in data if r["completion_id"] in {c["id"] for c in cards}}
     best, second, scaled = mine[cards[2]["id"]], mine[cards[0]["id"]], mine[cards[1]["id"]]

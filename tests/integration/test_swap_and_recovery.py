@@ -23,6 +23,8 @@ from tests.integration.test_training import (
     train_lines,
 )
 
+from .helpers import async_openai_client
+
 pytestmark = pytest.mark.integration
 
 
@@ -30,8 +32,7 @@ async def test_swap_mid_traffic_fails_no_request(server: ServerProcess) -> None:
     name = "busy"
     register(server, name)
     groups = rollout_groups(server, name)
-    client = openai.AsyncOpenAI(base_url=f"{server.base_url}/v1", api_key=server.api_key, max_retries=0,
-                                timeout=300)
+    client = async_openai_client(server, timeout=300)
     served: list[str] = []
     failures: list[BaseException] = []
     stop = asyncio.Event()

@@ -10,14 +10,13 @@ from typing import Any
 from uuid import uuid4
 
 import httpx
-import openai
 import pytest
 from artlike_server.launcher import ServerProcess
 
 import artlike as art
 
 from .engine_helpers import engine_connection
-from .recording import recorded
+from .helpers import api_url, openai_client, recorded, trainable_model
 
 pytestmark = pytest.mark.integration
 
@@ -32,11 +31,6 @@ TIME = {"type": "function", "function": {
 ASK = [{"role": "user", "content": "What is the weather and the time in Paris?"}]
 
 
-def client_for(server: ServerProcess, trajectory_id: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.base_url}/t/{trajectory_id}/v1", api_key=server.api_key, max_retries=0)
-
-
-
 def well_formed(call: Any, names: set[str]) -> None:
     assert call.type == "function" and call.id and call.function.name in names
     assert isinstance(json.loads(call.function.arguments), dict)
@@ -46,7 +40,7 @@ def well_formed(call: Any, names: set[str]) -> None:
 def test_every_tool_choice_works_on_the_default_server(server: ServerProcess, tool_choice: str) -> None:
     trajectory = uuid4().hex
     choice: Any = {"type": "function", "function": {"name": "get_time"}} if tool_choice == "named" else tool_choice
-    reply = client_for(server, trajectory).chat.completions.create(
+    reply = openai_client(server, trajectory).chat.completions.create(
         model=server.model_id, messages=ASK, tools=[WEATHER, TIME], tool_choice=choice,  # type: ignore[list-item,arg-type]
         temperature=0, max_tokens=96)
     calls = reply.choices[0].message.tool_calls or []
@@ -63,7 +57,7 @@ def test_every_tool_choice_works_on_the_default_server(server: ServerProcess, to
 
 
 def test_parallel_tool_calls_can_be_limited_to_one(server: ServerProcess) -> None:
-    client = client_for(server, uuid4().hex)
+    client = openai_client(server, uuid4().hex)
     single = client.chat.completions.create(
         model=server.model_id, messages=ASK, tools=[WEATHER, TIME], tool_choice="required",  # type: ignore[list-item,arg-type]
         parallel_tool_calls=False, temperature=0, max_tokens=96)
@@ -87,7 +81,7 @@ def test_langchain_bind_tools_works_and_is_recorded(server: ServerProcess) -> No
         return f"Sunny in {city}"
 
     trajectory = uuid4().hex
-    llm = ChatOpenAI(base_url=f"{server.base_url}/t/{trajectory}/v1", api_key=server.api_key,  # type: ignore[arg-type]
+    llm = ChatOpenAI(base_url=api_url(server, trajectory), api_key=server.api_key,  # type: ignore[arg-type]
                      model=server.model_id, temperature=0, max_tokens=64, max_retries=0)
     reply = llm.bind_tools([get_weather], tool_choice="get_weather", strict=True).invoke("What is the weather in Paris?")
     assert [call["name"] for call in reply.tool_calls] == ["get_weather"]  # type: ignore[attr-defined]
@@ -96,7 +90,7 @@ def test_langchain_bind_tools_works_and_is_recorded(server: ServerProcess) -> No
 
 async def test_a_multi_turn_tool_trajectory_is_token_exact_and_trains(server: ServerProcess) -> None:
     engine = engine_connection(server)
-    model = art.TrainableModel(f"tools-{uuid4().hex[:8]}", server.model_id, server.base_url, api_key=server.api_key)
+    model = trainable_model(server, f"tools-{uuid4().hex[:8]}")
     await model.register()
     trajectories = []
     for reward in (1.0, 0.0):

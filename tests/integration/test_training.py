@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import openai
 import orjson
 import pytest
 from artlike_server.launcher import ServerProcess
+
+from .helpers import http_client, openai_client
 
 pytestmark = pytest.mark.integration
 
@@ -35,8 +36,7 @@ def rollout_groups(server: ServerProcess, model: str, *, groups: int = 2, size: 
 
     def one(prompt: str) -> dict[str, Any]:
         trajectory_id = uuid.uuid4().hex
-        with openai.OpenAI(base_url=f"{server.base_url}/t/{trajectory_id}/v1", api_key=server.api_key,
-                           max_retries=0, timeout=300) as client:  # fmt: skip
+        with openai_client(server, trajectory_id, timeout=300) as client:
             completion = client.chat.completions.create(
                 model=model, messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens, temperature=1.0)
         text = completion.choices[0].message.content or ""
@@ -51,7 +51,7 @@ def rollout_groups(server: ServerProcess, model: str, *, groups: int = 2, size: 
 def train_lines(server: ServerProcess, body: dict[str, Any]) -> list[tuple[float, dict[str, Any]]]:
     """POST /_train_model and return (arrival time, parsed line) for every NDJSON line."""
     lines = []
-    with httpx.Client(timeout=600, headers=server.headers) as http, \
+    with http_client(server, timeout=600) as http, \
             http.stream("POST", f"{server.base_url}/_train_model", json=body) as response:
         assert response.status_code == 200, response.read()
         assert response.headers["content-type"].startswith("application/x-ndjson")
@@ -81,7 +81,7 @@ def assert_same_output(actual: tuple[str, list[float]], expected: tuple[str, lis
 
 
 def greedy_probe(server: ServerProcess, model: str) -> tuple[str, list[float]]:
-    client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key=server.api_key, max_retries=0, timeout=300)
+    client = openai_client(server, timeout=300)
     completion = client.chat.completions.create(model=model, messages=PROBE, max_tokens=16, temperature=0.0,
                                                 logprobs=True)
     choice = completion.choices[0]
@@ -188,7 +188,7 @@ def test_second_concurrent_job_gets_409_and_a_disconnect_does_not_cancel(server:
     register(server, name)
     groups = rollout_groups(server, name)
     body = {"model": name, "groups": groups, "config": {"epochs": 4, "learning_rate": 1e-4}}
-    with httpx.Client(timeout=600, headers=server.headers) as http, \
+    with http_client(server, timeout=600) as http, \
             http.stream("POST", f"{server.base_url}/_train_model", json=body) as response:
         first = orjson.loads(next(response.iter_lines()))
         assert first["type"] == "start"
@@ -209,7 +209,7 @@ def test_trainer_crash_mid_job_reports_error_and_keeps_serving(server: ServerPro
     before = greedy_probe(server, name)
     body = {"model": name, "groups": groups, "config": {"epochs": 30, "learning_rate": 1e-4}}
     events = []
-    with httpx.Client(timeout=600, headers=server.headers) as http, \
+    with http_client(server, timeout=600) as http, \
             http.stream("POST", f"{server.base_url}/_train_model", json=body) as response:
         for line in response.iter_lines():
             event = orjson.loads(line)

@@ -22,6 +22,7 @@ import artlike as art
 from examples.custom_loop.grpo import train as custom_grpo
 
 from .engine_helpers import engine_connection, engine_tokens, served_logprobs
+from .helpers import async_http_client, trainable_model
 
 pytestmark = pytest.mark.integration
 
@@ -30,8 +31,7 @@ TOLERANCE = 0.05  # mean |Δ logprob| per scored token, engine (vLLM CPU kernels
 
 
 def new_model(server: ServerProcess, prefix: str) -> art.TrainableModel:
-    return art.TrainableModel(f"{prefix}-{uuid4().hex[:8]}", server.model_id, server.base_url,
-                              api_key=server.api_key, lora=art.LoraConfig(rank=8))
+    return trainable_model(server, f"{prefix}-{uuid4().hex[:8]}", lora=art.LoraConfig(rank=8))
 
 
 async def sequence(http: httpx.AsyncClient, model: str, answer: str) -> dict[str, Any]:
@@ -53,7 +53,7 @@ async def test_primitives_train_save_and_serve_what_forward_computed(server: Ser
     await model.register()
     engine = engine_connection(server)
     async with (httpx.AsyncClient(base_url=engine.base_url, headers=engine.headers, timeout=120) as tokens,
-                httpx.AsyncClient(base_url=server.base_url, headers=server.headers, timeout=120) as http):
+                async_http_client(server, timeout=120) as http):
         batch = [await sequence(tokens, server.model_id, "The secret word is pumpernickel."),
                  await sequence(tokens, server.model_id, "It is pumpernickel, of course.")]
         async with await model.training_session(learning_rate=2e-3) as session:

@@ -109,12 +109,6 @@ def test_job_updates_take_only_known_columns(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------------- the real server
 
 
-@pytest.fixture(scope="module")
-def http(server: ServerProcess) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.base_url, headers=server.headers, timeout=120) as client:
-        yield client
-
-
 def completion_id(http: httpx.Client, model: str, metadata: dict[str, str]) -> int:
     trajectory = f"sql-test-{uuid4().hex[:10]}"
     response = http.post(f"/t/{trajectory}/v1/chat/completions", json={
