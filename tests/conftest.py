@@ -1,14 +1,20 @@
 """Shared fixtures. Integration tests share ONE real server per session: `artlike serve` as a subprocess
 with the real vLLM engine (float32, so outputs are exact), the real trainer, an API key turned on and
-the tool-capable chat template it picks by default. Starting it is slow, so every integration test reuses
-it."""
+the tool-capable chat template it picks by default. Starting it is slow, so every integration
+test reuses it, the security tests included (hence here, above both folders, and not in one of them).
+
+Clients for it come from tests/integration/helpers.py; `http` and `async_http` are the plain-HTTP ones as
+fixtures."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
+import httpx
 import pytest
 from artlike_server.launcher import ServerProcess
+
+from tests.integration.helpers import async_http_client, http_client
 
 TEST_API_KEY = "test-key"
 # No tool flags: the default server turns tool calling on by itself (tool-chatml + hermes for the default
@@ -30,3 +36,16 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     args = [*SERVER_ARGS, "--tensorboard-dir", str(data_dir / "tensorboard")]
     with ServerProcess(data_dir, args=args, api_key=TEST_API_KEY) as running:
         yield running
+
+
+@pytest.fixture(scope="module")
+def http(server: ServerProcess) -> Iterator[httpx.Client]:
+    """Plain HTTP to the session's server with its key; paths relative to its base URL."""
+    with http_client(server) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+async def async_http(server: ServerProcess) -> AsyncIterator[httpx.AsyncClient]:
+    async with async_http_client(server) as client:
+        yield client

@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 import psutil
+from artlike_server.launcher import ServerProcess
 
 
 def make_lora_adapter(
@@ -60,7 +61,7 @@ class EngineConnection:
     headers: dict[str, str]
 
 
-def engine_connection(server: Any) -> EngineConnection:
+def engine_connection(server: ServerProcess) -> EngineConnection:
     """The engine's latest start: its port from the command line the supervisor logs, its per-start key from
     its environment (readable by this same user; never on its command line)."""
     log = (Path(server.data_dir) / "logs" / "engine.log").read_text()

@@ -9,13 +9,13 @@ from uuid import uuid4
 
 import anthropic
 import httpx
-import openai
 import pytest
+from artlike_server.launcher import ServerProcess
 
 import artlike as art
 
 from .engine_helpers import engine_connection
-from .recording import recorded
+from .helpers import anthropic_client, openai_client, recorded, trainable_model
 
 pytestmark = pytest.mark.integration
 
@@ -27,15 +27,9 @@ WEATHER_TOOL: dict[str, Any] = {
 }
 
 
-def client_for(server: Any, trajectory_id: str | None = None, **options: Any) -> anthropic.Anthropic:
-    base = f"{server.base_url}/t/{trajectory_id}" if trajectory_id else server.base_url
-    return anthropic.Anthropic(base_url=base, api_key=server.api_key, max_retries=0, **options)
-
-
-
-def test_a_message_is_a_recorded_chat_completion_with_the_same_tokens(server: Any) -> None:
+def test_a_message_is_a_recorded_chat_completion_with_the_same_tokens(server: ServerProcess) -> None:
     trajectory = uuid4().hex
-    message = client_for(server, trajectory).messages.create(
+    message = anthropic_client(server, trajectory).messages.create(
         model=server.model_id, max_tokens=12, extra_body=GREEDY, system="You are terse.",
         messages=[{"role": "user", "content": QUESTION}])
     assert message.type == "message" and message.role == "assistant" and message.id.startswith("msg_")
@@ -44,7 +38,7 @@ def test_a_message_is_a_recorded_chat_completion_with_the_same_tokens(server: An
     assert message.usage.output_tokens > 0 and message.usage.input_tokens > 0
 
     chat_trajectory = uuid4().hex
-    chat = openai.OpenAI(base_url=f"{server.base_url}/t/{chat_trajectory}/v1", api_key=server.api_key).chat.completions.create(
+    chat = openai_client(server, chat_trajectory, max_retries=2).chat.completions.create(
         model=server.model_id, max_tokens=12, extra_body=GREEDY,
         messages=[{"role": "system", "content": "You are terse."}, {"role": "user", "content": QUESTION}])
     assert chat.choices[0].message.content == block.text
@@ -55,8 +49,8 @@ def test_a_message_is_a_recorded_chat_completion_with_the_same_tokens(server: An
     assert len(row["logprobs"]) == len(row["output_token_ids"]) == message.usage.output_tokens
 
 
-def test_streams_build_the_same_message(server: Any) -> None:
-    client = client_for(server, uuid4().hex)
+def test_streams_build_the_same_message(server: ServerProcess) -> None:
+    client = anthropic_client(server, uuid4().hex)
     whole = client.messages.create(model=server.model_id, max_tokens=12, extra_body=GREEDY,
                                    messages=[{"role": "user", "content": QUESTION}])
     with client.messages.stream(model=server.model_id, max_tokens=12, extra_body=GREEDY,
@@ -72,9 +66,9 @@ def test_streams_build_the_same_message(server: Any) -> None:
     assert "content_block_delta" in kinds
 
 
-def test_a_forced_tool_call_and_its_result_continue_the_conversation(server: Any) -> None:
+def test_a_forced_tool_call_and_its_result_continue_the_conversation(server: ServerProcess) -> None:
     trajectory = uuid4().hex
-    client = client_for(server, trajectory)
+    client = anthropic_client(server, trajectory)
     messages: list[dict[str, Any]] = [{"role": "user", "content": "What is the weather in Paris?"}]
     first = client.messages.create(model=server.model_id, max_tokens=48, extra_body=GREEDY, messages=messages,  # type: ignore[arg-type]
                                    tools=[WEATHER_TOOL], tool_choice={"type": "tool", "name": "get_weather"})  # type: ignore[list-item]
@@ -92,8 +86,8 @@ def test_a_forced_tool_call_and_its_result_continue_the_conversation(server: Any
     assert rows[1]["prompt_token_ids"][: len(rows[0]["prompt_token_ids"])] == rows[0]["prompt_token_ids"]
 
 
-def test_bad_requests_are_anthropic_errors_naming_the_field(server: Any) -> None:
-    client = client_for(server, uuid4().hex)
+def test_bad_requests_are_anthropic_errors_naming_the_field(server: ServerProcess) -> None:
+    client = anthropic_client(server, uuid4().hex)
     cases = [
         ({"messages": [{"role": "user", "content": "hi"}]}, "max_tokens"),
         ({"max_tokens": 5, "messages": [{"role": "system", "content": "hi"}]}, "messages.0.role"),
@@ -116,13 +110,13 @@ def test_bad_requests_are_anthropic_errors_naming_the_field(server: Any) -> None
             model=server.model_id, max_tokens=5, messages=[{"role": "user", "content": "hi"}])
 
 
-def test_the_translation_matches_vllms_own_messages_route(server: Any) -> None:
+def test_the_translation_matches_vllms_own_messages_route(server: ServerProcess) -> None:
     engine = engine_connection(server)
     body = {"model": server.model_id, "max_tokens": 12, "temperature": 0, "system": "You are terse.",
             "messages": [{"role": "user", "content": QUESTION}]}
     direct = httpx.post(f"{engine.base_url}/v1/messages", json=body, headers=engine.headers, timeout=60)
     direct.raise_for_status()
-    ours = client_for(server).messages.create(**{k: v for k, v in body.items() if k != "temperature"},  # type: ignore[arg-type]
+    ours = anthropic_client(server).messages.create(**{k: v for k, v in body.items() if k != "temperature"},  # type: ignore[arg-type]
                                               extra_body=GREEDY)
     theirs = direct.json()
     assert ours.content[0].text == "".join(b["text"] for b in theirs["content"] if b["type"] == "text")  # type: ignore[union-attr]
@@ -131,11 +125,10 @@ def test_the_translation_matches_vllms_own_messages_route(server: Any) -> None:
     assert ours.stop_reason == theirs["stop_reason"]
 
 
-async def test_a_trajectory_recorded_through_the_anthropic_sdk_trains_a_step(server: Any) -> None:
+async def test_a_trajectory_recorded_through_the_anthropic_sdk_trains_a_step(server: ServerProcess) -> None:
     from examples.integrations.anthropic_sdk import run_weather_turns
 
-    model = art.TrainableModel(f"claude-like-{uuid4().hex[:8]}", server.model_id, server.base_url,
-                               api_key=server.api_key)
+    model = trainable_model(server, f"claude-like-{uuid4().hex[:8]}")
     await model.register()
     trajectories = []
     for reward in (1.0, 0.0):

@@ -15,10 +15,13 @@ from uuid import uuid4
 
 import orjson
 import pytest
+from artlike_server.launcher import ServerProcess
 from openai.types.chat import ChatCompletion
 from pydantic import ValidationError
 
 import artlike as art
+
+from .helpers import trainable_model
 
 pytestmark = pytest.mark.integration
 
@@ -26,9 +29,8 @@ CLIENT_DIR = Path(__file__).resolve().parents[2] / "client"
 PROMPTS = ["Name a colour and say why you like it.", "Describe the sea in a few words."]
 
 
-def new_model(server: Any, name: str | None = None, **options: Any) -> art.TrainableModel:
-    options.setdefault("api_key", server.api_key)
-    return art.TrainableModel(name or f"client-{uuid4().hex[:10]}", server.model_id, server.base_url, **options)
+def new_model(server: ServerProcess, name: str | None = None, **options: Any) -> art.TrainableModel:
+    return trainable_model(server, name or f"client-{uuid4().hex[:10]}", **options)
 
 
 def length_reward(completion: ChatCompletion) -> float:
@@ -40,7 +42,7 @@ def sampling(model: str, prompt: str) -> dict[str, Any]:
     return {"model": model, "messages": [{"role": "user", "content": prompt}], "temperature": 1.0, "max_tokens": 16}
 
 
-async def test_the_design_snippet_end_to_end(server: Any) -> None:
+async def test_the_design_snippet_end_to_end(server: ServerProcess) -> None:
     model = new_model(server)
     info = await model.register()  # creates step 0: a fresh LoRA, identical to the base
     assert (info.latest_step, info.served_name, info.base_model) == (0, f"{model.name}@0", server.model_id)
@@ -78,7 +80,7 @@ async def test_the_design_snippet_end_to_end(server: Any) -> None:
     assert (after.step, after.served_model, after.model) == (1, f"{model.name}@1", model.name)
 
 
-def test_the_sync_api(server: Any) -> None:
+def test_the_sync_api(server: ServerProcess) -> None:
     model = new_model(server)
     first = model.register_sync()
     again = model.register_sync()  # idempotent: the same model, not a new one
@@ -102,7 +104,7 @@ def test_the_sync_api(server: Any) -> None:
     assert [step.step for step in model.list_steps_sync()] == [1]
 
 
-async def test_a_failed_rollout_does_not_lose_its_group(server: Any) -> None:
+async def test_a_failed_rollout_does_not_lose_its_group(server: ServerProcess) -> None:
     model = new_model(server)
     await model.register()
 
@@ -126,7 +128,7 @@ async def test_a_failed_rollout_does_not_lose_its_group(server: Any) -> None:
     assert await model.get_step() == 1
 
 
-async def test_server_errors_map_to_typed_exceptions(server: Any) -> None:
+async def test_server_errors_map_to_typed_exceptions(server: ServerProcess) -> None:
     with pytest.raises(art.NotFoundError) as missing:
         await new_model(server).get_step()
     assert missing.value.status_code == 404
@@ -150,7 +152,7 @@ async def test_server_errors_map_to_typed_exceptions(server: Any) -> None:
     assert await model.get_step() == 0
 
 
-async def test_the_openai_sdk_sync_async_and_streaming_through_a_trajectory(server: Any) -> None:
+async def test_the_openai_sdk_sync_async_and_streaming_through_a_trajectory(server: ServerProcess) -> None:
     model = new_model(server)
     await model.register()
     request: dict[str, Any] = {"model": model.name, "messages": [{"role": "user", "content": "Count to five."}],
@@ -184,7 +186,7 @@ async def test_the_openai_sdk_sync_async_and_streaming_through_a_trajectory(serv
 
 
 @pytest.mark.skipif(shutil.which("curl") is None or shutil.which("jq") is None, reason="needs curl and jq")
-def test_the_curl_walkthrough_runs_and_ends_with_a_done_line(server: Any) -> None:
+def test_the_curl_walkthrough_runs_and_ends_with_a_done_line(server: ServerProcess) -> None:
     name = f"client-curl-{uuid4().hex[:8]}"
     environment = os.environ | {"ARTLIKE_SERVER": server.base_url, "ARTLIKE_BASE_MODEL": server.model_id,
                                 "ARTLIKE_MODEL": name, "ARTLIKE_API_KEY": server.api_key or ""}
@@ -197,7 +199,7 @@ def test_the_curl_walkthrough_runs_and_ends_with_a_done_line(server: Any) -> Non
 
 
 @pytest.mark.parametrize(("objective", "metric"), [("cispo", "is_weight"), ("gspo", "sequence_ratio")])
-async def test_other_policy_gradient_objectives_train_a_step(server: Any, objective: str, metric: str) -> None:
+async def test_other_policy_gradient_objectives_train_a_step(server: ServerProcess, objective: str, metric: str) -> None:
     model = new_model(server)
     await model.register()
 
@@ -221,7 +223,7 @@ TYPESCRIPT_DIR = CLIENT_DIR / "typescript"
 
 
 @pytest.mark.skipif(shutil.which("node") is None or shutil.which("npm") is None, reason="needs node and npm")
-def test_the_typescript_example_trains_a_step(server: Any) -> None:
+def test_the_typescript_example_trains_a_step(server: ServerProcess) -> None:
     """client/typescript/train_one_step.ts with the official `openai` npm package: installed (package-lock),
     type-checked and compiled by `tsc`, then run under node against the real server."""
     def npm(*args: str) -> None:

@@ -16,10 +16,12 @@ from uuid import uuid4
 
 import httpx
 import pytest
+from artlike_server.launcher import ServerProcess
 
 import artlike as art
 
 from .engine_helpers import engine_connection, engine_tokens, served_logprobs
+from .helpers import async_http_client, trainable_model
 
 pytestmark = pytest.mark.integration
 
@@ -61,13 +63,12 @@ class Scorer:
         return sum(margins) / len(margins)
 
 
-async def test_dpo_prefers_the_chosen_kind_on_held_out_pairs(server: Any) -> None:
-    model = art.TrainableModel(f"dpo-{uuid4().hex[:8]}", server.model_id, server.base_url, api_key=server.api_key,
-                               lora=art.LoraConfig(rank=8))
+async def test_dpo_prefers_the_chosen_kind_on_held_out_pairs(server: ServerProcess) -> None:
+    model = trainable_model(server, f"dpo-{uuid4().hex[:8]}", lora=art.LoraConfig(rank=8))
     await model.register()
     engine = engine_connection(server)
     async with (httpx.AsyncClient(base_url=engine.base_url, headers=engine.headers, timeout=120) as tokens,
-                httpx.AsyncClient(base_url=server.base_url, headers=server.headers, timeout=120) as http):
+                async_http_client(server, timeout=120) as http):
         scorer = Scorer(tokens, http, server.model_id)
         before = await scorer.held_out_margin(f"{model.name}@0")
         result = await model.train_dpo([pair(task) for task in TASKS], beta=0.1, learning_rate=3e-4, epochs=3,
@@ -97,9 +98,8 @@ async def test_dpo_prefers_the_chosen_kind_on_held_out_pairs(server: Any) -> Non
     assert abs(second.metrics[0].metrics["reward_margin"]) < 1e-3  # step 1 is both the policy and the reference
 
 
-async def test_pairs_dpo_cannot_use_are_refused(server: Any) -> None:
-    model = art.TrainableModel(f"dpo-bad-{uuid4().hex[:8]}", server.model_id, server.base_url,
-                               api_key=server.api_key)
+async def test_pairs_dpo_cannot_use_are_refused(server: ServerProcess) -> None:
+    model = trainable_model(server, f"dpo-bad-{uuid4().hex[:8]}")
     await model.register()
     same = []
     for _ in range(2):  # greedy: the same tokens twice, under two trajectory ids
@@ -107,7 +107,7 @@ async def test_pairs_dpo_cannot_use_are_refused(server: Any) -> None:
             await t.async_openai_client().chat.completions.create(
                 model=model.name, messages=[{"role": "user", "content": "Say yes."}], temperature=0, max_tokens=4)
         same.append(t)
-    async with httpx.AsyncClient(base_url=server.base_url, headers=server.headers, timeout=60) as http:
+    async with async_http_client(server, timeout=60) as http:
         cases = [
             ({"pairs": [{"chosen_trajectory_id": same[0].id, "rejected_trajectory_id": same[1].id}]},
              "pairs[0]", "invalid_pair"),

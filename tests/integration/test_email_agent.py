@@ -6,16 +6,18 @@ the default model with the tool-capable ChatML template and the hermes tool-call
 
 from __future__ import annotations
 
-from typing import Any
 from uuid import uuid4
 
 import pytest
+from artlike_server.launcher import ServerProcess
 
 import artlike as art
 from examples.email_agent.data import EmailData, load_or_build
 from examples.email_agent.records import Question
 from examples.email_agent.rollout import rollout
 from examples.email_agent.tools import TOOL_SPECS
+
+from .helpers import trainable_model
 
 pytestmark = pytest.mark.integration
 
@@ -51,9 +53,9 @@ async def _group(model: art.TrainableModel, question: Question, data: EmailData)
     return group
 
 
-async def test_email_agent_records_multi_turn_trajectories_and_trains(server: Any, data: EmailData) -> None:
+async def test_email_agent_records_multi_turn_trajectories_and_trains(server: ServerProcess, data: EmailData) -> None:
     question = _question(data)
-    model = art.TrainableModel(f"email-{uuid4().hex[:10]}", server.model_id, server.base_url, api_key=server.api_key)
+    model = trainable_model(server, f"email-{uuid4().hex[:10]}")
     async with model:
         await model.register()
 

@@ -11,12 +11,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import httpx
 import psutil
 import pytest
-from artlike_server.launcher import free_port
+from artlike_server.launcher import ServerProcess, free_port
 
 from tests.conftest import SERVER_ARGS
 from tests.integration.test_training import health
@@ -24,7 +23,7 @@ from tests.integration.test_training import health
 pytestmark = pytest.mark.integration
 
 
-def engine_port(server: Any) -> int:
+def engine_port(server: ServerProcess) -> int:
     """The port of the engine's latest start, from the command line the supervisor logs."""
     starts = re.findall(r"starting vLLM: .* --port (\d+)", (Path(server.data_dir) / "logs" / "engine.log").read_text())
     return int(starts[-1])
@@ -36,7 +35,7 @@ def serve(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True)
 
 
-def test_the_engine_refuses_every_request_without_its_key(server: Any) -> None:
+def test_the_engine_refuses_every_request_without_its_key(server: ServerProcess) -> None:
     engine = f"http://127.0.0.1:{engine_port(server)}"
     assert httpx.get(f"{engine}/health", timeout=30).status_code == 200  # the supervisor's probe stays open
     load = {"lora_name": "intruder", "lora_path": str(server.data_dir)}
@@ -57,13 +56,13 @@ def test_the_engine_refuses_every_request_without_its_key(server: Any) -> None:
         assert http.post("/collective_rpc", json={"method": "get_model"}).status_code == 404  # no dev mode
 
 
-def test_health_without_the_key_says_up_and_nothing_else(server: Any) -> None:
+def test_health_without_the_key_says_up_and_nothing_else(server: ServerProcess) -> None:
     response = httpx.get(f"{server.base_url}/health", timeout=30)
     assert (response.status_code, response.json()) == (200, {"status": "ok"})
     assert health(server)["engine"]["pid"] > 0  # with the key: the details
 
 
-def test_a_second_server_on_the_same_data_dir_exits_at_once_naming_the_first(server: Any) -> None:
+def test_a_second_server_on_the_same_data_dir_exits_at_once_naming_the_first(server: ServerProcess) -> None:
     started = time.monotonic()
     second = serve("--data-dir", str(server.data_dir), "--port", str(free_port()), *SERVER_ARGS)
     assert second.returncode == 1, second.stderr

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import importlib
-from typing import Any
 from uuid import uuid4
 
 import pytest
+from artlike_server.launcher import ServerProcess
 
 import artlike as art
 from examples.integrations.common import rollout
+
+from .helpers import trainable_model
 
 pytestmark = pytest.mark.integration
 
@@ -23,10 +25,9 @@ EXAMPLES = {"langchain_example": "langchain_openai", "langgraph_example": "langg
 
 
 @pytest.mark.parametrize("example", sorted(EXAMPLES))
-async def test_the_example_records_a_group_that_trains_one_step(server: Any, example: str) -> None:
+async def test_the_example_records_a_group_that_trains_one_step(server: ServerProcess, example: str) -> None:
     module = importlib.import_module(f"examples.integrations.{example}")
-    model = art.TrainableModel(f"{example.removesuffix('_example')}-{uuid4().hex[:8]}", server.model_id,
-                               server.base_url, api_key=server.api_key)
+    model = trainable_model(server, f"{example.removesuffix('_example')}-{uuid4().hex[:8]}")
     await model.register()
 
     trajectories = await asyncio.gather(*(rollout(model, module.run, lambda _answer, r=reward: r)

@@ -11,11 +11,13 @@ import time
 from typing import Any
 
 import httpx
-import openai
 import orjson
 import pytest
+from artlike_server.launcher import ServerProcess
 
 from tests.openapi_schema import assert_valid
+
+from .helpers import async_http_client, async_openai_client
 
 pytestmark = pytest.mark.integration
 
@@ -66,30 +68,24 @@ def seekr_row(question: str, answer: str) -> dict[str, Any]:
             "reference_answer": answer}
 
 
-@pytest.fixture
-async def http(server: Any) -> Any:
-    async with httpx.AsyncClient(base_url=server.base_url, headers=server.headers, timeout=120) as client:
-        yield client
-
-
-async def wait_for(http: httpx.AsyncClient, job_id: str, predicate: Any, limit_s: float = 420) -> dict[str, Any]:
+async def wait_for(async_http: httpx.AsyncClient, job_id: str, predicate: Any, limit_s: float = 420) -> dict[str, Any]:
     deadline = time.monotonic() + limit_s
     while True:
-        job = (await http.get(f"/v1/fine_tuning/jobs/{job_id}")).json()
+        job = (await async_http.get(f"/v1/fine_tuning/jobs/{job_id}")).json()
         if predicate(job):
             return job
         assert time.monotonic() < deadline, f"job {job_id} never got there: {job}"
         await asyncio.sleep(0.5)
 
 
-async def events_of(http: httpx.AsyncClient, job_id: str) -> list[dict[str, Any]]:
-    body = (await http.get(f"/v1/fine_tuning/jobs/{job_id}/events", params={"limit": 1000})).json()
+async def events_of(async_http: httpx.AsyncClient, job_id: str) -> list[dict[str, Any]]:
+    body = (await async_http.get(f"/v1/fine_tuning/jobs/{job_id}/events", params={"limit": 1000})).json()
     return list(reversed(body["data"]))  # oldest first
 
 
-async def raw(server: Any, path: str) -> Any:
+async def raw(server: ServerProcess, path: str) -> Any:
     """A response body as the server sent it (the SDK's objects fill fields it did not send with None)."""
-    async with httpx.AsyncClient(base_url=server.base_url, headers=server.headers) as client:
+    async with async_http_client(server, timeout=5) as client:
         response = await client.get(path)
     assert response.status_code == 200, response.text
     return response.json()
@@ -103,46 +99,46 @@ def finished(job: dict[str, Any]) -> bool:
     return job["status"] in {"succeeded", "failed", "cancelled"}
 
 
-async def test_motterl_example_payload_is_accepted_verbatim_and_cancels(http: httpx.AsyncClient, server: Any) -> None:
-    started = await http.post("/api/training/start", json=MOTTERL_PAYLOAD)
+async def test_motterl_example_payload_is_accepted_verbatim_and_cancels(async_http: httpx.AsyncClient, server: ServerProcess) -> None:
+    started = await async_http.post("/api/training/start", json=MOTTERL_PAYLOAD)
     assert started.status_code == 200, started.text
     body = started.json()
     assert set(body) == {"job_id", "status"} and body["status"] in {"queued", "training"}
     job_id = body["job_id"]
-    await wait_for(http, job_id, lambda j: j["status"] == "running")
-    status = (await http.get(f"/api/training/status/{job_id}")).json()
+    await wait_for(async_http, job_id, lambda j: j["status"] == "running")
+    status = (await async_http.get(f"/api/training/status/{job_id}")).json()
     assert status["status"] == "training" and status["totalIterations"] == 100
     assert status["currentIteration"] == 0 and status["progress"] == 0.0
     assert set(status["metrics"]) == {"averageReward", "loss"}
-    warnings = [e["message"] for e in await events_of(http, job_id) if e["level"] == "warn"]
+    warnings = [e["message"] for e in await events_of(async_http, job_id) if e["level"] == "warn"]
     assert any("'qwen-2.5-7b' is not served here" in w for w in warnings), warnings
     assert any("learning rate 0.01 is outside" in w for w in warnings), warnings
 
-    cancelled = await http.post(f"/api/training/cancel/{job_id}")
+    cancelled = await async_http.post(f"/api/training/cancel/{job_id}")
     assert cancelled.status_code == 200
-    job = await wait_for(http, job_id, finished)
+    job = await wait_for(async_http, job_id, finished)
     assert job["status"] == "cancelled" and job["fine_tuned_model"] is None
-    listed = (await http.get("/api/training/jobs")).json()["jobs"]
+    listed = (await async_http.get("/api/training/jobs")).json()["jobs"]
     assert any(j["job_id"] == job_id and j["status"] == "cancelled" for j in listed)
-    again = await http.post(f"/api/training/cancel/{job_id}")
+    again = await async_http.post(f"/api/training/cancel/{job_id}")
     assert again.status_code == 409 and again.json()["error"]["code"] == "job_finished"
     # The target model stays served at its last good step.
     model = job["artlike"]["target_model"]
-    reply = await http.post("/v1/chat/completions", json={
+    reply = await async_http.post("/v1/chat/completions", json={
         "model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})
     assert reply.status_code == 200, reply.text
 
 
-async def test_motterl_multi_criteria_job_runs_to_completion_with_followed_logs(http: httpx.AsyncClient) -> None:
+async def test_motterl_multi_criteria_job_runs_to_completion_with_followed_logs(async_http: httpx.AsyncClient) -> None:
     rows = [{**row, "target_length": 40} for row in MOTTERL_ROWS]
-    started = await http.post("/api/training/start", json={
+    started = await async_http.post("/api/training/start", json={
         "model": "phi-3.5-mini", "learningRate": 1e-4, "iterations": 2, "batchSize": 2, "multiStep": False,
         "rewardFunction": MOTTERL_MULTI_CRITERIA, "trainingData": rows, "groupSize": 4, "maxTokens": 24})
     assert started.status_code == 200, started.text
     job_id = started.json()["job_id"]
 
     lines: list[dict[str, Any]] = []
-    async with http.stream("GET", f"/api/training/logs/{job_id}", params={"follow": "true"}) as stream:
+    async with async_http.stream("GET", f"/api/training/logs/{job_id}", params={"follow": "true"}) as stream:
         assert stream.headers["content-type"].startswith("application/x-ndjson")
         async for line in stream.aiter_lines():
             if line:
@@ -156,18 +152,18 @@ async def test_motterl_multi_criteria_job_runs_to_completion_with_followed_logs(
     assert all(m["rollouts"] == 8 and m["reward_errors"] == 0 for m in metrics)
     assert all(0.0 <= m["reward_mean"] <= 1.0 for m in metrics)
 
-    status = (await http.get(f"/api/training/status/{job_id}")).json()
+    status = (await async_http.get(f"/api/training/status/{job_id}")).json()
     assert status["status"] == "completed" and status["progress"] == 1.0 and status["currentIteration"] == 2
     assert status["metrics"]["averageReward"] == pytest.approx(metrics[-1]["reward_mean"])
     # Every committed step is a checkpoint and a step of the trained model.
-    checkpoints = (await http.get(f"/v1/fine_tuning/jobs/{job_id}/checkpoints")).json()["data"]
-    info = (await http.get(f"/v1/trainable_models/{final['fine_tuned_model']}")).json()
+    checkpoints = (await async_http.get(f"/v1/fine_tuning/jobs/{job_id}/checkpoints")).json()["data"]
+    info = (await async_http.get(f"/v1/trainable_models/{final['fine_tuned_model']}")).json()
     assert len(checkpoints) == sum(1 for m in metrics if m["groups_trained"] > 0)
     assert info["latest_step"] == len(checkpoints)
 
 
-async def test_openai_sdk_files_and_reinforcement_job_with_seekrflow_graders(server: Any) -> None:
-    client = openai.AsyncOpenAI(base_url=f"{server.base_url}/v1", api_key=server.api_key)
+async def test_openai_sdk_files_and_reinforcement_job_with_seekrflow_graders(server: ServerProcess) -> None:
+    client = async_openai_client(server, max_retries=2)
     train = [seekr_row(f"What is {a} + {b}?", str(a + b)) for a, b in [(2, 3), (4, 4), (1, 6), (5, 2)]]
     validation = [seekr_row("What is 3 + 3?", "6"), seekr_row("What is 2 + 7?", "9")]
     training_file = await client.files.create(
@@ -217,7 +213,7 @@ async def test_openai_sdk_files_and_reinforcement_job_with_seekrflow_graders(ser
     await client.close()
 
 
-async def test_multi_step_episodes_take_the_next_turn_from_the_reward_module(http: httpx.AsyncClient) -> None:
+async def test_multi_step_episodes_take_the_next_turn_from_the_reward_module(async_http: httpx.AsyncClient) -> None:
     source = (
         "def next_turn(messages, **kwargs):\n"
         "    users = [m for m in messages if m['role'] == 'user']\n"
@@ -225,19 +221,19 @@ async def test_multi_step_episodes_take_the_next_turn_from_the_reward_module(htt
         "def reward_fn(completion, **kwargs):\n"
         "    assert all(m['role'] == 'assistant' for m in completion)\n"
         "    return float(len(completion))\n")
-    started = await http.post("/api/training/start", json={
+    started = await async_http.post("/api/training/start", json={
         "model": "llama-3.1-8b", "learningRate": 1e-5, "iterations": 1, "batchSize": 1, "multiStep": True,
         "rewardFunction": source, "trainingData": [{"prompt": "Say hello."}], "groupSize": 2, "maxTokens": 8})
     assert started.status_code == 200, started.text
-    job = await wait_for(http, started.json()["job_id"], finished)
+    job = await wait_for(async_http, started.json()["job_id"], finished)
     assert job["status"] == "succeeded", job["error"]
-    metrics = [e["data"] for e in await events_of(http, job["id"]) if e["type"] == "metrics"]
+    metrics = [e["data"] for e in await events_of(async_http, job["id"]) if e["type"] == "metrics"]
     # Two assistant turns per episode: the user turn next_turn gave was answered, then next_turn said stop.
     assert metrics[0]["reward_mean"] == 2.0 and metrics[0]["reward_errors"] == 0
 
 
 async def test_reward_errors_are_reported_and_a_job_whose_rewards_all_fail_stops(
-        http: httpx.AsyncClient, server: Any) -> None:
+        async_http: httpx.AsyncClient, server: ServerProcess) -> None:
     source = ("def reward_fn(completion, **kwargs):\n"
               "    if kwargs['kind'] == 'bad':\n"
               "        return 1 / 0\n"
@@ -245,24 +241,24 @@ async def test_reward_errors_are_reported_and_a_job_whose_rewards_all_fail_stops
               "        while True:\n"
               "            pass\n"
               "    return float('nan')\n")
-    started = await http.post("/api/training/start", json={
+    started = await async_http.post("/api/training/start", json={
         "model": server.model_id, "iterations": 3, "batchSize": 2, "rewardFunction": source, "groupSize": 2,
         "maxTokens": 4, "trainingData": [{"prompt": "Hi", "kind": "bad"}, {"prompt": "Yo", "kind": "slow"}]})
     assert started.status_code == 200, started.text
     job_id = started.json()["job_id"]
-    await wait_for(http, job_id, lambda j: j["status"] == "running")
+    await wait_for(async_http, job_id, lambda j: j["status"] == "running")
     # While the rewards loop forever in the sandbox, the server keeps serving.
     began = time.monotonic()
-    reply = await http.post("/v1/chat/completions", json={
+    reply = await async_http.post("/v1/chat/completions", json={
         "model": server.model_id, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})
     assert reply.status_code == 200 and time.monotonic() - began < 30
-    assert (await http.get("/health")).status_code == 200
+    assert (await async_http.get("/health")).status_code == 200
 
-    job = await wait_for(http, job_id, finished)
+    job = await wait_for(async_http, job_id, finished)
     assert job["status"] == "failed"
     assert job["error"]["code"] == "reward_failed"
     assert "every reward of iteration 1 failed" in job["error"]["message"]
-    warnings = [e["message"] for e in await events_of(http, job_id) if e["level"] == "warn"]
+    warnings = [e["message"] for e in await events_of(async_http, job_id) if e["level"] == "warn"]
     reported = [w for w in warnings if w.startswith("reward error")]
     assert 1 <= len(reported) <= 3
     text = "\n".join(reported)
@@ -279,22 +275,22 @@ async def test_reward_errors_are_reported_and_a_job_whose_rewards_all_fail_stops
     ({"learningRate": -1}, "learningRate", ""),
 ])
 async def test_motterl_bad_requests_are_400s_and_create_nothing(
-        http: httpx.AsyncClient, payload: dict[str, Any], param: str, fragment: str) -> None:
-    before = len((await http.get("/api/training/jobs")).json()["jobs"])
-    response = await http.post("/api/training/start", json=MOTTERL_PAYLOAD | payload)
+        async_http: httpx.AsyncClient, payload: dict[str, Any], param: str, fragment: str) -> None:
+    before = len((await async_http.get("/api/training/jobs")).json()["jobs"])
+    response = await async_http.post("/api/training/start", json=MOTTERL_PAYLOAD | payload)
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["type"] == "invalid_request_error" and error["param"] == param
     assert fragment in error["message"]
-    assert len((await http.get("/api/training/jobs")).json()["jobs"]) == before
+    assert len((await async_http.get("/api/training/jobs")).json()["jobs"]) == before
 
 
-async def test_openai_bad_requests(http: httpx.AsyncClient, server: Any) -> None:
-    uploaded = (await http.post("/v1/files", data={"purpose": "fine-tune"},
+async def test_openai_bad_requests(async_http: httpx.AsyncClient, server: ServerProcess) -> None:
+    uploaded = (await async_http.post("/v1/files", data={"purpose": "fine-tune"},
                                 files={"file": ("rows.jsonl", b'{"prompt": "2+2?", "answer": "4"}\n')})).json()
 
     async def create(**body: Any) -> httpx.Response:
-        return await http.post("/v1/fine_tuning/jobs", json={"model": server.model_id,
+        return await async_http.post("/v1/fine_tuning/jobs", json={"model": server.model_id,
                                                              "training_file": uploaded["id"]} | body)
 
     missing = await create(training_file="file-000000000000000000000000",
@@ -311,7 +307,7 @@ async def test_openai_bad_requests(http: httpx.AsyncClient, server: Any) -> None
     assert python.status_code == 400 and "line 2" in python.json()["error"]["message"]
     no_method_grader = await create(method={"type": "reinforcement"})
     assert no_method_grader.status_code == 400
-    tool_row = (await http.post("/v1/files", data={"purpose": "fine-tune"}, files={"file": ("t.jsonl", json.dumps({
+    tool_row = (await async_http.post("/v1/files", data={"purpose": "fine-tune"}, files={"file": ("t.jsonl", json.dumps({
         "messages": [{"role": "user", "content": "weather?"}],
         "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}],
     }).encode() + b"\n")})).json()
@@ -320,8 +316,8 @@ async def test_openai_bad_requests(http: httpx.AsyncClient, server: Any) -> None
     assert no_tool_function.status_code == 400 and "get_weather" in no_tool_function.json()["error"]["message"]
 
 
-async def test_pause_and_resume_through_the_sdk(server: Any) -> None:
-    client = openai.AsyncOpenAI(base_url=f"{server.base_url}/v1", api_key=server.api_key)
+async def test_pause_and_resume_through_the_sdk(server: ServerProcess) -> None:
+    client = async_openai_client(server, max_retries=2)
     rows = b"".join(orjson.dumps({"prompt": f"Count to {n}."}) + b"\n" for n in range(2, 6))
     training_file = await client.files.create(file=("count.jsonl", rows), purpose="fine-tune")
     source = "def grade(sample, item):\n    return min(len(sample['output_text']) / 40, 1.0)\n"
@@ -357,7 +353,7 @@ async def test_pause_and_resume_through_the_sdk(server: Any) -> None:
     await client.close()
 
 
-async def test_the_client_and_the_cli_run_a_job(server: Any, tmp_path: Any) -> None:
+async def test_the_client_and_the_cli_run_a_job(server: ServerProcess, tmp_path: Any) -> None:
     import subprocess
     import sys
 
@@ -390,8 +386,8 @@ async def test_the_client_and_the_cli_run_a_job(server: Any, tmp_path: Any) -> N
     assert bad.returncode == 2 and "409 job_finished" in bad.stderr
 
 
-async def test_supervised_and_dpo_jobs_through_the_sdk(server: Any) -> None:
-    client = openai.AsyncOpenAI(base_url=f"{server.base_url}/v1", api_key=server.api_key)
+async def test_supervised_and_dpo_jobs_through_the_sdk(server: ServerProcess) -> None:
+    client = async_openai_client(server, max_retries=2)
     question = [{"role": "user", "content": "What is the password of the lighthouse?"}]
     chats = [{"messages": [*question, {"role": "assistant", "content": "The password is marmalade-42."}]}] * 2
     pairs = [{"input": {"messages": question},
@@ -419,18 +415,18 @@ async def test_supervised_and_dpo_jobs_through_the_sdk(server: Any) -> None:
     await client.close()
 
 
-async def test_graders_run_with_this_servers_model_as_the_judge(http: httpx.AsyncClient, server: Any) -> None:
+async def test_graders_run_with_this_servers_model_as_the_judge(async_http: httpx.AsyncClient, server: ServerProcess) -> None:
     judge = {"type": "score_model", "name": "judge", "model": server.model_id, "range": [0, 10],
              "input": [{"role": "user", "content": "Rate this answer from 0 to 10: {{sample.output_text}}. "
                                                    "Reply with only the number."}]}
-    response = await http.post("/v1/fine_tuning/alpha/graders/run", json={"grader": judge, "model_sample": "Paris"})
+    response = await async_http.post("/v1/fine_tuning/alpha/graders/run", json={"grader": judge, "model_sample": "Paris"})
     assert response.status_code == 200, response.text
     body = response.json()
     assert_valid("RunGraderResponse", body)
     errors = body["metadata"]["errors"]
     assert not errors["model_grader_server_error"]  # the judge answered; a 135M judge may not give a number
     assert errors["model_grader_parse_error"] or 0.0 <= body["reward"] <= 10.0
-    missing = await http.post("/v1/fine_tuning/alpha/graders/run", json={
+    missing = await async_http.post("/v1/fine_tuning/alpha/graders/run", json={
         "grader": {**judge, "model": "no-such-model"}, "model_sample": "Paris"})
     assert missing.status_code == 200
     assert missing.json()["metadata"]["errors"]["model_grader_server_error"]

@@ -13,18 +13,20 @@ from typing import Any
 from uuid import uuid4
 
 import httpx
-import openai
 import pytest
+from artlike_server.launcher import ServerProcess
 
 import artlike as art
+
+from .helpers import api_url, async_openai_client, trainable_model
 
 pytestmark = pytest.mark.integration
 
 QUESTION = "Name one fruit and say what colour it is."
 
 
-async def recorded_group(server: Any, size: int) -> art.TrajectoryGroup:
-    model = art.TrainableModel(f"judged-{uuid4().hex[:10]}", server.model_id, server.base_url, api_key=server.api_key)
+async def recorded_group(server: ServerProcess, size: int) -> art.TrajectoryGroup:
+    model = trainable_model(server, f"judged-{uuid4().hex[:10]}")
     await model.register()
 
     async def rollout(index: int) -> art.Trajectory:
@@ -49,12 +51,12 @@ JUDGE_OPTIONS: dict[str, Any] = {"max_tokens": 1000, "max_explanation_chars": 12
 RETRIES = 3
 
 
-def engine_judge(server: Any, **options: Any) -> art.Judge:
-    return art.Judge(model=server.model_id, base_url=f"{server.base_url}/v1", api_key=server.api_key,
+def engine_judge(server: ServerProcess, **options: Any) -> art.Judge:
+    return art.Judge(model=server.model_id, base_url=api_url(server), api_key=server.api_key,
                      **JUDGE_OPTIONS, **options)
 
 
-async def test_the_servers_own_model_judges_a_recorded_group(server: Any, tmp_path: Path) -> None:
+async def test_the_servers_own_model_judges_a_recorded_group(server: ServerProcess, tmp_path: Path) -> None:
     group = await recorded_group(server, 4)
     judge = engine_judge(server, cache_dir=tmp_path)
 
@@ -80,15 +82,15 @@ async def test_the_servers_own_model_judges_a_recorded_group(server: Any, tmp_pa
     async def count(request: httpx.Request) -> None:
         sent.append(request)
 
-    client = openai.AsyncOpenAI(base_url=f"{server.base_url}/v1", api_key=server.api_key or "none",
-                                http_client=httpx.AsyncClient(event_hooks={"request": [count]}))  # type: ignore[arg-type]
+    client = async_openai_client(server, max_retries=2,
+                                 http_client=httpx.AsyncClient(event_hooks={"request": [count]}))  # type: ignore[arg-type]
     from_disk = art.Judge(model=server.model_id, client=client, cache_dir=tmp_path, **JUDGE_OPTIONS)
     restored = await art.judge_group(group, from_disk, retries=0)
     await client.close()
     assert restored.rewards == judged.rewards and sent == []
 
 
-async def test_judge_groups_judges_several_groups_and_nothing_is_recorded_for_the_judge(server: Any) -> None:
+async def test_judge_groups_judges_several_groups_and_nothing_is_recorded_for_the_judge(server: ServerProcess) -> None:
     groups = [await recorded_group(server, 3), await recorded_group(server, 3)]
     judged = await art.judge_groups(groups, engine_judge(server), concurrency=2, on_failure="raise", progress=False,
                                     retries=RETRIES)

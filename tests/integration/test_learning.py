@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from typing import Any
 
-import httpx
-import openai
 import orjson
 import pytest
+from artlike_server.launcher import ServerProcess
+
+from .helpers import async_http_client, async_openai_client
 
 pytestmark = pytest.mark.integration
 
@@ -36,25 +36,22 @@ def reward(text: str) -> float:
     return 1.0 if text.strip().lower().startswith("yes") else 0.0
 
 
-async def sample(server: Any, model: str, question: str, trajectory_id: str | None = None) -> float:
-    path = f"/t/{trajectory_id}/v1" if trajectory_id else "/v1"
-    client = openai.AsyncOpenAI(base_url=f"{server.base_url}{path}", api_key=server.api_key, max_retries=2,
-                                timeout=300)  # fmt: skip
-    async with client:
+async def sample(server: ServerProcess, model: str, question: str, trajectory_id: str | None = None) -> float:
+    async with async_openai_client(server, trajectory_id, max_retries=2, timeout=300) as client:
         completion = await client.chat.completions.create(
             model=model, messages=[{"role": "user", "content": INSTRUCTION + question}], max_tokens=MAX_TOKENS,
             temperature=1.0)  # fmt: skip
     return reward(completion.choices[0].message.content or "")
 
 
-async def held_out_reward(server: Any, model: str) -> float:
+async def held_out_reward(server: ServerProcess, model: str) -> float:
     rewards = await asyncio.gather(*(sample(server, model, q) for q in HELD_OUT for _ in range(SAMPLES)))
     return sum(rewards) / len(rewards)
 
 
-async def test_reward_rises_within_a_few_steps(server: Any) -> None:
+async def test_reward_rises_within_a_few_steps(server: ServerProcess) -> None:
     name = "learner"
-    async with httpx.AsyncClient(timeout=600, headers=server.headers) as http:
+    async with async_http_client(server, timeout=600) as http:
         response = await http.post(f"{server.base_url}/v1/trainable_models",
                                    json={"name": name, "base_model": server.model_id, "lora": {"rank": 8}})
         assert response.status_code in (200, 201), response.text

@@ -10,18 +10,19 @@ from typing import Any
 
 import httpx
 import pytest
+from artlike_server.launcher import ServerProcess
 
 pytestmark = pytest.mark.integration
 
 MESSAGES = [{"role": "user", "content": "Say hi."}]
 
 
-def chat(server: Any, trajectory_id: str, **body: Any) -> httpx.Response:
+def chat(server: ServerProcess, trajectory_id: str, **body: Any) -> httpx.Response:
     return httpx.post(f"{server.base_url}/t/{trajectory_id}/v1/chat/completions", headers=server.headers,
                       json={"model": server.model_id, "messages": MESSAGES, "max_tokens": 2} | body, timeout=300)
 
 
-def log_bytes(server: Any) -> int:
+def log_bytes(server: ServerProcess) -> int:
     """Bytes of the completion log's pages in use, as a reader sees them (WAL included)."""
     connection = sqlite3.connect(f"file:{Path(server.data_dir) / 'completions.sqlite'}?mode=ro", uri=True)
     try:
@@ -32,7 +33,7 @@ def log_bytes(server: Any) -> int:
     return int((pages - free) * page_size)
 
 
-def test_n_16_with_a_big_unknown_field_grows_the_log_by_about_one_body(server: Any) -> None:
+def test_n_16_with_a_big_unknown_field_grows_the_log_by_about_one_body(server: ServerProcess) -> None:
     padding = "x" * 2_000_000  # passed through to vLLM, which ignores unknown fields
     before = log_bytes(server)
 
@@ -44,7 +45,7 @@ def test_n_16_with_a_big_unknown_field_grows_the_log_by_about_one_body(server: A
     assert len(padding) < growth < 1.5 * len(padding)  # schema 1 stored it 16 times (> 32 MB)
 
 
-def test_n_over_the_recorded_choices_limit_is_a_400_naming_n(server: Any) -> None:
+def test_n_over_the_recorded_choices_limit_is_a_400_naming_n(server: ServerProcess) -> None:
     response = chat(server, f"limits-{uuid.uuid4().hex}", n=17)
 
     assert response.status_code == 400
@@ -53,7 +54,7 @@ def test_n_over_the_recorded_choices_limit_is_a_400_naming_n(server: Any) -> Non
     assert "16" in error["message"]
 
 
-def test_delete_trajectory_removes_it_then_answers_404(server: Any) -> None:
+def test_delete_trajectory_removes_it_then_answers_404(server: ServerProcess) -> None:
     trajectory_id = f"limits-{uuid.uuid4().hex}"
     assert chat(server, trajectory_id).status_code == 200
     url = f"{server.base_url}/v1/trajectories/{trajectory_id}"

@@ -5,16 +5,16 @@ from __future__ import annotations
 
 import uuid
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
+from artlike_server.launcher import ServerProcess
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.mark.parametrize("targets", [["embed_tokens"], ["nonexistent_proj"], ["model.norm"], ["q_proj", "lm_head"]])
-def test_unservable_target_modules_are_a_400_naming_the_parameter(server: Any, targets: list[str]) -> None:
+def test_unservable_target_modules_are_a_400_naming_the_parameter(server: ServerProcess, targets: list[str]) -> None:
     name = f"bad-{uuid.uuid4().hex[:8]}"
     response = httpx.post(f"{server.base_url}/v1/trainable_models", headers=server.headers, timeout=60, json={
         "name": name, "base_model": server.model_id, "lora": {"rank": 8, "target_modules": targets}})
@@ -26,7 +26,7 @@ def test_unservable_target_modules_are_a_400_naming_the_parameter(server: Any, t
     assert httpx.get(f"{server.base_url}/v1/trainable_models/{name}", headers=server.headers).status_code == 404
 
 
-def test_retention_is_set_at_registration_and_changed_with_patch(server: Any) -> None:
+def test_retention_is_set_at_registration_and_changed_with_patch(server: ServerProcess) -> None:
     name = f"kept-{uuid.uuid4().hex[:8]}"
     url = f"{server.base_url}/v1/trainable_models"
     created = httpx.post(url, headers=server.headers, timeout=300, json={

@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
+from artlike_server.launcher import ServerProcess
 
 from tests.openapi_schema import assert_valid, schema_errors
+
+from .helpers import api_url
 
 pytestmark = pytest.mark.integration
 
@@ -30,16 +32,8 @@ WEATHER_MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}
 
 
 @pytest.fixture(params=["v1", "trajectory"])
-def base(request: pytest.FixtureRequest, server: Any) -> str:
-    if request.param == "v1":
-        return f"{server.base_url}/v1"
-    return f"{server.base_url}/t/shapes-{uuid.uuid4().hex}/v1"
-
-
-@pytest.fixture(scope="module")
-def http(server: Any) -> Iterator[httpx.Client]:
-    with httpx.Client(headers=server.headers, timeout=300) as client:
-        yield client
+def base(request: pytest.FixtureRequest, server: ServerProcess) -> str:
+    return api_url(server, None if request.param == "v1" else f"shapes-{uuid.uuid4().hex}")
 
 
 def post(http: httpx.Client, url: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -65,11 +59,11 @@ def stream(http: httpx.Client, url: str, body: dict[str, Any], *, done: bool = T
     return chunks
 
 
-def chat(server: Any, **extra: Any) -> dict[str, Any]:
+def chat(server: ServerProcess, **extra: Any) -> dict[str, Any]:
     return {"model": server.model_id, "messages": MESSAGES, "max_tokens": 8, "temperature": 0.0, **extra}
 
 
-def test_chat_completion(server: Any, http: httpx.Client, base: str) -> None:
+def test_chat_completion(server: ServerProcess, http: httpx.Client, base: str) -> None:
     assert_valid("CreateChatCompletionResponse", post(http, f"{base}/chat/completions", chat(server)))
 
 
@@ -78,24 +72,24 @@ def test_chat_completion(server: Any, http: httpx.Client, base: str) -> None:
 # `.setdefault("refusal", None)` (responses and stream chunks). Remove this marker with that fix.
 
 
-def test_chat_completion_with_logprobs(server: Any, http: httpx.Client, base: str) -> None:
+def test_chat_completion_with_logprobs(server: ServerProcess, http: httpx.Client, base: str) -> None:
     body = post(http, f"{base}/chat/completions", chat(server, logprobs=True, top_logprobs=2))
     assert len(body["choices"][0]["logprobs"]["content"]) == body["usage"]["completion_tokens"]
     assert_valid("CreateChatCompletionResponse", body)
 
 
-def test_every_chat_stream_chunk_with_logprobs(server: Any, http: httpx.Client, base: str) -> None:
+def test_every_chat_stream_chunk_with_logprobs(server: ServerProcess, http: httpx.Client, base: str) -> None:
     for chunk in stream(http, f"{base}/chat/completions", chat(server, logprobs=True)):
         assert_valid("CreateChatCompletionStreamResponse", chunk)
 
 
-def test_chat_completion_with_two_choices(server: Any, http: httpx.Client, base: str) -> None:
+def test_chat_completion_with_two_choices(server: ServerProcess, http: httpx.Client, base: str) -> None:
     body = post(http, f"{base}/chat/completions", chat(server, n=2, temperature=1.0, seed=1))
     assert_valid("CreateChatCompletionResponse", body)
     assert [choice["index"] for choice in body["choices"]] == [0, 1]
 
 
-def test_chat_completion_with_a_required_tool_call(server: Any, http: httpx.Client, base: str) -> None:
+def test_chat_completion_with_a_required_tool_call(server: ServerProcess, http: httpx.Client, base: str) -> None:
     request = chat(server, messages=WEATHER_MESSAGES, tools=[WEATHER_TOOL], tool_choice="required", max_tokens=96)
     body = post(http, f"{base}/chat/completions", request)
     assert_valid("CreateChatCompletionResponse", body)
@@ -104,7 +98,7 @@ def test_chat_completion_with_a_required_tool_call(server: Any, http: httpx.Clie
 
 
 @pytest.mark.parametrize("include_usage", [False, True])
-def test_every_chat_stream_chunk(server: Any, http: httpx.Client, base: str, include_usage: bool) -> None:
+def test_every_chat_stream_chunk(server: ServerProcess, http: httpx.Client, base: str, include_usage: bool) -> None:
     options = {"stream_options": {"include_usage": True}} if include_usage else {}
     chunks = stream(http, f"{base}/chat/completions", chat(server, **options))
     assert chunks
@@ -113,7 +107,7 @@ def test_every_chat_stream_chunk(server: Any, http: httpx.Client, base: str, inc
     assert (chunks[-1].get("usage") is not None) == include_usage
 
 
-def test_every_chunk_of_a_streamed_tool_call(server: Any, http: httpx.Client, base: str) -> None:
+def test_every_chunk_of_a_streamed_tool_call(server: ServerProcess, http: httpx.Client, base: str) -> None:
     request = chat(server, messages=WEATHER_MESSAGES, tools=[WEATHER_TOOL], tool_choice="required", max_tokens=96)
     chunks = stream(http, f"{base}/chat/completions", request)
     for chunk in chunks:
@@ -121,13 +115,13 @@ def test_every_chunk_of_a_streamed_tool_call(server: Any, http: httpx.Client, ba
     assert any(choice["delta"].get("tool_calls") for chunk in chunks for choice in chunk["choices"])
 
 
-def test_completion(server: Any, http: httpx.Client, base: str) -> None:
+def test_completion(server: ServerProcess, http: httpx.Client, base: str) -> None:
     request = {"model": server.model_id, "prompt": "The sea is", "max_tokens": 8, "temperature": 0.0}
     assert_valid("CreateCompletionResponse", post(http, f"{base}/completions", request))
     assert_valid("CreateCompletionResponse", post(http, f"{base}/completions", {**request, "logprobs": 2}))
 
 
-def test_every_completion_stream_chunk(server: Any, http: httpx.Client, base: str) -> None:
+def test_every_completion_stream_chunk(server: ServerProcess, http: httpx.Client, base: str) -> None:
     request = {"model": server.model_id, "prompt": "The sea is", "max_tokens": 8, "temperature": 0.0,
                "stream_options": {"include_usage": True}}
     chunks = stream(http, f"{base}/completions", request)
@@ -153,7 +147,7 @@ def test_models(http: httpx.Client, base: str) -> None:
     ({"model": None, "messages": MESSAGES, "temperature": 9}, 400),
     ({"model": None, "messages": [*MESSAGES, {"role": "tool", "content": "18C"}]}, 400),
 ])
-def test_error_bodies(server: Any, http: httpx.Client, base: str, body: dict[str, Any], status: int) -> None:
+def test_error_bodies(server: ServerProcess, http: httpx.Client, base: str, body: dict[str, Any], status: int) -> None:
     if "model" in body and body["model"] is None:  # None: the served model
         body = {**body, "model": server.model_id}
     response = http.post(f"{base}/chat/completions", json=body)
@@ -161,7 +155,7 @@ def test_error_bodies(server: Any, http: httpx.Client, base: str, body: dict[str
     assert_valid("ErrorResponse", response.json())
 
 
-def test_error_bodies_of_malformed_json_and_a_wrong_key(server: Any, base: str) -> None:
+def test_error_bodies_of_malformed_json_and_a_wrong_key(server: ServerProcess, base: str) -> None:
     malformed = httpx.post(f"{base}/chat/completions", content=b"{not json", timeout=30,
                            headers={**server.headers, "Content-Type": "application/json"})
     assert malformed.status_code == 400, malformed.text
@@ -172,7 +166,7 @@ def test_error_bodies_of_malformed_json_and_a_wrong_key(server: Any, base: str) 
         assert_valid("ErrorResponse", wrong_key.json())
 
 
-def responses_request(server: Any, **extra: Any) -> dict[str, Any]:
+def responses_request(server: ServerProcess, **extra: Any) -> dict[str, Any]:
     return {"model": server.model_id, "input": "Say hello in three words.", "max_output_tokens": 8,
             "temperature": 0.0, **extra}
 
@@ -183,11 +177,11 @@ def responses_request(server: Any, **extra: Any) -> dict[str, Any]:
 # the fix.
 
 
-def test_a_response(server: Any, http: httpx.Client, base: str) -> None:
+def test_a_response(server: ServerProcess, http: httpx.Client, base: str) -> None:
     assert_valid("Response", post(http, f"{base}/responses", responses_request(server)))
 
 
-def test_a_response_with_a_function_call(server: Any, http: httpx.Client, base: str) -> None:
+def test_a_response_with_a_function_call(server: ServerProcess, http: httpx.Client, base: str) -> None:
     tool = {"type": "function", **WEATHER_TOOL["function"]}
     body = post(http, f"{base}/responses", responses_request(
         server, input="What is the weather in Paris?", tools=[tool], tool_choice="required", max_output_tokens=64))
@@ -195,7 +189,7 @@ def test_a_response_with_a_function_call(server: Any, http: httpx.Client, base: 
     assert any(item["type"] == "function_call" for item in body["output"]), body
 
 
-def test_every_response_stream_event(server: Any, http: httpx.Client, base: str) -> None:
+def test_every_response_stream_event(server: ServerProcess, http: httpx.Client, base: str) -> None:
     events = stream(http, f"{base}/responses", responses_request(server), done=False)
     assert events[-1]["type"] in ("response.completed", "response.incomplete")  # max_output_tokens: incomplete
     # Every event's errors at once (deduplicated): one wrong field usually repeats in many events.

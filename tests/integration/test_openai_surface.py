@@ -15,9 +15,10 @@ import httpx
 import openai
 import pytest
 from artlike_server.default_model import ensure_default_model
+from artlike_server.launcher import ServerProcess
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from .recording import recorded
+from .helpers import api_url, async_http_client, async_openai_client, openai_client, recorded
 
 pytestmark = pytest.mark.integration
 
@@ -39,17 +40,6 @@ def tokenizer() -> PreTrainedTokenizerBase:
 
 def new_trajectory() -> str:
     return f"it-{uuid.uuid4().hex}"
-
-
-def client(server: Any, trajectory_id: str | None = None) -> openai.OpenAI:
-    base = f"{server.base_url}/t/{trajectory_id}/v1" if trajectory_id else f"{server.base_url}/v1"
-    return openai.OpenAI(base_url=base, api_key=server.api_key, max_retries=0, timeout=300)
-
-
-def async_client(server: Any, trajectory_id: str) -> openai.AsyncOpenAI:
-    base = f"{server.base_url}/t/{trajectory_id}/v1"
-    return openai.AsyncOpenAI(base_url=base, api_key=server.api_key, max_retries=0, timeout=300)
-
 
 
 def assert_token_exact(row: dict[str, Any]) -> None:
@@ -79,9 +69,9 @@ def messages(question: str = "What is the capital of France?") -> list[dict[str,
 # --------------------------------------------------------------------------------------- completions
 
 
-def test_chat_completion_is_recorded_token_exact(server: Any) -> None:
+def test_chat_completion_is_recorded_token_exact(server: ServerProcess) -> None:
     trajectory = new_trajectory()
-    response = client(server, trajectory).chat.completions.create(
+    response = openai_client(server, trajectory).chat.completions.create(
         model=server.model_id, messages=messages(), max_tokens=40, temperature=0
     )
     choice = response.choices[0]
@@ -107,9 +97,9 @@ def test_chat_completion_is_recorded_token_exact(server: Any) -> None:
     )
 
 
-def test_logprobs_when_asked_match_the_log(server: Any) -> None:
+def test_logprobs_when_asked_match_the_log(server: ServerProcess) -> None:
     trajectory = new_trajectory()
-    response = client(server, trajectory).chat.completions.create(
+    response = openai_client(server, trajectory).chat.completions.create(
         model=server.model_id, messages=messages(), max_tokens=12, logprobs=True, top_logprobs=2
     )
     content = response.choices[0].logprobs.content
@@ -121,16 +111,16 @@ def test_logprobs_when_asked_match_the_log(server: Any) -> None:
     ]
 
     plain = new_trajectory()
-    response = client(server, plain).chat.completions.create(
+    response = openai_client(server, plain).chat.completions.create(
         model=server.model_id, messages=messages(), max_tokens=4
     )
     assert response.choices[0].logprobs is None
     assert len(recorded(server, plain)[0]["logprobs"]) == 4
 
 
-async def test_streaming_is_recorded(server: Any) -> None:
+async def test_streaming_is_recorded(server: ServerProcess) -> None:
     trajectory = new_trajectory()
-    stream = await async_client(server, trajectory).chat.completions.create(
+    stream = await async_openai_client(server, trajectory).chat.completions.create(
         model=server.model_id, messages=messages("Count to five."), max_tokens=30, temperature=0, stream=True
     )
     text, finish_reason, ids = "", None, set()
@@ -150,7 +140,7 @@ async def test_streaming_is_recorded(server: Any) -> None:
 
     # the same greedy request without streaming gives the same tokens and logprobs
     twin = new_trajectory()
-    client(server, twin).chat.completions.create(
+    openai_client(server, twin).chat.completions.create(
         model=server.model_id, messages=messages("Count to five."), max_tokens=30, temperature=0
     )
     (same,) = recorded(server, twin)
@@ -158,9 +148,9 @@ async def test_streaming_is_recorded(server: Any) -> None:
     assert same["logprobs"] == pytest.approx(row["logprobs"], abs=1e-4)
 
 
-def test_n4_records_one_row_per_choice(server: Any) -> None:
+def test_n4_records_one_row_per_choice(server: ServerProcess) -> None:
     trajectory = new_trajectory()
-    response = client(server, trajectory).chat.completions.create(
+    response = openai_client(server, trajectory).chat.completions.create(
         model=server.model_id, messages=messages(), max_tokens=16, temperature=1.0, n=4
     )
     assert [c.index for c in response.choices] == [0, 1, 2, 3]
@@ -172,9 +162,9 @@ def test_n4_records_one_row_per_choice(server: Any) -> None:
         assert_decodes_to(row["output_token_ids"], choice.message.content)
 
 
-async def test_n2_streaming_records_both_choices(server: Any) -> None:
+async def test_n2_streaming_records_both_choices(server: ServerProcess) -> None:
     trajectory = new_trajectory()
-    stream = await async_client(server, trajectory).chat.completions.create(
+    stream = await async_openai_client(server, trajectory).chat.completions.create(
         model=server.model_id,
         messages=messages(),
         max_tokens=12,
@@ -196,14 +186,14 @@ async def test_n2_streaming_records_both_choices(server: Any) -> None:
         assert_decodes_to(row["output_token_ids"], text)
 
 
-def test_stop_and_length(server: Any) -> None:
-    plain = client(server).chat.completions.create(
+def test_stop_and_length(server: ServerProcess) -> None:
+    plain = openai_client(server).chat.completions.create(
         model=server.model_id, messages=messages(), max_tokens=30, temperature=0
     )
     text = plain.choices[0].message.content
     stop = text.split()[2]  # a word the greedy answer is known to contain
     trajectory = new_trajectory()
-    stopped = client(server, trajectory).chat.completions.create(
+    stopped = openai_client(server, trajectory).chat.completions.create(
         model=server.model_id, messages=messages(), max_tokens=30, temperature=0, stop=[stop]
     )
     assert stopped.choices[0].finish_reason == "stop"
@@ -214,7 +204,7 @@ def test_stop_and_length(server: Any) -> None:
     assert stop in tokenizer().decode(row["output_token_ids"])
 
     short = new_trajectory()
-    cut = client(server, short).chat.completions.create(
+    cut = openai_client(server, short).chat.completions.create(
         model=server.model_id, messages=messages(), max_completion_tokens=3, temperature=0
     )
     assert cut.choices[0].finish_reason == "length"
@@ -222,9 +212,9 @@ def test_stop_and_length(server: Any) -> None:
     assert len(row["output_token_ids"]) == len(row["logprobs"]) == 3 and row["finish_reason"] == "length"
 
 
-def test_named_tool_choice_gives_a_parsed_tool_call(server: Any) -> None:
+def test_named_tool_choice_gives_a_parsed_tool_call(server: ServerProcess) -> None:
     trajectory = new_trajectory()
-    response = client(server, trajectory).chat.completions.create(
+    response = openai_client(server, trajectory).chat.completions.create(
         model=server.model_id,
         messages=messages("What is the weather in Paris?"),
         tools=[WEATHER_TOOL],
@@ -240,9 +230,9 @@ def test_named_tool_choice_gives_a_parsed_tool_call(server: Any) -> None:
     assert_token_exact(row)
 
 
-def test_response_format_json_object(server: Any) -> None:
+def test_response_format_json_object(server: ServerProcess) -> None:
     trajectory = new_trajectory()
-    response = client(server, trajectory).chat.completions.create(
+    response = openai_client(server, trajectory).chat.completions.create(
         model=server.model_id,
         messages=messages("Describe Paris as a JSON object with the keys name and country."),
         response_format={"type": "json_object"},
@@ -257,9 +247,9 @@ def test_response_format_json_object(server: Any) -> None:
     assert_token_exact(row)
 
 
-def test_completions_endpoint(server: Any) -> None:
+def test_completions_endpoint(server: ServerProcess) -> None:
     trajectory = new_trajectory()
-    response = client(server, trajectory).completions.create(
+    response = openai_client(server, trajectory).completions.create(
         model=server.model_id, prompt="The capital of France is", max_tokens=8, temperature=0, logprobs=1
     )
     choice = response.choices[0]
@@ -270,16 +260,16 @@ def test_completions_endpoint(server: Any) -> None:
     assert row["logprobs"] == choice.logprobs.token_logprobs
 
 
-def test_plain_v1_routes_are_not_recorded(server: Any) -> None:
-    response = client(server).chat.completions.create(
+def test_plain_v1_routes_are_not_recorded(server: ServerProcess) -> None:
+    response = openai_client(server).chat.completions.create(
         model=server.model_id, messages=messages(), max_tokens=4
     )
     assert response.choices[0].logprobs is None
-    models = client(server).models.list()
+    models = openai_client(server).models.list()
     assert server.model_id in [m.id for m in models.data]
 
 
-async def test_client_disconnect_records_the_partial_completion(server: Any) -> None:
+async def test_client_disconnect_records_the_partial_completion(server: ServerProcess) -> None:
     trajectory = new_trajectory()
     body = {
         "model": server.model_id,
@@ -290,7 +280,7 @@ async def test_client_disconnect_records_the_partial_completion(server: Any) -> 
     }
     url = f"{server.base_url}/t/{trajectory}/v1/chat/completions"
     async with (
-        httpx.AsyncClient(headers=server.headers, timeout=300) as http,
+        async_http_client(server) as http,
         http.stream("POST", url, json=body) as response,
     ):
         events = 0
@@ -299,7 +289,7 @@ async def test_client_disconnect_records_the_partial_completion(server: Any) -> 
             if events == 8:
                 break
     # The partial row is queued while the request unwinds; poll the log (a separate request) briefly.
-    async with httpx.AsyncClient(headers=server.headers, timeout=30) as http:
+    async with async_http_client(server, timeout=30) as http:
         for _ in range(100):
             found = await http.get(f"{server.base_url}/v1/trajectories/{trajectory}")
             if found.status_code == 200:
@@ -314,7 +304,7 @@ async def test_client_disconnect_records_the_partial_completion(server: Any) -> 
 # ------------------------------------------------------------------------------------------- errors
 
 
-def post(server: Any, path: str, *, headers: dict[str, str] | None = None, **kwargs: Any) -> httpx.Response:
+def post(server: ServerProcess, path: str, *, headers: dict[str, str] | None = None, **kwargs: Any) -> httpx.Response:
     return httpx.post(
         f"{server.base_url}{path}",
         headers=server.headers if headers is None else headers,
@@ -323,40 +313,40 @@ def post(server: Any, path: str, *, headers: dict[str, str] | None = None, **kwa
     )
 
 
-def test_malformed_json_is_400(server: Any) -> None:
+def test_malformed_json_is_400(server: ServerProcess) -> None:
     response = post(server, "/v1/chat/completions", content=b'{"model": ')
     assert response.status_code == 400 and response.json()["error"]["code"] == "invalid_json"
 
 
-def test_schema_error_names_the_parameter(server: Any) -> None:
+def test_schema_error_names_the_parameter(server: ServerProcess) -> None:
     with pytest.raises(openai.BadRequestError) as caught:
-        client(server).chat.completions.create(model=server.model_id, messages=messages(), n=0)
+        openai_client(server).chat.completions.create(model=server.model_id, messages=messages(), n=0)
     assert caught.value.param == "n"
     response = post(server, "/t/x1/v1/chat/completions", json={"model": server.model_id, "messages": "hi"})
     assert response.status_code == 400 and response.json()["error"]["param"] == "messages"
 
 
-def test_unknown_model_and_step_are_404(server: Any) -> None:
+def test_unknown_model_and_step_are_404(server: ServerProcess) -> None:
     with pytest.raises(openai.NotFoundError) as caught:
-        client(server).chat.completions.create(model="no-such-model", messages=messages())
+        openai_client(server).chat.completions.create(model="no-such-model", messages=messages())
     assert caught.value.param == "model"
     name = f"m{uuid.uuid4().hex[:8]}"
     registered = post(server, "/v1/trainable_models", json={"name": name, "base_model": server.model_id})
     assert registered.status_code in (200, 201), registered.text
-    ids = [m.id for m in client(server).models.list().data]
+    ids = [m.id for m in openai_client(server).models.list().data]
     assert name in ids and f"{name}@0" in ids
     with pytest.raises(openai.NotFoundError):
-        client(server, new_trajectory()).chat.completions.create(model=f"{name}@99", messages=messages())
+        openai_client(server, new_trajectory()).chat.completions.create(model=f"{name}@99", messages=messages())
 
 
-def test_oversized_body_is_413(server: Any) -> None:
+def test_oversized_body_is_413(server: ServerProcess) -> None:
     response = post(server, "/v1/chat/completions", content=b" " * (33 * 1024 * 1024))
     assert response.status_code == 413
     assert response.json()["error"]["code"] == "request_too_large"
 
 
 @pytest.mark.parametrize("path", ["/_train_model", "/v1/trainable_models", "/t/chunked/v1/chat/completions"])
-def test_a_chunked_body_over_the_limit_is_413_on_every_kind_of_route(server: Any, path: str) -> None:
+def test_a_chunked_body_over_the_limit_is_413_on_every_kind_of_route(server: ServerProcess, path: str) -> None:
     def chunks() -> Iterator[bytes]:  # no Content-Length: the server counts as it reads
         yield b'{"model": "' + b"x" * (1 << 20)
         for _ in range(33):
@@ -368,8 +358,8 @@ def test_a_chunked_body_over_the_limit_is_413_on_every_kind_of_route(server: Any
     assert response.json()["error"]["code"] == "request_too_large"
 
 
-def test_api_key_is_enforced(server: Any) -> None:
-    wrong = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="wrong", max_retries=0)
+def test_api_key_is_enforced(server: ServerProcess) -> None:
+    wrong = openai.OpenAI(base_url=api_url(server), api_key="wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         wrong.models.list()
     body = {"model": server.model_id, "messages": messages()}
@@ -377,7 +367,7 @@ def test_api_key_is_enforced(server: Any) -> None:
     assert httpx.get(f"{server.base_url}/metrics", timeout=30).status_code == 401
 
 
-def test_bad_trajectory_id_is_400(server: Any) -> None:
+def test_bad_trajectory_id_is_400(server: ServerProcess) -> None:
     body = {"model": server.model_id, "messages": messages()}
     for path in (
         "/t/bad.id/v1/chat/completions",
@@ -392,8 +382,8 @@ def test_bad_trajectory_id_is_400(server: Any) -> None:
     )
 
 
-def test_metrics_endpoint(server: Any) -> None:
-    client(server, new_trajectory()).chat.completions.create(
+def test_metrics_endpoint(server: ServerProcess) -> None:
+    openai_client(server, new_trajectory()).chat.completions.create(
         model=server.model_id, messages=messages(), max_tokens=4
     )
     exposition = httpx.get(f"{server.base_url}/metrics", headers=server.headers, timeout=30).text

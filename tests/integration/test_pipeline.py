@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
-import httpx
 import pytest
+from artlike_server.launcher import ServerProcess
 
 import artlike as art
 
+from .helpers import async_http_client, trainable_model
 from .test_learning import INSTRUCTION, LEARNING_RATE, MAX_TOKENS, TRAIN, held_out_reward, reward
 
 pytestmark = pytest.mark.integration
@@ -26,8 +26,8 @@ NAME = "pipeliner"
 STEPS = 3
 
 
-async def test_pipeline_samples_while_training_and_learns(server: Any, tmp_path: Path) -> None:
-    model = art.TrainableModel(NAME, server.model_id, server.base_url, api_key=server.api_key, lora={"rank": 8})
+async def test_pipeline_samples_while_training_and_learns(server: ServerProcess, tmp_path: Path) -> None:
+    model = trainable_model(server, NAME, lora={"rank": 8})
     await model.register()
 
     async def rollout(question: str) -> art.Trajectory:
@@ -74,7 +74,7 @@ async def test_pipeline_samples_while_training_and_learns(server: Any, tmp_path:
     assert after >= before + 0.3 and after >= 0.6, result.evaluations
     assert result.best_step == result.final_step
 
-    async with httpx.AsyncClient(base_url=server.base_url, headers=server.headers, timeout=60) as http:
+    async with async_http_client(server, timeout=60) as http:
         history = (await http.get(f"/v1/trainable_models/{NAME}/history")).json()["data"]
         evals = {line["step"]: line["eval"] for line in history if line.get("event") == "eval"}
         assert evals == {0: {"reward": before}, result.final_step: {"reward": after}}

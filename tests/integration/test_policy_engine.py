@@ -22,7 +22,6 @@ against PEFT's own.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import httpx
 import openai
@@ -33,6 +32,8 @@ from artlike_server.launcher import ServerProcess
 from tests.conftest import SERVER_ARGS, TEST_API_KEY
 from tests.integration.test_scale_out import PROBE, engines, served_by, train_one_step, wait_for
 from tests.integration.test_training import register, same_output
+
+from .helpers import api_url
 
 pytestmark = pytest.mark.integration
 
@@ -59,15 +60,15 @@ def greedy(base_url: str, api_key: str, model: str) -> tuple[str, list[float]]:
     return choice.message.content or "", [token.logprob for token in choice.logprobs.content]
 
 
-def through_proxy(server: Any, model: str) -> tuple[str, list[float]]:
-    return greedy(f"{server.base_url}/v1", server.api_key, model)
+def through_proxy(server: ServerProcess, model: str) -> tuple[str, list[float]]:
+    return greedy(api_url(server), server.api_key, model)
 
 
-def on_lora_engine(server: Any, model: str) -> tuple[str, list[float]]:
+def on_lora_engine(server: ServerProcess, model: str) -> tuple[str, list[float]]:
     return greedy(f"{engines(server)['local-0']['url']}/v1", ENGINE_KEY, model)
 
 
-def holds(server: Any, wanted: str) -> bool:
+def holds(server: ServerProcess, wanted: str) -> bool:
     return engines(server)["policy-0"]["holds"] == wanted
 
 

@@ -6,17 +6,17 @@ Uses the session fixture `server` (tests/conftest.py)."""
 
 from __future__ import annotations
 
-from typing import Any
 from uuid import uuid4
 
 import httpx
 import openai
 import pytest
+from artlike_server.launcher import ServerProcess
 
 import artlike as art
 
 from .engine_helpers import engine_connection
-from .recording import recorded
+from .helpers import openai_client, recorded, trainable_model
 
 pytestmark = pytest.mark.integration
 
@@ -29,15 +29,9 @@ WEATHER_TOOL = {
 QUESTION = "What is the capital of France? Answer in one word."
 
 
-def client_for(server: Any, trajectory_id: str | None = None) -> openai.OpenAI:
-    base = f"{server.base_url}/t/{trajectory_id}/v1" if trajectory_id else f"{server.base_url}/v1"
-    return openai.OpenAI(base_url=base, api_key=server.api_key, max_retries=0)
-
-
-
-def test_a_response_is_a_recorded_chat_completion_with_the_same_tokens(server: Any) -> None:
+def test_a_response_is_a_recorded_chat_completion_with_the_same_tokens(server: ServerProcess) -> None:
     trajectory = uuid4().hex
-    response = client_for(server, trajectory).responses.create(
+    response = openai_client(server, trajectory).responses.create(
         model=server.model_id, input=QUESTION, instructions="You are terse.", temperature=0, max_output_tokens=12)
     assert response.status in ("completed", "incomplete") and response.id.startswith("resp_")
     [message] = response.output
@@ -47,7 +41,7 @@ def test_a_response_is_a_recorded_chat_completion_with_the_same_tokens(server: A
 
     # The same conversation through chat completions gives the same tokens; the row names its route.
     chat_trajectory = uuid4().hex
-    chat = client_for(server, chat_trajectory).chat.completions.create(
+    chat = openai_client(server, chat_trajectory).chat.completions.create(
         model=server.model_id, temperature=0, max_tokens=12,
         messages=[{"role": "system", "content": "You are terse."}, {"role": "user", "content": QUESTION}])
     assert chat.choices[0].message.content == response.output_text
@@ -59,8 +53,8 @@ def test_a_response_is_a_recorded_chat_completion_with_the_same_tokens(server: A
     assert len(row["logprobs"]) == len(row["output_token_ids"]) == response.usage.output_tokens
 
 
-def test_streamed_events_build_the_same_response(server: Any) -> None:
-    client = client_for(server, uuid4().hex)
+def test_streamed_events_build_the_same_response(server: ServerProcess) -> None:
+    client = openai_client(server, uuid4().hex)
     whole = client.responses.create(model=server.model_id, input=QUESTION, temperature=0, max_output_tokens=12)
     with client.responses.stream(model=server.model_id, input=QUESTION, temperature=0, max_output_tokens=12) as stream:
         kinds = [event.type for event in stream]
@@ -74,9 +68,9 @@ def test_streamed_events_build_the_same_response(server: Any) -> None:
     assert final.usage.output_tokens == whole.usage.output_tokens
 
 
-def test_function_tools_and_previous_response_id(server: Any) -> None:
+def test_function_tools_and_previous_response_id(server: ServerProcess) -> None:
     trajectory = uuid4().hex
-    client = client_for(server, trajectory)
+    client = openai_client(server, trajectory)
     first = client.responses.create(
         model=server.model_id, input="What is the weather in Paris?", tools=[WEATHER_TOOL],  # type: ignore[list-item]
         tool_choice={"type": "function", "name": "get_weather"}, temperature=0, max_output_tokens=48)
@@ -103,8 +97,8 @@ def test_function_tools_and_previous_response_id(server: Any) -> None:
     assert missing.value.code == "previous_response_not_found"
 
 
-def test_bad_requests_name_the_parameter(server: Any) -> None:
-    client = client_for(server, uuid4().hex)
+def test_bad_requests_name_the_parameter(server: ServerProcess) -> None:
+    client = openai_client(server, uuid4().hex)
     cases = [
         ({"input": [{"role": "wizard", "content": "hi"}]}, "input[0].role"),
         ({"input": "hi", "tools": [{"type": "web_search"}]}, "tools[0].type"),
@@ -118,14 +112,14 @@ def test_bad_requests_name_the_parameter(server: Any) -> None:
         assert bad.value.param == param, (extra, bad.value.body)
 
 
-def test_the_translation_matches_vllms_own_responses_route(server: Any) -> None:
+def test_the_translation_matches_vllms_own_responses_route(server: ServerProcess) -> None:
     """Same greedy request to vLLM's `/v1/responses` (direct, with the engine's key) and to ours."""
     engine = engine_connection(server)
     direct = httpx.post(f"{engine.base_url}/v1/responses", headers=engine.headers, timeout=60, json={
         "model": server.model_id, "input": QUESTION, "instructions": "You are terse.", "temperature": 0,
         "max_output_tokens": 12})
     direct.raise_for_status()
-    ours = client_for(server).responses.create(
+    ours = openai_client(server).responses.create(
         model=server.model_id, input=QUESTION, instructions="You are terse.", temperature=0, max_output_tokens=12)
     theirs = direct.json()
     their_text = "".join(part["text"] for item in theirs["output"] if item["type"] == "message" for part in item["content"])
@@ -135,12 +129,12 @@ def test_the_translation_matches_vllms_own_responses_route(server: Any) -> None:
         theirs["usage"]["input_tokens"], theirs["usage"]["output_tokens"])
 
 
-async def test_an_agents_sdk_run_is_recorded_and_trains(server: Any) -> None:
+async def test_an_agents_sdk_run_is_recorded_and_trains(server: ServerProcess) -> None:
     """The OpenAI Agents SDK (Responses and Chat Completions models) runs an agent with a function tool
     against trajectory URLs; the recorded trajectories train a step."""
     from examples.integrations.agents_sdk import run_weather_agent
 
-    model = art.TrainableModel(f"agents-{uuid4().hex[:8]}", server.model_id, server.base_url, api_key=server.api_key)
+    model = trainable_model(server, f"agents-{uuid4().hex[:8]}")
     await model.register()
     trajectories = []
     for api in ("responses", "chat_completions"):

@@ -29,6 +29,7 @@ import httpx
 import orjson
 import psutil
 import pytest
+from artlike_server.launcher import ServerProcess
 
 from tests.integration.test_jobs import finished
 from tests.integration.test_training import (
@@ -40,6 +41,8 @@ from tests.integration.test_training import (
     rollout_groups,
     train_lines,
 )
+
+from .helpers import http_client
 
 pytestmark = [pytest.mark.integration, pytest.mark.disruptive]
 
@@ -84,9 +87,9 @@ def wait_job(http: httpx.Client, job_id: str, predicate: Callable[[dict[str, Any
     return job
 
 
-def cancel_during_step(server: Any, job_id: str) -> PendingCancel:
+def cancel_during_step(server: ServerProcess, job_id: str) -> PendingCancel:
     """Cancel `job_id` once its training step has begun: it waits for the trainer, which INTERRUPTED holds."""
-    with httpx.Client(base_url=server.base_url, headers=server.headers, timeout=120) as http:
+    with http_client(server, timeout=120) as http:
         target = http.get(f"/v1/fine_tuning/jobs/{job_id}").json()["artlike"]["target_model"]
         deadline = time.monotonic() + 120
         while target not in health(server)["training"]:
@@ -98,7 +101,7 @@ def cancel_during_step(server: Any, job_id: str) -> PendingCancel:
     return PendingCancel(job_id, target, step, answer.json())
 
 
-def train_until_sigterm(server: Any, groups: list[dict[str, Any]], before_sigterm: Callable[[], T]
+def train_until_sigterm(server: ServerProcess, groups: list[dict[str, Any]], before_sigterm: Callable[[], T]
                         ) -> tuple[list[dict[str, Any]], float, T]:
     """A long /_train_model job of INTERRUPTED; at its first step `before_sigterm` runs, then the proxy gets
     SIGTERM. Returns the stream's lines, when the signal was sent and what `before_sigterm` returned."""
@@ -106,7 +109,7 @@ def train_until_sigterm(server: Any, groups: list[dict[str, Any]], before_sigter
     events: list[dict[str, Any]] = []
     signalled: float | None = None
     result: T | None = None
-    with httpx.Client(timeout=600, headers=server.headers) as http, \
+    with http_client(server, timeout=600) as http, \
             http.stream("POST", f"{server.base_url}/_train_model", json=body) as response:
         for line in response.iter_lines():
             events.append(orjson.loads(line))
@@ -141,7 +144,7 @@ def damage(data_dir: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def restart(server: Any) -> Restart:
+def restart(server: ServerProcess) -> Restart:
     try:
         return stop_and_start(server)
     finally:
@@ -149,7 +152,7 @@ def restart(server: Any) -> Restart:
             server.start()
 
 
-def stop_and_start(server: Any) -> Restart:
+def stop_and_start(server: ServerProcess) -> Restart:
     register(server, SURVIVOR)
     train_lines(server, {"model": SURVIVOR, "groups": rollout_groups(server, SURVIVOR),
                          "config": {"learning_rate": 2e-3, "max_grad_norm": 10.0}})
@@ -157,7 +160,7 @@ def stop_and_start(server: Any) -> Restart:
     register(server, INTERRUPTED)
     groups = rollout_groups(server, INTERRUPTED)
 
-    with httpx.Client(base_url=server.base_url, headers=server.headers, timeout=120) as http:
+    with http_client(server, timeout=120) as http:
         started = http.post("/api/training/start", json={"model": server.model_id, **job_body(JOB_ITERATIONS)})
         assert started.status_code == 200, started.text
         job_id = started.json()["job_id"]
@@ -181,7 +184,7 @@ def stop_and_start(server: Any) -> Restart:
                    cancelled=cancelled, survivor_output=survivor_output, base_output=base_output)
 
 
-def test_sigterm_during_training_cancels_the_job_and_stops_promptly(restart: Restart, server: Any) -> None:
+def test_sigterm_during_training_cancels_the_job_and_stops_promptly(restart: Restart, server: ServerProcess) -> None:
     last = restart.events[-1]
     assert last["type"] == "error", restart.events[-3:]
     assert last["code"] == "server_shutting_down" and last["served_step"] == 0
@@ -197,8 +200,8 @@ def test_sigterm_during_training_cancels_the_job_and_stops_promptly(restart: Res
     assert latest_step(server, INTERRUPTED) == 0
 
 
-def test_a_running_job_resumes_from_its_last_committed_iteration(restart: Restart, server: Any) -> None:
-    with httpx.Client(base_url=server.base_url, headers=server.headers, timeout=120) as http:
+def test_a_running_job_resumes_from_its_last_committed_iteration(restart: Restart, server: ServerProcess) -> None:
+    with http_client(server, timeout=120) as http:
         job = wait_job(http, restart.job_id, finished)
         assert job["status"] == "succeeded", job["error"]
         body = http.get(f"/v1/fine_tuning/jobs/{restart.job_id}/events", params={"limit": 1000}).json()
@@ -209,12 +212,12 @@ def test_a_running_job_resumes_from_its_last_committed_iteration(restart: Restar
     assert sorted(set(iterations)) == list(range(1, JOB_ITERATIONS + 1))
 
 
-def test_a_cancel_pending_at_the_stop_is_applied_at_restart(restart: Restart, server: Any) -> None:
+def test_a_cancel_pending_at_the_stop_is_applied_at_restart(restart: Restart, server: ServerProcess) -> None:
     cancelled = restart.cancelled
     # the answer told the truth: the step had not ended, so the job ran on with the cancel pending
     assert cancelled.answer["status"] == "running", cancelled.answer
     assert cancelled.answer["artlike"]["stop_request"] == "cancel"
-    with httpx.Client(base_url=server.base_url, headers=server.headers, timeout=120) as http:
+    with http_client(server, timeout=120) as http:
         job = http.get(f"/v1/fine_tuning/jobs/{cancelled.job_id}").json()
         body = http.get(f"/v1/fine_tuning/jobs/{cancelled.job_id}/events", params={"limit": 1000}).json()
     assert job["status"] == "cancelled" and job["artlike"]["stop_request"] is None, job
@@ -224,7 +227,7 @@ def test_a_cancel_pending_at_the_stop_is_applied_at_restart(restart: Restart, se
     assert latest_step(server, cancelled.target_model) == cancelled.step  # its model did not move
 
 
-def test_the_latest_step_is_served_and_nothing_on_disk_bricks_a_start(restart: Restart, server: Any) -> None:
+def test_the_latest_step_is_served_and_nothing_on_disk_bricks_a_start(restart: Restart, server: ServerProcess) -> None:
     assert health(server)["status"] == "ok"
     assert latest_step(server, SURVIVOR) == 1
     assert_same_output(greedy_probe(server, SURVIVOR), restart.survivor_output)

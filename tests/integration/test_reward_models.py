@@ -19,8 +19,11 @@ from uuid import uuid4
 
 import httpx
 import pytest
+from artlike_server.launcher import ServerProcess
 
 import artlike as art
+
+from .helpers import async_http_client
 
 pytestmark = pytest.mark.integration
 
@@ -66,7 +69,7 @@ def _lines(response: httpx.Response, steps: list[dict[str, Any]], on_step: Any) 
         yield line
 
 
-def register(http: httpx.Client, server: Any, prefix: str, **options: Any) -> str:
+def register(http: httpx.Client, server: ServerProcess, prefix: str, **options: Any) -> str:
     name = f"{prefix}-{uuid4().hex[:6]}"
     response = http.post("/v1/trainable_models", json={"name": name, "base_model": server.model_id, **options})
     assert response.status_code == 201, response.text
@@ -79,13 +82,7 @@ def scores(http: httpx.Client, model: str, inputs: list[Any]) -> list[float]:
     return [item["score"] for item in response.json()["data"]]
 
 
-@pytest.fixture(scope="module")
-def http(server: Any) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.base_url, headers=server.headers, timeout=300) as client:
-        yield client
-
-
-def train_yes_reward_model(http: httpx.Client, server: Any, *, pairs_per_question: int, epochs: int,
+def train_yes_reward_model(http: httpx.Client, server: ServerProcess, *, pairs_per_question: int, epochs: int,
                            gradient_steps_per_epoch: int, learning_rate: float) -> str:
     """A reward model trained on the 16 training questions' pairs; its step 1 prefers answers that say yes."""
     name = register(http, server, "rm-yes", kind="reward")
@@ -100,7 +97,7 @@ def train_yes_reward_model(http: httpx.Client, server: Any, *, pairs_per_questio
 
 
 @pytest.fixture(scope="module")
-def yes_reward_model(http: httpx.Client, server: Any) -> str:
+def yes_reward_model(http: httpx.Client, server: ServerProcess) -> str:
     """32 pairs, one epoch of 2 gradient steps. Measured: every held-out pair ordered
     right, the smallest yes-over-no margin 0.54."""
     return train_yes_reward_model(http, server, pairs_per_question=2, epochs=1, gradient_steps_per_epoch=2,
@@ -108,13 +105,13 @@ def yes_reward_model(http: httpx.Client, server: Any) -> str:
 
 
 @pytest.fixture(scope="module")
-def strong_yes_reward_model(http: httpx.Client, server: Any) -> str:
+def strong_yes_reward_model(http: httpx.Client, server: ServerProcess) -> str:
     """For the learning test: 48 pairs, 2 epochs of 3 gradient steps, smallest held-out margin 1.8."""
     return train_yes_reward_model(http, server, pairs_per_question=3, epochs=2, gradient_steps_per_epoch=3,
                                   learning_rate=3e-4)
 
 
-def test_a_reward_model_learns_a_preference_and_scores_it_everywhere(http: httpx.Client, server: Any,
+def test_a_reward_model_learns_a_preference_and_scores_it_everywhere(http: httpx.Client, server: ServerProcess,
                                                                        yes_reward_model: str) -> None:
     name = yes_reward_model.split("@")[0]
     info = http.get(f"/v1/trainable_models/{name}").json()
@@ -153,7 +150,7 @@ def test_a_reward_model_learns_a_preference_and_scores_it_everywhere(http: httpx
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "inputs[0]"  # no answer to score
 
 
-def test_a_saved_reward_model_step_loads_with_peft_and_scores_the_same(http: httpx.Client, server: Any,
+def test_a_saved_reward_model_step_loads_with_peft_and_scores_the_same(http: httpx.Client, server: ServerProcess,
                                                                          yes_reward_model: str) -> None:
     """The step directory is a PEFT SEQ_CLS adapter (score head in modules_to_save) on the base model."""
     import torch
@@ -178,7 +175,7 @@ def test_a_saved_reward_model_step_loads_with_peft_and_scores_the_same(http: htt
     assert local == pytest.approx(served, abs=1e-3)
 
 
-def test_a_multi_objective_reward_model_trains_on_masked_targets(http: httpx.Client, server: Any) -> None:
+def test_a_multi_objective_reward_model_trains_on_masked_targets(http: httpx.Client, server: ServerProcess) -> None:
     head = {"num_objectives": 2, "objective_names": ["digits", "brevity"], "objective_weights": [0.75, 0.25]}
     name = register(http, server, "rm-multi", kind="reward", reward_head=head)
     rng = random.Random(3)
@@ -203,7 +200,7 @@ def test_a_multi_objective_reward_model_trains_on_masked_targets(http: httpx.Cli
     assert policy_objective.status_code == 400 and policy_objective.json()["error"]["code"] == "wrong_model_kind"
 
 
-def test_ratings_train_a_reward_model(http: httpx.Client, server: Any) -> None:
+def test_ratings_train_a_reward_model(http: httpx.Client, server: ServerProcess) -> None:
     name = register(http, server, "rm-ratings", kind="reward")
     rated = []
     for question in HELD_OUT[:2]:
@@ -224,7 +221,7 @@ def test_ratings_train_a_reward_model(http: httpx.Client, server: Any) -> None:
     assert start["sequences"] >= len(rated) and events[-1]["type"] == "done", events[-1]
 
 
-def sample(server: Any, model: str, questions: list[str], n: int) -> list[str]:
+def sample(server: ServerProcess, model: str, questions: list[str], n: int) -> list[str]:
     """n fresh answers to each question (one trajectory per question): the trajectory ids."""
     async def one(client: httpx.AsyncClient, question: str) -> str:
         trajectory = f"ppo-{uuid4().hex[:10]}"
@@ -235,13 +232,13 @@ def sample(server: Any, model: str, questions: list[str], n: int) -> list[str]:
         return trajectory
 
     async def every_question() -> list[str]:
-        async with httpx.AsyncClient(base_url=server.base_url, headers=server.headers, timeout=300) as client:
+        async with async_http_client(server) as client:
             return list(await asyncio.gather(*(one(client, q) for q in questions)))
 
     return asyncio.run(every_question())
 
 
-def sample_scores(http: httpx.Client, server: Any, reward_model: str, model: str, questions: list[str],
+def sample_scores(http: httpx.Client, server: ServerProcess, reward_model: str, model: str, questions: list[str],
                   n: int) -> tuple[list[str], float]:
     """n fresh answers to each question (one trajectory per question); their mean reward-model score."""
     trajectories = sample(server, model, questions, n)
@@ -249,7 +246,7 @@ def sample_scores(http: httpx.Client, server: Any, reward_model: str, model: str
     return trajectories, statistics.fmean(scores(http, reward_model, [{"completion_id": i} for i in ids]))
 
 
-def ppo_jobs(http: httpx.Client, server: Any, reward_model: str, policy: str, iterations: int,
+def ppo_jobs(http: httpx.Client, server: ServerProcess, reward_model: str, policy: str, iterations: int,
              samples: int = 8) -> list[dict[str, Any]]:
     """`iterations` PPO jobs against the reward model, each on `samples` fresh answers per training question
     from the current step; the first gradient step's metrics of each. Scoring is asked for while each job
@@ -288,7 +285,7 @@ def yes_probability(http: httpx.Client, model: str) -> float:
 
 
 def test_ppo_against_the_reward_model_adapts_the_kl_coefficient_and_saves_its_state(
-        http: httpx.Client, server: Any, yes_reward_model: str) -> None:
+        http: httpx.Client, server: ServerProcess, yes_reward_model: str) -> None:
     """PPO's mechanics in two jobs; that it learns is `test_ppo_raises_the_reward_model_score` (marked
     `learning`: `make test-learning`, part of `make bench`)."""
     policy = register(http, server, "ppo-yes")
@@ -311,7 +308,7 @@ def test_ppo_against_the_reward_model_adapts_the_kl_coefficient_and_saves_its_st
 
 
 @pytest.mark.learning
-def test_ppo_raises_the_reward_model_score(http: httpx.Client, server: Any,
+def test_ppo_raises_the_reward_model_score(http: httpx.Client, server: ServerProcess,
                                            strong_yes_reward_model: str) -> None:
     policy = register(http, server, "ppo-learns")
     _, before = sample_scores(http, server, strong_yes_reward_model, f"{policy}@0", HELD_OUT, 16)

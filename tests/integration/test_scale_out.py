@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import openai
 import psutil
 import pytest
 from artlike_server.default_model import DEFAULT_MODEL_ID, ensure_default_model
@@ -39,6 +38,8 @@ from artlike_server.launcher import ServerProcess, ServerStartError, log_tail
 
 from tests.conftest import SERVER_ARGS, TEST_API_KEY
 from tests.integration.test_training import LOGPROB_TOLERANCE, health, register, rollout_groups, train_lines
+
+from .helpers import openai_client
 
 pytestmark = pytest.mark.integration
 
@@ -50,7 +51,7 @@ PROBE = [{"role": "user", "content": "Write one sentence about rivers."}]
 SMALL_KV_CACHE_GIB = 0.5
 
 
-def engines(server: Any) -> dict[str, dict[str, Any]]:
+def engines(server: ServerProcess) -> dict[str, dict[str, Any]]:
     return {engine["id"]: engine for engine in health(server)["engines"]}
 
 
@@ -63,7 +64,7 @@ def wait_for(condition: Any, timeout: float, what: str) -> None:
     raise AssertionError(f"not within {timeout:.0f}s: {what}")
 
 
-def both_serving(server: Any) -> bool:
+def both_serving(server: ServerProcess) -> bool:
     return all(engine["serving"] for engine in engines(server).values())
 
 
@@ -125,15 +126,14 @@ def pool_server(tmp_path_factory: pytest.TempPathFactory, external_engine: Exter
         yield running
 
 
-def chat(server: Any, model: str, *, trajectory_id: str | None = None, max_tokens: int = 8,
+def chat(server: ServerProcess, model: str, *, trajectory_id: str | None = None, max_tokens: int = 8,
          messages: list[dict[str, str]] | None = None, **extra: Any) -> Any:
-    base = f"{server.base_url}/t/{trajectory_id}/v1" if trajectory_id else f"{server.base_url}/v1"
-    with openai.OpenAI(base_url=base, api_key=server.api_key, max_retries=0, timeout=300) as client:
+    with openai_client(server, trajectory_id, timeout=300) as client:
         return client.chat.completions.create(model=model, messages=messages or PROBE, max_tokens=max_tokens,
                                               temperature=0.0, logprobs=True, **extra)
 
 
-def served_by(server: Any, request: Any) -> str:
+def served_by(server: ServerProcess, request: Any) -> str:
     """Run `request()` alone and say which engine's request count went up."""
     before = {name: engine["requests"] for name, engine in engines(server).items()}
     request()
@@ -143,7 +143,7 @@ def served_by(server: Any, request: Any) -> str:
     return moved[0]
 
 
-def probe_outputs(server: Any, model: str, count: int) -> list[tuple[str, list[float]]]:
+def probe_outputs(server: ServerProcess, model: str, count: int) -> list[tuple[str, list[float]]]:
     """`count` concurrent greedy probes (so both engines get some); their text and logprobs."""
     def one(_: int) -> tuple[str, list[float]]:
         completion = chat(server, model, max_tokens=12)
@@ -159,7 +159,7 @@ def same(a: tuple[str, list[float]], b: tuple[str, list[float]]) -> bool:
         abs(x - y) <= LOGPROB_TOLERANCE for x, y in zip(a[1], b[1], strict=True))
 
 
-def train_one_step(server: Any, name: str) -> dict[str, Any]:
+def train_one_step(server: ServerProcess, name: str) -> dict[str, Any]:
     """Train `name` one step on 2 groups of 4 fresh rollouts; returns the `done` line. Rewards go by position:
     two samples of equal length would leave a group without signal. Four a group, not two: a pair can sample
     the same 8 tokens, and identical samples' gradients cancel (seen once in a fresh-clone run, when both

@@ -4,12 +4,14 @@ example too. Uses the session fixture `server` (tests/conftest.py)."""
 
 from __future__ import annotations
 
-from typing import Any
 from uuid import uuid4
 
 import pytest
+from artlike_server.launcher import ServerProcess
 
 import artlike as art
+
+from .helpers import trainable_model
 
 pytestmark = pytest.mark.integration
 
@@ -26,9 +28,8 @@ async def greedy(model: art.TrainableModel, name: str) -> str:
     return reply.choices[0].message.content or ""
 
 
-async def test_sft_teaches_the_greedy_answer(server: Any) -> None:
-    model = art.TrainableModel(f"sft-{uuid4().hex[:8]}", server.model_id, server.base_url, api_key=server.api_key,
-                               lora=art.LoraConfig(rank=8))
+async def test_sft_teaches_the_greedy_answer(server: ServerProcess) -> None:
+    model = trainable_model(server, f"sft-{uuid4().hex[:8]}", lora=art.LoraConfig(rank=8))
     await model.register()
     before = await greedy(model, model.name)
     assert before != TARGET

@@ -11,19 +11,14 @@ from uuid import uuid4
 
 import httpx
 import pytest
+from artlike_server.launcher import ServerProcess
 
 pytestmark = pytest.mark.integration
 
 WAIT_S = 120.0
 
 
-@pytest.fixture(scope="module")
-def http(server: Any) -> httpx.Client:
-    with httpx.Client(base_url=server.base_url, headers=server.headers, timeout=120) as client:
-        yield client
-
-
-def register(http: httpx.Client, server: Any, prefix: str) -> str:
+def register(http: httpx.Client, server: ServerProcess, prefix: str) -> str:
     name = f"{prefix}-{uuid4().hex[:6]}"
     response = http.post("/v1/trainable_models", json={"name": name, "base_model": server.model_id})
     assert response.status_code == 201, response.text
@@ -65,7 +60,7 @@ def wait_for_run(http: httpx.Client, model: str, after: dict[str, Any] | None = 
     raise AssertionError(f"no continual run finished in {WAIT_S} s: {status}")
 
 
-def test_ratings_are_taken_listed_exported_paired_and_leave_the_inbox(http: httpx.Client, server: Any) -> None:
+def test_ratings_are_taken_listed_exported_paired_and_leave_the_inbox(http: httpx.Client, server: ServerProcess) -> None:
     model = register(http, server, "rate")
     answers = sample(http, model, "Name a colour.", 4, metadata={"source": "rating-test"})
     ids = [a["completion_id"] for a in answers]
@@ -126,7 +121,7 @@ def test_ratings_are_taken_listed_exported_paired_and_leave_the_inbox(http: http
         assert error["message"] and (param is None or param in (error["param"] or ""))
 
 
-def test_continual_training_every_k_with_replay_no_signal_and_rollback(http: httpx.Client, server: Any) -> None:
+def test_continual_training_every_k_with_replay_no_signal_and_rollback(http: httpx.Client, server: ServerProcess) -> None:
     model = register(http, server, "continual")
     status = http.patch(f"/v1/trainable_models/{model}/continual",
                         json={"enabled": True, "every": 4, "learning_rate": 1e-4}).json()
@@ -192,7 +187,7 @@ def test_continual_training_every_k_with_replay_no_signal_and_rollback(http: htt
     assert rewards == pytest.approx({e["step"]: e["reward"]["mean"] for e in steps}, abs=1e-6)
 
 
-def test_the_guard_holds_back_a_step_that_disagrees_with_held_out_ratings(http: httpx.Client, server: Any) -> None:
+def test_the_guard_holds_back_a_step_that_disagrees_with_held_out_ratings(http: httpx.Client, server: ServerProcess) -> None:
     model = register(http, server, "guarded")
     http.patch(f"/v1/trainable_models/{model}/continual", json={
         "enabled": True, "every": 4, "learning_rate": 2e-4, "epochs": 2, "guard": {"enabled": True, "margin": 0.0}})
@@ -222,7 +217,7 @@ def test_the_guard_holds_back_a_step_that_disagrees_with_held_out_ratings(http: 
     assert http.post(f"/v1/trainable_models/{model}/alias", json={"step": 1}).json()["latest_step"] == 1
 
 
-def test_the_page_session_stands_in_for_the_key_with_csrf_on_writes(server: Any) -> None:
+def test_the_page_session_stands_in_for_the_key_with_csrf_on_writes(server: ServerProcess) -> None:
     with httpx.Client(base_url=server.base_url, timeout=30) as browser:
         page = browser.get("/ui")
         assert page.status_code == 200 and "text/html" in page.headers["content-type"]

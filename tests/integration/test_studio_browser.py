@@ -22,9 +22,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import httpx
-import openai
 import pytest
+from artlike_server.launcher import ServerProcess
+
+from .helpers import http_client, openai_client
 
 pytestmark = pytest.mark.integration
 
@@ -57,7 +58,7 @@ def browser() -> Iterator[Any]:
 class Studio:
     """One logged-in page, plus what the browser reported (uncaught exceptions, CSP violations)."""
 
-    def __init__(self, browser: Any, server: Any) -> None:
+    def __init__(self, browser: Any, server: ServerProcess) -> None:
         self.server = server
         self.context = browser.new_context(viewport={"width": 1280, "height": 800})
         self.page = self.context.new_page()
@@ -148,7 +149,7 @@ class Studio:
 
 
 @pytest.fixture
-def studio(browser: Any, server: Any) -> Iterator[Studio]:
+def studio(browser: Any, server: ServerProcess) -> Iterator[Studio]:
     opened = Studio(browser, server)
     try:
         yield opened.login()
@@ -159,21 +160,17 @@ def studio(browser: Any, server: Any) -> Iterator[Studio]:
 # ----------------------------------------------------------------------------------------------- HTTP
 
 
-def http(server: Any) -> httpx.Client:
-    return httpx.Client(base_url=server.base_url, headers=server.headers, timeout=300)
-
-
-def register(server: Any, prefix: str) -> str:
+def register(server: ServerProcess, prefix: str) -> str:
     name = f"{prefix}-{uuid.uuid4().hex[:8]}"
-    with http(server) as client:
+    with http_client(server) as client:
         reply = client.post("/v1/trainable_models", json={"name": name, "base_model": server.model_id,
                                                           "lora": {"rank": 8}})
     assert reply.status_code in (200, 201), reply.text
     return name
 
 
-def latest_step(server: Any, name: str) -> int:
-    with http(server) as client:
+def latest_step(server: ServerProcess, name: str) -> int:
+    with http_client(server) as client:
         reply = client.get(f"/v1/trainable_models/{name}")
     assert reply.status_code == 200, reply.text
     return int(reply.json()["latest_step"])
@@ -188,7 +185,7 @@ def artifacts_dir(tmp_path: Path) -> Path:
 # ------------------------------------------------------------------------ a) rate, train, roll back
 
 
-def test_playground_ratings_train_a_step_and_the_alias_rolls_back_and_forth(studio: Studio, server: Any,
+def test_playground_ratings_train_a_step_and_the_alias_rolls_back_and_forth(studio: Studio, server: ServerProcess,
                                                                             tmp_path: Path) -> None:
     name = register(server, "studio-ui")
     page = studio.page
@@ -202,7 +199,7 @@ def test_playground_ratings_train_a_step_and_the_alias_rolls_back_and_forth(stud
         page.wait_for_selector(f"#pg-cards .card[data-index='{index}'][data-rated='{action}']")
     assert "rated" in card.nth(0).locator(".badge").inner_text()
     page.screenshot(path=str(artifacts_dir(tmp_path) / "studio-playground.png"))
-    with http(server) as client:
+    with http_client(server) as client:
         ratings = client.get("/v1/ratings", params={"model": name}).json()["data"]
     assert len(ratings) == 4, ratings
     assert {r["completion_id"]: r["value"] for r in ratings} == {
@@ -243,10 +240,9 @@ def test_playground_ratings_train_a_step_and_the_alias_rolls_back_and_forth(stud
 # --------------------------------------------------------------------------- b) dashboard and tokens
 
 
-def rollout(server: Any, model: str, prompt: str, max_tokens: int) -> dict[str, Any]:
+def rollout(server: ServerProcess, model: str, prompt: str, max_tokens: int) -> dict[str, Any]:
     trajectory_id = f"dash-{uuid.uuid4().hex}"
-    with openai.OpenAI(base_url=f"{server.base_url}/t/{trajectory_id}/v1", api_key=server.api_key,
-                       max_retries=0, timeout=300) as client:
+    with openai_client(server, trajectory_id, timeout=300) as client:
         completion = client.chat.completions.create(
             model=model, messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens, temperature=1.0)
     assert completion.usage is not None
@@ -254,13 +250,13 @@ def rollout(server: Any, model: str, prompt: str, max_tokens: int) -> dict[str, 
             "finish_reason": completion.choices[0].finish_reason}
 
 
-def train_step(server: Any, model: str, rewards: list[float]) -> list[dict[str, Any]]:
+def train_step(server: ServerProcess, model: str, rewards: list[float]) -> list[dict[str, Any]]:
     """One GRPO step on fresh rollouts with the given (varied) rewards; returns the rollouts."""
     with ThreadPoolExecutor(max_workers=len(rewards)) as pool:
         rollouts = list(pool.map(lambda _: rollout(server, model, "Name a colour.", 8), rewards))
     group = [{"trajectory_id": r["trajectory_id"], "reward": reward} for r, reward in zip(rollouts, rewards, strict=True)]
     body = {"model": model, "groups": [{"trajectories": group}], "config": {"learning_rate": 1e-4}}
-    with http(server) as client, client.stream("POST", "/_train_model", json=body) as reply:
+    with http_client(server) as client, client.stream("POST", "/_train_model", json=body) as reply:
         assert reply.status_code == 200, reply.read()
         events = [json.loads(line) for line in reply.iter_lines() if line]
     done = [e for e in events if e.get("type") == "done"]
@@ -268,11 +264,11 @@ def train_step(server: Any, model: str, rewards: list[float]) -> list[dict[str, 
     return rollouts
 
 
-def test_dashboard_charts_history_and_the_token_view(studio: Studio, server: Any, tmp_path: Path) -> None:
+def test_dashboard_charts_history_and_the_token_view(studio: Studio, server: ServerProcess, tmp_path: Path) -> None:
     name = register(server, "studio-dash")
     train_step(server, name, [0.0, 0.5, 1.0, 1.0])
     rollouts = train_step(server, name, [0.0, 0.0, 0.25, 1.0])
-    with http(server) as client:
+    with http_client(server) as client:
         lines = client.get(f"/v1/trainable_models/{name}/history").json()["data"]
     steps = [line for line in lines if "event" not in line]
     assert [line["step"] for line in steps] == [1, 2], lines
@@ -296,7 +292,7 @@ def test_dashboard_charts_history_and_the_token_view(studio: Studio, server: Any
 
     # the token view of one trained trajectory: one coloured span per output token
     target = rollouts[0]
-    with http(server) as client:
+    with http_client(server) as client:
         view = client.get(f"/v1/trajectories/{target['trajectory_id']}/view").json()
     tokens = view["completions"][0]["tokens"]
     assert len(tokens) == target["completion_tokens"], (len(tokens), target)
@@ -329,12 +325,12 @@ def assert_no_injection(page: Any) -> None:
     assert page.evaluate("() => [...document.scripts].every(s => s.src.endsWith('/ui/static/app.js'))")
 
 
-def test_markup_in_prompts_outputs_and_comments_is_shown_as_text(studio: Studio, server: Any) -> None:
+def test_markup_in_prompts_outputs_and_comments_is_shown_as_text(studio: Studio, server: ServerProcess) -> None:
     name = register(server, "studio-xss")
     page = studio.page
     cards = studio.sample(name, f"Repeat this: {XSS}", n=2, max_tokens=16, system=XSS)
     rated, unrated = cards
-    with http(server) as client:
+    with http_client(server) as client:
         reply = client.post("/v1/ratings", json={"kind": "thumb", "completion_id": rated["id"], "value": "up",
                                                  "comment": XSS})
     assert reply.status_code == 201, reply.text
@@ -378,7 +374,7 @@ def test_markup_in_prompts_outputs_and_comments_is_shown_as_text(studio: Studio,
     item.locator("input.comment").fill(XSS)
     item.locator("button[data-action='scale-4']").click()
     item.wait_for(state="detached")
-    with http(server) as client:
+    with http_client(server) as client:
         ratings = {r["completion_id"]: r for r in client.get("/v1/ratings", params={"model": name}).json()["data"]}
     assert ratings[unrated["id"]]["kind"] == "scale" and ratings[unrated["id"]]["value"] == 4
     assert ratings[unrated["id"]]["comment"] == XSS and ratings[unrated["id"]]["rater"] == "studio", \
@@ -386,7 +382,7 @@ def test_markup_in_prompts_outputs_and_comments_is_shown_as_text(studio: Studio,
     assert_no_injection(page)
 
 
-def test_a_comment_being_typed_in_the_inbox_survives_redraws(studio: Studio, server: Any) -> None:
+def test_a_comment_being_typed_in_the_inbox_survives_redraws(studio: Studio, server: ServerProcess) -> None:
     """A load of the inbox (tab switch, filter change, Refresh) that lands while a comment is being typed keeps
     the text, the focus and the caret; an item that leaves the list and comes back gets its draft back; the
     rating sends the whole comment. (Playwright's fill() focuses the box, then inserts the text into whatever
@@ -420,7 +416,7 @@ def test_a_comment_being_typed_in_the_inbox_survives_redraws(studio: Studio, ser
 
     item.locator("button[data-action='scale-4']").click()
     item.wait_for(state="detached")
-    with http(server) as client:
+    with http_client(server) as client:
         ratings = client.get("/v1/ratings", params={"model": name}).json()["data"]
     assert [(r["completion_id"], r["kind"], r["value"], r["comment"]) for r in ratings] == \
         [(card["id"], "scale", 4, "first half, second half")], studio.rating_posts
@@ -429,7 +425,7 @@ def test_a_comment_being_typed_in_the_inbox_survives_redraws(studio: Studio, ser
 # ------------------------------------------------------------------------- d) best of N and keyboard
 
 
-def test_best_of_n_ranking_and_keyboard_rating(studio: Studio, server: Any) -> None:
+def test_best_of_n_ranking_and_keyboard_rating(studio: Studio, server: ServerProcess) -> None:
     page = studio.page
     cards = studio.sample(server.model_id, "Name an animal.", n=3, max_tokens=8)
     page.check("#pg-rank-mode")
@@ -447,7 +443,7 @@ def test_best_of_n_ranking_and_keyboard_rating(studio: Studio, server: Any) -> N
     page.keyboard.press("4")
     page.wait_for_selector("#pg-cards .card[data-index='1'][data-rated='scale-4']")
 
-    with http(server) as client:
+    with http_client(server) as client:
         data = client.get("/v1/ratings", params={"model": server.model_id, "limit": 1000}).json()["data"]
     mine = {r["completion_id"]: r for r in data if r["completion_id"] in {c["id"] for c in cards}}
     best, second, scaled = mine[cards[2]["id"]], mine[cards[0]["id"]], mine[cards[1]["id"]]

@@ -7,11 +7,11 @@ import os
 import signal
 import time
 import uuid
-from typing import Any
 
 import httpx
 import openai
 import pytest
+from artlike_server.launcher import ServerProcess
 
 from tests.integration.engine_helpers import engine_processes, still_running
 from tests.integration.test_training import (
@@ -23,15 +23,16 @@ from tests.integration.test_training import (
     train_lines,
 )
 
+from .helpers import async_openai_client
+
 pytestmark = pytest.mark.integration
 
 
-async def test_swap_mid_traffic_fails_no_request(server: Any) -> None:
+async def test_swap_mid_traffic_fails_no_request(server: ServerProcess) -> None:
     name = "busy"
     register(server, name)
     groups = rollout_groups(server, name)
-    client = openai.AsyncOpenAI(base_url=f"{server.base_url}/v1", api_key=server.api_key, max_retries=0,
-                                timeout=300)
+    client = async_openai_client(server, timeout=300)
     served: list[str] = []
     failures: list[BaseException] = []
     stop = asyncio.Event()
@@ -62,7 +63,7 @@ async def test_swap_mid_traffic_fails_no_request(server: Any) -> None:
     assert set(served[first_new:]) <= {f"{name}@0", f"{name}@1"}
 
 
-def wait_for_status(server: Any, statuses: tuple[str, ...], *, within_s: float) -> bool:
+def wait_for_status(server: ServerProcess, statuses: tuple[str, ...], *, within_s: float) -> bool:
     """Whether /health reports one of `statuses` within `within_s` seconds (polled)."""
     deadline = time.monotonic() + within_s
     while time.monotonic() < deadline:
@@ -73,7 +74,7 @@ def wait_for_status(server: Any, statuses: tuple[str, ...], *, within_s: float) 
 
 
 @pytest.mark.disruptive
-def test_engine_crash_gives_503_then_recovers_with_adapters(server: Any) -> None:
+def test_engine_crash_gives_503_then_recovers_with_adapters(server: ServerProcess) -> None:
     name = "phoenix"
     register(server, name)
     train_lines(server, {"model": name, "groups": rollout_groups(server, name),

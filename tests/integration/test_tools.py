@@ -10,13 +10,13 @@ from typing import Any
 from uuid import uuid4
 
 import httpx
-import openai
 import pytest
+from artlike_server.launcher import ServerProcess
 
 import artlike as art
 
 from .engine_helpers import engine_connection
-from .recording import recorded
+from .helpers import api_url, openai_client, recorded, trainable_model
 
 pytestmark = pytest.mark.integration
 
@@ -31,21 +31,16 @@ TIME = {"type": "function", "function": {
 ASK = [{"role": "user", "content": "What is the weather and the time in Paris?"}]
 
 
-def client_for(server: Any, trajectory_id: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.base_url}/t/{trajectory_id}/v1", api_key=server.api_key, max_retries=0)
-
-
-
 def well_formed(call: Any, names: set[str]) -> None:
     assert call.type == "function" and call.id and call.function.name in names
     assert isinstance(json.loads(call.function.arguments), dict)
 
 
 @pytest.mark.parametrize("tool_choice", ["auto", "required", "none", "named"])
-def test_every_tool_choice_works_on_the_default_server(server: Any, tool_choice: str) -> None:
+def test_every_tool_choice_works_on_the_default_server(server: ServerProcess, tool_choice: str) -> None:
     trajectory = uuid4().hex
     choice: Any = {"type": "function", "function": {"name": "get_time"}} if tool_choice == "named" else tool_choice
-    reply = client_for(server, trajectory).chat.completions.create(
+    reply = openai_client(server, trajectory).chat.completions.create(
         model=server.model_id, messages=ASK, tools=[WEATHER, TIME], tool_choice=choice,  # type: ignore[list-item,arg-type]
         temperature=0, max_tokens=96)
     calls = reply.choices[0].message.tool_calls or []
@@ -61,8 +56,8 @@ def test_every_tool_choice_works_on_the_default_server(server: Any, tool_choice:
     assert row["request"]["tool_choice"] == choice and len(row["logprobs"]) == len(row["output_token_ids"])
 
 
-def test_parallel_tool_calls_can_be_limited_to_one(server: Any) -> None:
-    client = client_for(server, uuid4().hex)
+def test_parallel_tool_calls_can_be_limited_to_one(server: ServerProcess) -> None:
+    client = openai_client(server, uuid4().hex)
     single = client.chat.completions.create(
         model=server.model_id, messages=ASK, tools=[WEATHER, TIME], tool_choice="required",  # type: ignore[list-item,arg-type]
         parallel_tool_calls=False, temperature=0, max_tokens=96)
@@ -76,7 +71,7 @@ def test_parallel_tool_calls_can_be_limited_to_one(server: Any) -> None:
         well_formed(call, {"get_weather", "get_time"})
 
 
-def test_langchain_bind_tools_works_and_is_recorded(server: Any) -> None:
+def test_langchain_bind_tools_works_and_is_recorded(server: ServerProcess) -> None:
     from langchain_core.tools import tool
     from langchain_openai import ChatOpenAI
 
@@ -86,16 +81,16 @@ def test_langchain_bind_tools_works_and_is_recorded(server: Any) -> None:
         return f"Sunny in {city}"
 
     trajectory = uuid4().hex
-    llm = ChatOpenAI(base_url=f"{server.base_url}/t/{trajectory}/v1", api_key=server.api_key,  # type: ignore[arg-type]
+    llm = ChatOpenAI(base_url=api_url(server, trajectory), api_key=server.api_key,  # type: ignore[arg-type]
                      model=server.model_id, temperature=0, max_tokens=64, max_retries=0)
     reply = llm.bind_tools([get_weather], tool_choice="get_weather", strict=True).invoke("What is the weather in Paris?")
     assert [call["name"] for call in reply.tool_calls] == ["get_weather"]  # type: ignore[attr-defined]
     assert len(recorded(server, trajectory)) == 1
 
 
-async def test_a_multi_turn_tool_trajectory_is_token_exact_and_trains(server: Any) -> None:
+async def test_a_multi_turn_tool_trajectory_is_token_exact_and_trains(server: ServerProcess) -> None:
     engine = engine_connection(server)
-    model = art.TrainableModel(f"tools-{uuid4().hex[:8]}", server.model_id, server.base_url, api_key=server.api_key)
+    model = trainable_model(server, f"tools-{uuid4().hex[:8]}")
     await model.register()
     trajectories = []
     for reward in (1.0, 0.0):

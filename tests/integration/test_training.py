@@ -11,9 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import openai
 import orjson
 import pytest
+from artlike_server.launcher import ServerProcess
+
+from .helpers import http_client, openai_client
 
 pytestmark = pytest.mark.integration
 
@@ -21,21 +23,20 @@ PROMPTS = ["Name a fruit.", "Say something about the sea.", "Give me a number.",
 PROBE = [{"role": "user", "content": "Write one sentence about mountains."}]
 
 
-def register(server: Any, name: str) -> dict[str, Any]:
+def register(server: ServerProcess, name: str) -> dict[str, Any]:
     response = httpx.post(f"{server.base_url}/v1/trainable_models", headers=server.headers, timeout=300,
                           json={"name": name, "base_model": server.model_id, "lora": {"rank": 8}})
     assert response.status_code in (200, 201), response.text
     return response.json()
 
 
-def rollout_groups(server: Any, model: str, *, groups: int = 2, size: int = 4, max_tokens: int = 12) -> list[dict]:
+def rollout_groups(server: ServerProcess, model: str, *, groups: int = 2, size: int = 4, max_tokens: int = 12) -> list[dict]:
     """Real completions through trajectory URLs, all at once (the engine batches them); each trajectory's
     reward is its output length, so rewards vary within a group and every group carries signal."""
 
     def one(prompt: str) -> dict[str, Any]:
         trajectory_id = uuid.uuid4().hex
-        with openai.OpenAI(base_url=f"{server.base_url}/t/{trajectory_id}/v1", api_key=server.api_key,
-                           max_retries=0, timeout=300) as client:  # fmt: skip
+        with openai_client(server, trajectory_id, timeout=300) as client:
             completion = client.chat.completions.create(
                 model=model, messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens, temperature=1.0)
         text = completion.choices[0].message.content or ""
@@ -47,10 +48,10 @@ def rollout_groups(server: Any, model: str, *, groups: int = 2, size: int = 4, m
     return [{"trajectories": trajectories[g * size:(g + 1) * size]} for g in range(groups)]
 
 
-def train_lines(server: Any, body: dict[str, Any]) -> list[tuple[float, dict[str, Any]]]:
+def train_lines(server: ServerProcess, body: dict[str, Any]) -> list[tuple[float, dict[str, Any]]]:
     """POST /_train_model and return (arrival time, parsed line) for every NDJSON line."""
     lines = []
-    with httpx.Client(timeout=600, headers=server.headers) as http, \
+    with http_client(server, timeout=600) as http, \
             http.stream("POST", f"{server.base_url}/_train_model", json=body) as response:
         assert response.status_code == 200, response.read()
         assert response.headers["content-type"].startswith("application/x-ndjson")
@@ -79,8 +80,8 @@ def assert_same_output(actual: tuple[str, list[float]], expected: tuple[str, lis
     assert same_output(actual, expected), f"{actual} != {expected} (logprob tolerance {LOGPROB_TOLERANCE})"
 
 
-def greedy_probe(server: Any, model: str) -> tuple[str, list[float]]:
-    client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key=server.api_key, max_retries=0, timeout=300)
+def greedy_probe(server: ServerProcess, model: str) -> tuple[str, list[float]]:
+    client = openai_client(server, timeout=300)
     completion = client.chat.completions.create(model=model, messages=PROBE, max_tokens=16, temperature=0.0,
                                                 logprobs=True)
     choice = completion.choices[0]
@@ -89,16 +90,16 @@ def greedy_probe(server: Any, model: str) -> tuple[str, list[float]]:
     return choice.message.content or "", [t.logprob for t in choice.logprobs.content]  # type: ignore[union-attr]
 
 
-def health(server: Any) -> dict[str, Any]:
+def health(server: ServerProcess) -> dict[str, Any]:
     return httpx.get(f"{server.base_url}/health", headers=server.headers, timeout=30).json()  # details need the key
 
 
-def history(server: Any, name: str) -> list[dict[str, Any]]:
+def history(server: ServerProcess, name: str) -> list[dict[str, Any]]:
     path = Path(server.data_dir) / "models" / name / "history.jsonl"
     return [orjson.loads(line) for line in path.read_bytes().splitlines()] if path.exists() else []
 
 
-def latest_step(server: Any, name: str) -> int:
+def latest_step(server: ServerProcess, name: str) -> int:
     response = httpx.get(f"{server.base_url}/v1/trainable_models/{name}", headers=server.headers, timeout=30)
     return int(response.json()["latest_step"])
 
@@ -106,7 +107,7 @@ def latest_step(server: Any, name: str) -> int:
 # ------------------------------------------------------------------------------------------- round trip
 
 
-def test_round_trip_trains_two_steps_and_swaps(server: Any) -> None:
+def test_round_trip_trains_two_steps_and_swaps(server: ServerProcess) -> None:
     name = "roundtrip"
     register(server, name)
     before_text, before_logprobs = greedy_probe(server, f"{name}@0")
@@ -150,7 +151,7 @@ def test_round_trip_trains_two_steps_and_swaps(server: Any) -> None:
 # ------------------------------------------------------------------------------------------ bad requests
 
 
-def test_bad_requests_are_rejected_before_any_work(server: Any) -> None:
+def test_bad_requests_are_rejected_before_any_work(server: ServerProcess) -> None:
     name = "rejects"
     register(server, name)
     good = rollout_groups(server, name, groups=1, size=2)
@@ -182,12 +183,12 @@ def test_bad_requests_are_rejected_before_any_work(server: Any) -> None:
     assert latest_step(server, name) == 0 and history(server, name) == []
 
 
-def test_second_concurrent_job_gets_409_and_a_disconnect_does_not_cancel(server: Any) -> None:
+def test_second_concurrent_job_gets_409_and_a_disconnect_does_not_cancel(server: ServerProcess) -> None:
     name = "concurrent"
     register(server, name)
     groups = rollout_groups(server, name)
     body = {"model": name, "groups": groups, "config": {"epochs": 4, "learning_rate": 1e-4}}
-    with httpx.Client(timeout=600, headers=server.headers) as http, \
+    with http_client(server, timeout=600) as http, \
             http.stream("POST", f"{server.base_url}/_train_model", json=body) as response:
         first = orjson.loads(next(response.iter_lines()))
         assert first["type"] == "start"
@@ -201,14 +202,14 @@ def test_second_concurrent_job_gets_409_and_a_disconnect_does_not_cancel(server:
     assert history(server, name)[-1]["gradient_steps"] == 4
 
 
-def test_trainer_crash_mid_job_reports_error_and_keeps_serving(server: Any) -> None:
+def test_trainer_crash_mid_job_reports_error_and_keeps_serving(server: ServerProcess) -> None:
     name = "crashy"
     register(server, name)
     groups = rollout_groups(server, name)
     before = greedy_probe(server, name)
     body = {"model": name, "groups": groups, "config": {"epochs": 30, "learning_rate": 1e-4}}
     events = []
-    with httpx.Client(timeout=600, headers=server.headers) as http, \
+    with http_client(server, timeout=600) as http, \
             http.stream("POST", f"{server.base_url}/_train_model", json=body) as response:
         for line in response.iter_lines():
             event = orjson.loads(line)

@@ -16,11 +16,13 @@ from uuid import uuid4
 
 import httpx
 import pytest
+from artlike_server.launcher import ServerProcess
 
 import artlike as art
 from examples.custom_loop.grpo import train as custom_grpo
 
 from .engine_helpers import engine_connection, engine_tokens, served_logprobs
+from .helpers import async_http_client, trainable_model
 
 pytestmark = pytest.mark.integration
 
@@ -28,9 +30,8 @@ PROMPT = [{"role": "user", "content": "What is the secret word?"}]
 TOLERANCE = 0.05  # mean |Δ logprob| per scored token, engine (vLLM CPU kernels) vs trainer (PyTorch SDPA)
 
 
-def new_model(server: Any, prefix: str) -> art.TrainableModel:
-    return art.TrainableModel(f"{prefix}-{uuid4().hex[:8]}", server.model_id, server.base_url,
-                              api_key=server.api_key, lora=art.LoraConfig(rank=8))
+def new_model(server: ServerProcess, prefix: str) -> art.TrainableModel:
+    return trainable_model(server, f"{prefix}-{uuid4().hex[:8]}", lora=art.LoraConfig(rank=8))
 
 
 async def sequence(http: httpx.AsyncClient, model: str, answer: str) -> dict[str, Any]:
@@ -47,12 +48,12 @@ def mean_gap(a: list[float | None], b: list[float | None]) -> float:
     return statistics.fmean(abs(x - y) for x, y in pairs)
 
 
-async def test_primitives_train_save_and_serve_what_forward_computed(server: Any) -> None:
+async def test_primitives_train_save_and_serve_what_forward_computed(server: ServerProcess) -> None:
     model = new_model(server, "prim")
     await model.register()
     engine = engine_connection(server)
     async with (httpx.AsyncClient(base_url=engine.base_url, headers=engine.headers, timeout=120) as tokens,
-                httpx.AsyncClient(base_url=server.base_url, headers=server.headers, timeout=120) as http):
+                async_http_client(server, timeout=120) as http):
         batch = [await sequence(tokens, server.model_id, "The secret word is pumpernickel."),
                  await sequence(tokens, server.model_id, "It is pumpernickel, of course.")]
         async with await model.training_session(learning_rate=2e-3) as session:
@@ -100,7 +101,7 @@ async def test_primitives_train_save_and_serve_what_forward_computed(server: Any
         assert mean_gap(fresh.sequences[0].logprobs, first.sequences[0].logprobs) < 1e-3
 
 
-async def test_an_idle_session_ends_by_itself(server: Any) -> None:
+async def test_an_idle_session_ends_by_itself(server: ServerProcess) -> None:
     model = new_model(server, "idle")
     await model.register()
     session = await model.training_session(idle_timeout_s=5)
@@ -116,7 +117,7 @@ async def test_an_idle_session_ends_by_itself(server: Any) -> None:
         pass
 
 
-async def test_the_custom_grpo_loop_example(server: Any) -> None:
+async def test_the_custom_grpo_loop_example(server: ServerProcess) -> None:
     model = new_model(server, "loop")
     await model.register()
     samplers = await custom_grpo(model, iterations=2, group_size=4, questions=2)

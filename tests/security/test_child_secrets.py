@@ -9,13 +9,13 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
 
 import psutil
 import pytest
 from artlike_server.child_env import drop_secrets, without_secrets
 from artlike_server.cli import app as cli_app
 from artlike_server.engine.launch import EngineConfig, build_env
+from artlike_server.launcher import ServerProcess
 from artlike_server.settings import ServerSettings
 from artlike_server.training.trainer_client import TrainerProcess
 from typer.testing import CliRunner
@@ -118,7 +118,7 @@ def test_serve_drops_the_secrets_from_what_its_children_inherit(tmp_path: Path,
 
 @pytest.mark.integration
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-def test_the_real_servers_children_hold_no_copy_of_its_key(server: Any) -> None:
+def test_the_real_servers_children_hold_no_copy_of_its_key(server: ServerProcess) -> None:
     key = server.api_key.encode()
     assert key not in Path(f"/proc/{server.process.pid}/cmdline").read_bytes(), "the launcher uses the environment"
     commands = []

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -33,17 +32,11 @@ SERVER_GRADER_TIMEOUT_S = 2.0  # tests/conftest.py's --grader-timeout
 MAX_CHARS = 20_000  # the default --max-grader-chars
 
 
-@pytest.fixture
-async def http(server: Any) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=server.base_url, headers=server.headers, timeout=60) as client:
-        yield client
-
-
-async def _health_latencies(http: httpx.AsyncClient, until: asyncio.Task[httpx.Response]) -> list[float]:
+async def _health_latencies(async_http: httpx.AsyncClient, until: asyncio.Task[httpx.Response]) -> list[float]:
     latencies = []
     while not until.done():
         started = time.monotonic()
-        response = await http.get("/health")
+        response = await async_http.get("/health")
         latencies.append(time.monotonic() - started)
         assert response.status_code == 200
         await asyncio.sleep(0.1)
@@ -52,14 +45,14 @@ async def _health_latencies(http: httpx.AsyncClient, until: asyncio.Task[httpx.R
 
 @pytest.mark.integration
 async def test_a_stuck_grader_is_stopped_at_its_limit_while_the_server_keeps_answering(
-        http: httpx.AsyncClient) -> None:
+        async_http: httpx.AsyncClient) -> None:
     # A first grade starts the workers, so the timing below is the grader's alone.
-    warm = await http.post(GRADERS_RUN, json={"grader": SIMILARITY, "model_sample": "a b c",
+    warm = await async_http.post(GRADERS_RUN, json={"grader": SIMILARITY, "model_sample": "a b c",
                                               "item": {"reference": "a b d"}})
     assert warm.status_code == 200, warm.text
     started = time.monotonic()
-    stuck = asyncio.create_task(http.post(GRADERS_RUN, json={"grader": MATH, "model_sample": POWER_TOWER}))
-    latencies = await _health_latencies(http, stuck)
+    stuck = asyncio.create_task(async_http.post(GRADERS_RUN, json={"grader": MATH, "model_sample": POWER_TOWER}))
+    latencies = await _health_latencies(async_http, stuck)
     response = await stuck
     elapsed = time.monotonic() - started
     assert response.status_code == 504, response.text
@@ -69,17 +62,17 @@ async def test_a_stuck_grader_is_stopped_at_its_limit_while_the_server_keeps_ans
     assert SERVER_GRADER_TIMEOUT_S <= elapsed < SERVER_GRADER_TIMEOUT_S + 3
     assert len(latencies) >= 3 and max(latencies) < 1.0, latencies
     # The killed worker is replaced: grading goes on.
-    after = await http.post(GRADERS_RUN, json={"grader": MATH, "model_sample": r"\boxed{1}"})
+    after = await async_http.post(GRADERS_RUN, json={"grader": MATH, "model_sample": r"\boxed{1}"})
     assert after.status_code == 200 and after.json()["reward"] == 1.0
 
 
 @pytest.mark.integration
-async def test_rouge_l_on_the_largest_texts_is_quick(http: httpx.AsyncClient) -> None:
+async def test_rouge_l_on_the_largest_texts_is_quick(async_http: httpx.AsyncClient) -> None:
     rng = random.Random(0)
     texts = [" ".join(rng.choice(["the", "cat", "sat", "on", "a", "mat"]) for _ in range(MAX_CHARS // 4))[:MAX_CHARS]
              for _ in range(2)]  # ~5,000 words each: rouge-score's own table took seconds for this
     started = time.monotonic()
-    response = await http.post(GRADERS_RUN, json={"grader": SIMILARITY, "model_sample": texts[0],
+    response = await async_http.post(GRADERS_RUN, json={"grader": SIMILARITY, "model_sample": texts[0],
                                                   "item": {"reference": texts[1]}})
     assert response.status_code == 200, response.text
     assert 0.0 < response.json()["reward"] < 1.0 and time.monotonic() - started < 1.5
@@ -96,9 +89,9 @@ async def test_rouge_l_on_the_largest_texts_is_quick(http: httpx.AsyncClient) ->
                  "graders": {f"a{i}": MATH for i in range(17)}}, "model_sample": "1"}, "grader.graders",
      "too_many_graders"),
 ])
-async def test_inputs_over_the_caps_are_refused(http: httpx.AsyncClient, body: dict[str, Any], param: str,
+async def test_inputs_over_the_caps_are_refused(async_http: httpx.AsyncClient, body: dict[str, Any], param: str,
                                                 code: str) -> None:
-    response = await http.post(GRADERS_RUN, json=body)
+    response = await async_http.post(GRADERS_RUN, json=body)
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert (error["param"], error["code"]) == (param, code)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
 
 import httpx
 import pytest
@@ -18,6 +17,7 @@ from artlike_server.cli import app as cli_app
 from artlike_server.engine.supervisor import EngineState
 from artlike_server.errors import install_error_handlers
 from artlike_server.hosts import DEFAULT_HOSTS, HostPolicy, host_name
+from artlike_server.launcher import ServerProcess
 from artlike_server.middleware import ApiKeyMiddleware
 from artlike_server.settings import ServerSettings
 from artlike_server.studio.page_logins import COOKIE, PageLogins
@@ -168,7 +168,7 @@ def test_allowed_hosts_from_the_command_line_and_the_environment(tmp_path: Path,
 
 
 @pytest.mark.integration
-def test_the_real_server_refuses_a_rebound_page_and_its_cookie_but_not_its_key(server: Any) -> None:
+def test_the_real_server_refuses_a_rebound_page_and_its_cookie_but_not_its_key(server: ServerProcess) -> None:
     with httpx.Client(base_url=server.base_url, timeout=30) as http:
         assert_host_refused(http.get("/ui", headers={"Host": EVIL}))
         assert_host_refused(http.get("/ui/static/app.js", headers={"Host": EVIL}))

@@ -14,6 +14,7 @@ import orjson
 import pytest
 from artlike_server.completion_log import CompletionLog
 from artlike_server.errors import InvalidRequest
+from artlike_server.launcher import ServerProcess
 from artlike_server.openai_api.dialects.anthropic_messages import MessagesDialect
 from artlike_server.openai_api.dialects.responses import ResponsesDialect
 from artlike_server.openai_api.request_caps import ALL_TOKENS, check_request_size, entries
@@ -128,12 +129,6 @@ async def test_every_route_and_dialect_refuses_before_the_engine_is_asked(
 # ----------------------------------------------------------------------------------- the real server
 
 
-@pytest.fixture
-async def http(server: Any) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=server.base_url, headers=server.headers, timeout=120) as client:
-        yield client
-
-
 @pytest.mark.integration
 @pytest.mark.parametrize("prefix", ["", "/t/request-caps"])
 @pytest.mark.parametrize(("path", "body", "param"), [
@@ -142,22 +137,22 @@ async def http(server: Any) -> AsyncIterator[httpx.AsyncClient]:
     ("/v1/completions", {"prompt": "Count to ten.", "n": 128, "max_tokens": 4096, "logprobs": 20}, "logprobs"),
 ])
 async def test_the_real_server_refuses_gigabytes_of_logprobs_at_once(
-        http: httpx.AsyncClient, server: Any, prefix: str, path: str, body: dict[str, Any], param: str) -> None:
+        async_http: httpx.AsyncClient, server: ServerProcess, prefix: str, path: str, body: dict[str, Any], param: str) -> None:
     started = time.monotonic()
-    response = await http.post(prefix + path, json={"model": server.model_id, **body})
+    response = await async_http.post(prefix + path, json={"model": server.model_id, **body})
     assert response.status_code == 400, response.text
     assert (response.json()["error"]["param"], response.json()["error"]["code"]) == (param, "request_too_large")
     assert time.monotonic() - started < 1.0  # 128 × 4096 tokens would take the engine hours: it was never asked
 
 
 @pytest.mark.integration
-async def test_the_largest_answer_the_default_allows(http: httpx.AsyncClient, server: Any) -> None:
+async def test_the_largest_answer_the_default_allows(async_http: httpx.AsyncClient, server: ServerProcess) -> None:
     """The engine's JSON per token entry, measured with 20 alternatives on a recorded request (token ids
     too), bounds what the default lets one answer hold."""
     tokens = 16
     body = {"model": server.model_id, "messages": MESSAGES, "max_tokens": tokens, "logprobs": True,
             "top_logprobs": 20, "temperature": 1.0, "ignore_eos": True}
-    response = await http.post("/t/request-caps-size/v1/chat/completions", json=body)
+    response = await async_http.post("/t/request-caps-size/v1/chat/completions", json=body)
     assert response.status_code == 200, response.text
     logprobs = response.json()["choices"][0]["logprobs"]["content"]
     assert len(logprobs) == tokens

@@ -20,6 +20,7 @@ from typing import Any
 
 import httpx
 import pytest
+from artlike_server.launcher import ServerProcess
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 BATTERY = Path(__file__).with_name("sandbox_battery.py")
@@ -126,7 +127,7 @@ def test_the_battery_as_an_ordinary_user(ordinary_user: str, traversable_checkou
 
 
 @pytest.mark.integration
-def test_the_server_reports_how_it_isolates_user_code(server: Any) -> None:
+def test_the_server_reports_how_it_isolates_user_code(server: ServerProcess) -> None:
     sandbox = httpx.get(f"{server.base_url}/health", headers=server.headers, timeout=10).json()["sandbox"]
     assert sandbox["user_code"] == "isolated", sandbox
     assert sandbox["isolation"] == ("root" if os.geteuid() == 0 else "userns")

@@ -17,6 +17,7 @@ from artlike_server.completion_log import CompletionLog, NewCompletion
 from artlike_server.completion_queries import CompletionFilter, newest_completions, parse_metadata_filter
 from artlike_server.errors import InvalidRequest
 from artlike_server.jobs.store import JobStore
+from artlike_server.launcher import ServerProcess
 
 from tests.unit.test_jobs_engine import spec
 
@@ -108,12 +109,6 @@ def test_job_updates_take_only_known_columns(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------------- the real server
 
 
-@pytest.fixture(scope="module")
-def http(server: Any) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.base_url, headers=server.headers, timeout=120) as client:
-        yield client
-
-
 def completion_id(http: httpx.Client, model: str, metadata: dict[str, str]) -> int:
     trajectory = f"sql-test-{uuid4().hex[:10]}"
     response = http.post(f"/t/{trajectory}/v1/chat/completions", json={
@@ -124,7 +119,7 @@ def completion_id(http: httpx.Client, model: str, metadata: dict[str, str]) -> i
 
 
 @pytest.mark.integration
-def test_the_server_filters_by_any_key_and_refuses_bad_ones(http: httpx.Client, server: Any) -> None:
+def test_the_server_filters_by_any_key_and_refuses_bad_ones(http: httpx.Client, server: ServerProcess) -> None:
     tag = uuid4().hex  # this test's values: other tests' completions share the log
     keys = {"quote": QUOTE, "sql": SQL_KEY, "x42": "x42", "breaker": OLD_BREAKER, "both": BOTH_QUOTES,
             "unicode": UNICODE, "longest": LONGEST}
