@@ -49,7 +49,7 @@ async def train(model: art.TrainableModel, *, iterations: int, group_size: int, 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--server", default=os.environ.get("ARTLIKE_SERVER", "http://127.0.0.1:8000"))
-    parser.add_argument("--base-model", default="SmolLM2-135M-Instruct")
+    parser.add_argument("--base-model", default="HuggingFaceTB/SmolLM2-135M-Instruct")
     parser.add_argument("--model", default="custom-loop")
     parser.add_argument("--iterations", type=int, default=4)
     parser.add_argument("--group-size", type=int, default=4)
