@@ -3,8 +3,8 @@
     artlike jobs start --data rows.jsonl --reward reward.py --model BASE [--iterations 20] [-f]
     artlike jobs logs -f ftjob-...        # a progress bar over iterations, reward and loss per step
 
-Connection: --base-url (or ARTLIKE_BASE_URL, default http://127.0.0.1:8000) and --api-key (or
-ARTLIKE_API_KEY). An API error prints one line and exits 2; `logs -f` and `start -f` exit 0 when the job
+Connection: --base-url (or ARTLIKE_SERVER, the variable the examples read too; ARTLIKE_BASE_URL is
+also accepted; default http://127.0.0.1:8000) and --api-key (or ARTLIKE_API_KEY). An API error prints one line and exits 2; `logs -f` and `start -f` exit 0 when the job
 succeeded, 1 when it failed or was cancelled.
 """
 
@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from tqdm import tqdm
@@ -21,10 +22,18 @@ from ._errors import APIError, ArtlikeError
 from ._jobs import Jobs
 from .job_types import Job, JobEvent
 
+DEFAULT_SERVER = "http://127.0.0.1:8000"
+
+
+def default_server(environment: Mapping[str, str]) -> str:
+    """`ARTLIKE_SERVER`, the name every example and the docs use; `ARTLIKE_BASE_URL` is read as well."""
+    return environment.get("ARTLIKE_SERVER") or environment.get("ARTLIKE_BASE_URL") or DEFAULT_SERVER
+
 
 def add_parser(commands: Any) -> None:
     jobs = commands.add_parser("jobs", help="managed training jobs: start, list, show, logs, cancel")
-    jobs.add_argument("--base-url", default=os.environ.get("ARTLIKE_BASE_URL", "http://127.0.0.1:8000"))
+    jobs.add_argument("--base-url", default=default_server(os.environ),
+                      help="the server (default: ARTLIKE_SERVER, else ARTLIKE_BASE_URL, else %(default)s)")
     jobs.add_argument("--api-key", default=None, help="default: ARTLIKE_API_KEY")
     actions = jobs.add_subparsers(dest="action", metavar="ACTION", required=True)
     start = actions.add_parser("start", help="upload a dataset and start a job")

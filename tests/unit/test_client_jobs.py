@@ -140,3 +140,17 @@ def test_cli_exit_codes(fake: FakeServer, tmp_path: Path,
     assert code == 1
     code, _ = cli(fake, "cancel", "ftjob-1")
     assert code == 2 and "409 job_finished: job ftjob-1 already succeeded" in capsys.readouterr().err
+
+
+def test_the_cli_finds_the_server_in_artlike_server_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    import argparse
+
+    from artlike._jobs_cli import default_server
+
+    assert default_server({}) == "http://127.0.0.1:8000"
+    assert default_server({"ARTLIKE_BASE_URL": "http://b:1"}) == "http://b:1"
+    assert default_server({"ARTLIKE_SERVER": "http://s:2", "ARTLIKE_BASE_URL": "http://b:1"}) == "http://s:2"
+    monkeypatch.setenv("ARTLIKE_SERVER", "http://s:2")
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers(dest="command"))
+    assert parser.parse_args(["jobs", "list"]).base_url == "http://s:2"
