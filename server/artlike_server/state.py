@@ -84,9 +84,6 @@ class Services:
     dialects: dict[str, Dialect] = field(default_factory=dict)  # APIs served by translation, by route name
 
 
-AppState = Services  # the name the routes know the parts by
-
-
 def get_state(request: Request) -> Services:
     state: Services = request.app.state.artlike
     return state

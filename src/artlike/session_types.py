@@ -152,7 +152,7 @@ class OptimStepRequest(_Strict):
 
 class OptimStepResult(BaseModel):
     grad_norm: float  # before clipping
-    optimizer_steps: int  # in this session so far
+    optimizer_steps: int  # optimizer steps taken by this training session
     learning_rate: float
     seconds: float
 
