@@ -2,13 +2,17 @@
 with the real vLLM engine (float32, so outputs are exact), the real trainer, an API key turned on and
 the tool-capable chat template it picks by default. Starting it is slow, so every integration
 test reuses it, the security tests included (hence here, above both folders, and not in one of them).
+It starts as soon as collection ends, in the background, and the tests that do not need it run first,
+while its engine boots.
 
 Clients for it come from tests/integration/helpers.py; `http` and `async_http` are the plain-HTTP ones as
 fixtures."""
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -24,18 +28,48 @@ TEST_API_KEY = "test-key"
 SERVER_ARGS = ["--dtype", "float32", "--trainer-dtype", "float32", "--reward-timeout", "3", "--grader-timeout", "2"]
 
 
+SHARED_SERVER = pytest.StashKey[ServerProcess]()
+
+
+def uses_the_server(item: pytest.Item) -> bool:
+    return "server" in getattr(item, "fixturenames", ())
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests marked `disruptive` (they crash parts of the shared server) run after all the others."""
-    items.sort(key=lambda item: item.get_closest_marker("disruptive") is not None)
+    """Tests without the shared server first (they run while it boots), then the server's; tests marked
+    `disruptive` (they crash parts of the shared server) after all the others."""
+    items.sort(key=lambda item: (item.get_closest_marker("disruptive") is not None, uses_the_server(item)))
+
+
+def start_shared_server(config: pytest.Config) -> ServerProcess:
+    """Starts the shared server without waiting for it to be healthy."""
+    data_dir = Path(tempfile.mkdtemp(prefix="artlike-data-"))
+    args = [*SERVER_ARGS, "--tensorboard-dir", str(data_dir / "tensorboard")]
+    running = config.stash[SHARED_SERVER] = ServerProcess(data_dir, args=args, api_key=TEST_API_KEY)
+    return running.start(wait=False)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Boots the shared server as soon as the run is known to need it."""
+    if not session.config.option.collectonly and any(uses_the_server(item) for item in session.items):
+        start_shared_server(session.config)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    running = session.config.stash.get(SHARED_SERVER, None)
+    if running is not None:
+        running.stop()
 
 
 @pytest.fixture(scope="session")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+def server(request: pytest.FixtureRequest) -> Iterator[ServerProcess]:
     """A real server: `.base_url`, `.model_id`, `.api_key`, `.headers`, `.data_dir`, `.process`, `.log_path`."""
-    data_dir = tmp_path_factory.mktemp("artlike-data")
-    args = [*SERVER_ARGS, "--tensorboard-dir", str(data_dir / "tensorboard")]
-    with ServerProcess(data_dir, args=args, api_key=TEST_API_KEY) as running:
+    running = request.config.stash.get(SHARED_SERVER, None) or start_shared_server(request.config)
+    try:
+        running.wait_healthy(running.start_timeout_s)
         yield running
+    finally:
+        running.stop()
 
 
 @pytest.fixture(scope="module")

@@ -60,7 +60,8 @@ class ServerProcess:
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
-    def start(self) -> ServerProcess:
+    def start(self, *, wait: bool = True) -> ServerProcess:
+        """Starts `artlike serve`; with `wait=False` it returns at once and `wait_healthy` waits later."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         command = [sys.executable, "-m", "artlike_server.cli", "serve", "--port", str(self.port),
                    "--data-dir", str(self.data_dir), *self.args]
@@ -71,7 +72,8 @@ class ServerProcess:
             # Its own session: stop() signals the whole group (proxy, engine, trainer) at once.
             self.process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, env=env,
                                             start_new_session=True)
-        self.wait_healthy(self.start_timeout_s)
+        if wait:
+            self.wait_healthy(self.start_timeout_s)
         return self
 
     def wait_healthy(self, timeout: float) -> None:

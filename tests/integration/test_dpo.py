@@ -1,11 +1,13 @@
 """DPO through `/_train_model` (objective "dpo") on the real trainer and engine.
 
-Pairs of one kind (agree to help, politely, over refusing) train a few steps; on held-out pairs of the same
-kind, scored by the served step's own prompt logprobs, the chosen-minus-rejected logprob margin rises, and
-the step metrics' `reward_accuracy` rises from 0 (the policy starts equal to its reference). A second job on
-recorded pairs uses the trained step as its reference (`reference: "name@1"`): its first step starts at
-zero rewards again. Pairs the trainer cannot use are refused before any work. Uses the session fixture
-`server` (tests/conftest.py).
+Pairs of one kind (agree to help, politely, over refusing) train a step of two gradient steps: the first
+starts at zero margin (the policy starts equal to its reference) and the second sees a larger one. A second
+job on recorded pairs uses the trained step as its reference (`reference: "name@1"`): its first step starts
+at zero rewards again. Pairs the trainer cannot use are refused before any work.
+
+Learning evidence (`make test-learning`): after three epochs, on held-out pairs of the same kind, scored by
+the served step's own prompt logprobs, the chosen-minus-rejected logprob margin rises and `reward_accuracy`
+rises from 0. Uses the session fixture `server` (tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -63,24 +65,17 @@ class Scorer:
         return sum(margins) / len(margins)
 
 
-async def test_dpo_prefers_the_chosen_kind_on_held_out_pairs(server: ServerProcess) -> None:
+async def test_dpo_trains_on_written_pairs_then_on_recorded_pairs_against_a_step(server: ServerProcess) -> None:
     model = trainable_model(server, f"dpo-{uuid4().hex[:8]}", lora=art.LoraConfig(rank=8))
     await model.register()
-    engine = engine_connection(server)
-    async with (httpx.AsyncClient(base_url=engine.base_url, headers=engine.headers, timeout=120) as tokens,
-                async_http_client(server, timeout=120) as http):
-        scorer = Scorer(tokens, http, server.model_id)
-        before = await scorer.held_out_margin(f"{model.name}@0")
-        result = await model.train_dpo([pair(task) for task in TASKS], beta=0.1, learning_rate=3e-4, epochs=3,
-                                       gradient_steps_per_epoch=2, progress=False)
-        assert result.trained and result.step == 1
-        steps = result.metrics
-        assert len(steps) == 6 and all(s.objective == "dpo" for s in steps)
-        first, last = steps[0].metrics, steps[-1].metrics
-        assert first["reward_accuracy"] == 0.0 and abs(first["reward_margin"]) < 1e-3  # policy == reference
-        assert last["reward_accuracy"] >= 0.8 and last["reward_margin"] > 0.05, last
-        after = await scorer.held_out_margin(f"{model.name}@1")
-    assert after > before + 1.0, (before, after)
+    result = await model.train_dpo([pair(task) for task in TASKS], beta=0.1, learning_rate=3e-4, epochs=1,
+                                   gradient_steps_per_epoch=2, progress=False)
+    assert result.trained and result.step == 1
+    steps = result.metrics
+    assert len(steps) == 2 and all(s.objective == "dpo" for s in steps)
+    first, second = steps[0].metrics, steps[1].metrics
+    assert first["reward_accuracy"] == 0.0 and abs(first["reward_margin"]) < 1e-3  # policy == reference
+    assert second["reward_margin"] > first["reward_margin"], (first, second)  # the first step moved toward chosen
 
     # Recorded pairs (their exact sampled tokens), with the trained step as the reference.
     recorded = []
@@ -93,9 +88,27 @@ async def test_dpo_prefers_the_chosen_kind_on_held_out_pairs(server: ServerProce
                     seed=7)  # type: ignore[arg-type]
             answers.append(t)
         recorded.append((answers[0], answers[1]))
-    second = await model.train_dpo(recorded, reference=f"{model.name}@1", learning_rate=1e-4, progress=False)
-    assert second.trained and second.step == 2
-    assert abs(second.metrics[0].metrics["reward_margin"]) < 1e-3  # step 1 is both the policy and the reference
+    again = await model.train_dpo(recorded, reference=f"{model.name}@1", learning_rate=1e-4, progress=False)
+    assert again.trained and again.step == 2
+    assert abs(again.metrics[0].metrics["reward_margin"]) < 1e-3  # step 1 is both the policy and the reference
+
+
+@pytest.mark.learning
+async def test_dpo_prefers_the_chosen_kind_on_held_out_pairs(server: ServerProcess) -> None:
+    model = trainable_model(server, f"dpo-{uuid4().hex[:8]}", lora=art.LoraConfig(rank=8))
+    await model.register()
+    engine = engine_connection(server)
+    async with (httpx.AsyncClient(base_url=engine.base_url, headers=engine.headers, timeout=120) as tokens,
+                async_http_client(server, timeout=120) as http):
+        scorer = Scorer(tokens, http, server.model_id)
+        before = await scorer.held_out_margin(f"{model.name}@0")
+        result = await model.train_dpo([pair(task) for task in TASKS], beta=0.1, learning_rate=3e-4, epochs=3,
+                                       gradient_steps_per_epoch=2, progress=False)
+        assert result.trained and result.step == 1
+        last = result.metrics[-1].metrics
+        assert last["reward_accuracy"] >= 0.8 and last["reward_margin"] > 0.05, last
+        after = await scorer.held_out_margin(f"{model.name}@1")
+    assert after > before + 1.0, (before, after)
 
 
 async def test_pairs_dpo_cannot_use_are_refused(server: ServerProcess) -> None:

@@ -254,12 +254,7 @@ async def test_seeded_requests_in_a_large_batch_do_not_kill_the_engine(engine: E
 # shows. ARTLIKE_DISABLE_VLLM_PLUGIN=1 makes this fail.
 
 MIXED_ADAPTERS = ("mix-a", "mix-b")
-MIXED_PROMPTS = (
-    "Write one sentence about the sea.",
-    "List three fruits.",
-    "Suggest a name for a dog.",
-    "Describe a cat in five words.",
-)
+MIXED_PROMPTS = ("Write one sentence about the sea.", "List three fruits.")
 # float32 logprobs of the same tokens move by ~1e-5 with the batch's shape; a wrong adapter moves them by far more.
 LOGPROB_TOLERANCE = 1e-3
 

@@ -57,21 +57,21 @@ def engine_judge(server: ServerProcess, **options: Any) -> art.Judge:
 
 
 async def test_the_servers_own_model_judges_a_recorded_group(server: ServerProcess, tmp_path: Path) -> None:
-    group = await recorded_group(server, 4)
+    group = await recorded_group(server, 3)
     judge = engine_judge(server, cache_dir=tmp_path)
 
     judged = await art.judge_group(group, judge, retries=RETRIES)
 
     assert [t.id for t in judged] == [t.id for t in group]
     assert all(isinstance(t.reward, float) and 0.0 <= t.reward <= 1.0 for t in judged)
-    assert [t.metrics["independent_reward"] for t in judged] == [0.0, 0.25, 0.5, 0.75]
+    assert [t.metrics["independent_reward"] for t in judged] == [0.0, 1 / 3, 2 / 3]
     for trajectory in judged:
         assert trajectory.metadata["judge_model"] == server.model_id
         assert trajectory.metadata["judge_score"] == trajectory.reward
         assert isinstance(trajectory.metadata["judge_explanation"], str)
         assert len(trajectory.metadata["judge_explanation"]) <= 120
         assert trajectory.metadata["judge_cached"] is False
-    assert group.rewards == [0.0, 0.25, 0.5, 0.75]  # the input group is left as it was
+    assert group.rewards == [0.0, 1 / 3, 2 / 3]  # the input group is left as it was
 
     # The same request again: answered from the memory cache, then by a new judge from the disk cache,
     # through a client that counts what it sends: nothing.
@@ -91,10 +91,10 @@ async def test_the_servers_own_model_judges_a_recorded_group(server: ServerProce
 
 
 async def test_judge_groups_judges_several_groups_and_nothing_is_recorded_for_the_judge(server: ServerProcess) -> None:
-    groups = [await recorded_group(server, 3), await recorded_group(server, 3)]
+    groups = [await recorded_group(server, 2), await recorded_group(server, 2)]
     judged = await art.judge_groups(groups, engine_judge(server), concurrency=2, on_failure="raise", progress=False,
                                     retries=RETRIES)
-    assert [len(group) for group in judged] == [3, 3]
+    assert [len(group) for group in judged] == [2, 2]
     assert all(0.0 <= (t.reward or 0.0) <= 1.0 and "judge_explanation" in t.metadata for g in judged for t in g)
     for trajectory in (t for group in judged for t in group):  # each still has only its own rollout's completion
         assert len((await trajectory.get_record()).completions) == 1

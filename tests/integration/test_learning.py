@@ -7,6 +7,9 @@ after three steps). A sign error anywhere in advantages, loss or ratio would pus
 other way. Rollouts go through the official `openai` client and trajectory URLs; held-out questions are
 never trained on and are sampled from step 0 before and from the final step after. `make demo` runs the
 longer arithmetic job (accuracy from the answer checked by code).
+
+Learning evidence (`make test-learning`): the suite proves the mechanics of a step elsewhere, and the sign of
+the objective in its unit tests (tests/unit/test_grpo.py, test_objectives.py and the TRL parity test).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from artlike_server.launcher import ServerProcess
 
 from .helpers import async_http_client, async_openai_client
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.learning]
 
 STEPS = 3
 SAMPLES = 8
@@ -44,8 +47,8 @@ async def sample(server: ServerProcess, model: str, question: str, trajectory_id
     return reward(completion.choices[0].message.content or "")
 
 
-async def held_out_reward(server: ServerProcess, model: str) -> float:
-    rewards = await asyncio.gather(*(sample(server, model, q) for q in HELD_OUT for _ in range(SAMPLES)))
+async def held_out_reward(server: ServerProcess, model: str, samples: int = SAMPLES) -> float:
+    rewards = await asyncio.gather(*(sample(server, model, q) for q in HELD_OUT for _ in range(samples)))
     return sum(rewards) / len(rewards)
 
 
