@@ -1,0 +1,178 @@
+"""bench/README.md's result tables, generated from the result files: `python -m bench.tables` rewrites them.
+
+Each table sits between `<!-- bench:NAME -->` and `<!-- /bench -->` and names its result file and the
+machine it was measured on; tests/docs/test_bench_tables.py fails when the README differs from this output.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from bench.machine import describe
+
+BENCH = Path(__file__).resolve().parent
+README = BENCH / "README.md"
+RESULTS = BENCH / "results"
+BLOCK = re.compile(r"(<!-- bench:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /bench -->)", re.DOTALL)
+
+Result = dict[str, Any]
+
+
+def table(header: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def caption(result_file: str, result: Result, what: str = "") -> str:
+    return f"`bench/results/{result_file}`{what}, measured on {describe(result['machine'])}:"
+
+
+def lora_serving(result: Result) -> str:
+    rate = {row: values["tokens_per_s"] for row, values in result["rows"].items()}
+    adapter = rate["lora-engine/adapter"]
+    rows = [("LoRA engine, adapter (`name@N`)", "lora-engine/adapter"), ("LoRA engine, base model", "lora-engine/base"),
+            ("engine without LoRA (= merged weights)", "plain-engine/base")]
+    return "\n\n".join([
+        caption("lora_serving.json", result, f", {result['dtype']}"),
+        table(["row", "tokens/s", "vs adapter"], [(label, f"{rate[key]:.0f}", f"{rate[key] / adapter:.2f}×")
+                                                 for label, key in rows]),
+        f"A PEFT merge + save of the policy took {result['merge_and_save_seconds']:.1f} s a step."])
+
+
+def policy_engine(result: Result) -> str:
+    rows = result["rows"]
+    lora, policy, plain = (rows[key]["tokens_per_s"] for key in ("proxy/lora", "proxy/policy-engine",
+                                                                "direct/plain-engine"))
+    merged = rows["proxy/policy-engine"]
+    return "\n\n".join([
+        caption("policy_engine.json", result, f", {result['dtype']}"),
+        table(["row", "tokens/s", "ratio"], [
+            ("proxy, LoRA adapter (2 cores)", f"{lora:.0f}", "1.00×"),
+            ("proxy, policy engine (1 core)", f"{policy:.0f}", f"{policy / lora:.2f}× LoRA"),
+            ("direct vLLM, no LoRA (2 cores)", f"{plain:.0f}", f"policy engine = {policy / plain:.2f}× of it")]),
+        table(["policy engine", "measured"], [
+            ("merge + verify per step (the merge inside vLLM and the probe against the LoRA engine)",
+             f"{merged['last_sync_s']:.2f} s"),
+            ("`probe_diff` of that probe", f"{merged['probe_diff']:.3f}"),
+            ("the new step served, after the training call returned", f"{merged['wait_for_merge_seconds']:.1f} s"),
+            ("requests it served / sent to it", f"{merged['policy_requests_delta']} / {merged['requests_sent']}")])])
+
+
+def soak(result: Result) -> str:
+    statuses = result["failed_by_status"]
+    jobs = result["train_jobs"]
+    bad = sum(result["bad_inputs"].values())
+    failed_jobs = ", ".join(f"{count} `{name.removeprefix('error_')}`" for name, count in sorted(jobs.items())
+                            if name != "done")
+    retry = "all with `Retry-After`" if result["inside_kill_without_retry_after"] == 0 else (
+        f"{result['inside_kill_without_retry_after']} without `Retry-After`")
+    return "\n\n".join([
+        caption("soak.json", result, f", {result['minutes']:g} min, {result['concurrency']} concurrent recorded streams"),
+        table(["what", "measured", "target"], [
+            ("streaming requests sent / completed with `[DONE]`", f"{result['requests_sent']:,} / {result['succeeded']:,}", ""),
+            ("failed outside the engine-kill window", f"**{result['failed_outside_engine_kill']}**", "0"),
+            (f"failed inside it ({result['engine_down_seconds']:.1f} s down)",
+             f"{result['failed_inside_engine_kill']:,}: {statuses.get('503', 0):,} × 503 {retry}, "
+             f"{statuses.get('200', 0)} streams cut by the kill", "503 + Retry-After"),
+            ("completions received / recorded / lost; token-count mismatches",
+             f"{result['completions_received']:,} / {result['completions_recorded']:,} / "
+             f"**{result['lost_completions']}**; **{result['token_count_mismatches']}**", "0 lost"),
+            ("stream latency p50 / p99 (while training)",
+             f"{result['p50_ms'] / 1000:.1f} s / {result['p99_ms'] / 1000:.1f} s", ""),
+            ("training steps committed (each a hot swap)", f"{result['steps_committed']} (failed jobs: {failed_jobs}; "
+             "the previous step stayed served)", "several"),
+            (f"bad inputs ({len(result['bad_inputs'])} kinds) answered a 4xx in the OpenAI shape",
+             f"{bad - len(result['bad_input_failures'])} / {bad}", "all"),
+            ("1-token chat completion p99, idle / while 64-trajectory requests are prepared",
+             f"{result['idle_probe_p99_ms']:.0f} ms / {result['preparing_probe_p99_ms']:.0f} ms "
+             f"(**{result['preparing_probe_p99_ms'] / result['idle_probe_p99_ms']:.2f}×**, "
+             f"{result['preparing_probes']} probes)", "≤ 2×"),
+            ("`GET /v1/models` p99 (the proxy's event loop alone), idle / while preparing",
+             f"{result['idle_loop_p99_ms']:.1f} ms / {result['preparing_loop_p99_ms']:.1f} ms "
+             f"({result['preparing_loop_probes']} probes)", ""),
+            ("healthy at the end", "yes" if result["healthy_at_end"] else "**no**", "yes")])])
+
+
+def feedback_loop(result: Result) -> str:
+    rows = result["rows"]
+    best = max(rows, key=lambda row: row["mean_rating"])
+    shown = [row for row in rows if row["ratings"] % 48 == 0 or row is best or row is rows[-1]]
+    skipped = sum(1 for row in rows if row.get("run", "").startswith("no step"))
+    return "\n\n".join([
+        caption("feedback_loop.json", result, f", {rows[-1]['seconds'] / 60:.0f} min for {rows[-1]['ratings']} ratings"),
+        table(["ratings", *(str(row["ratings"]) for row in shown)], [
+            ["step served", *(str(row["step"]) for row in shown)],
+            ["mean rating of fresh held-out samples (1–5)", *(f"{row['mean_rating']:.2f}" for row in shown)],
+            ["mean words", *(f"{row['mean_words']:.1f}" for row in shown)]]),
+        f"{skipped} of {len(rows) - 1} rounds made no step (their ratings were all equal; the next round's "
+        "ratings trained together with them)."])
+
+
+def proxy_overhead(result: Result) -> str:
+    summary = result["summary"]
+
+    def ratio(target: str, baseline: str, concurrency: int, stream: bool, interval: bool = False) -> str:
+        row = next(s for s in summary if s["scenario"] == "throughput" and s["target"] == target
+                   and s["baseline"] == baseline and s["concurrency"] == concurrency and s["stream"] == stream)
+        low, high = row["throughput_ratio_ci95"]
+        return f"{row['throughput_ratio']:.3f}" + (f" ({low:.2f}–{high:.2f})" if interval else "")
+
+    def added(target: str, baseline: str, interval: bool = False) -> str:
+        row = next(s for s in summary if s["scenario"].startswith("latency") and s["target"] == target
+                   and s["baseline"] == baseline)
+        text = f"+{row['added_p50_ms']:.2f} ms"
+        return text + (f" ({row['added_p50_ms_ci95'][0]:.2f}–{row['added_p50_ms_ci95'][1]:.2f})" if interval else "")
+
+    rows = []
+    for concurrency in result["config"]["concurrency"]:
+        label = "1 request" if concurrency == 1 else f"{concurrency} concurrent"
+        rows.append((f"{label}, non-streaming / streaming",
+                     " / ".join(ratio("proxy", "direct", concurrency, stream, True) for stream in (False, True)),
+                     " / ".join(ratio("proxy+record", "direct+fields", concurrency, stream) for stream in (False, True)),
+                     " / ".join(ratio("direct+fields", "direct", concurrency, stream) for stream in (False, True))))
+    rows.append(("sequential 1-token requests: added p50", added("proxy", "direct", True),
+                 added("proxy+record", "direct+fields"), added("direct+fields", "direct")))
+    config = result["config"]
+    return "\n\n".join([
+        caption("proxy_overhead.json", result, f", {config['max_tokens']} tokens per request, {config['rounds']} rounds"),
+        table(["load", "proxy / direct (95% CI)", "proxy+record / direct+fields (the proxy's recording cost)",
+               "direct+fields / direct (the engine's)"], rows)])
+
+
+TABLES: dict[str, tuple[str, Callable[[Result], str]]] = {
+    "proxy_overhead": ("proxy_overhead.json", proxy_overhead),
+    "soak": ("soak.json", soak),
+    "feedback_loop": ("feedback_loop.json", feedback_loop),
+    "lora_serving": ("lora_serving.json", lora_serving),
+    "policy_engine": ("policy_engine.json", policy_engine),
+}
+
+
+def render(name: str) -> str:
+    result_file, make = TABLES[name]
+    return make(json.loads((RESULTS / result_file).read_text(encoding="utf-8")))
+
+
+def generated(text: str) -> str:
+    """The README with every marked block replaced by what its result file says."""
+    return BLOCK.sub(lambda block: f"{block.group(1)}{render(block.group('name'))}\n{block.group(4)}", text)
+
+
+def main() -> int:
+    text = README.read_text(encoding="utf-8")
+    README.write_text(generated(text), encoding="utf-8")
+    missing = set(TABLES) - {block.group("name") for block in BLOCK.finditer(text)}
+    if missing:
+        print(f"bench/README.md has no block for {sorted(missing)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
