@@ -145,8 +145,87 @@ def proxy_overhead(result: Result) -> str:
                "direct+fields / direct (the engine's)"], rows)])
 
 
+def number(value: float) -> str:
+    """Three significant figures or so, as a table cell reads best: 2,697 / 28.3 / 0.35."""
+    if value >= 100:
+        return f"{value:,.0f}"
+    return f"{value:.1f}" if value >= 10 else f"{value:.2f}"
+
+
+SCALE_TARGETS = {"direct": "direct (1 fake)", "proxy-1": "proxy, 1 fake", "proxy-2": "proxy, 2 fakes"}
+
+
+def scale_ceiling(result: Result) -> str:
+    cells = result["ceiling"]["cells"]
+    clients = result["config"]["concurrency"]
+    rows = []
+    for target, label in SCALE_TARGETS.items():
+        for route in dict.fromkeys(cell["route"] for cell in cells if cell["target"] == target):
+            row = {cell["concurrency"]: cell for cell in cells if cell["target"] == target and cell["route"] == route}
+            cpu = [row[n]["proxy_cpu_ms_per_request"] for n in clients]
+            rows.append([label, route,
+                         *(f"{number(row[n]['requests_per_s'])} / {number(row[n]['p50_ms'])} / {number(row[n]['p99_ms'])}"
+                           for n in clients),
+                         "–" if None in cpu else " / ".join(f"{value:.2f}" for value in cpu),
+                         " / ".join(f"{row[n]['server_core_busy']:.0%}" for n in clients)])
+    two = [cell for cell in cells if cell["target"] == "proxy-2"]
+    served: dict[str, int] = {}
+    for cell in two:
+        for engine, count in cell["served_by"].items():
+            served[engine] = served.get(engine, 0) + count
+    trajectories = sum(cell["trajectories"] for cell in two)
+    split = " / ".join(f"{count:,}" for _, count in sorted(served.items()))
+    return "\n\n".join([
+        caption("scale.json", result, ". Per cell: requests/s / p50 ms / p99 ms; then the proxy's CPU ms per "
+                "request and how full the server's core was, at " + " / ".join(map(str, clients)) + " clients"),
+        table(["target", "route", *(f"{n} client{'s' if n > 1 else ''}" for n in clients), "proxy CPU ms/request",
+               "server core busy"], rows),
+        f"The 2-fake rows' requests per fake engine: {split}; recorded trajectories served by two engines: "
+        f"{sum(cell['trajectories_on_two_engines'] for cell in two)} of {trajectories:,}."])
+
+
+def scale_engines(result: Result) -> str:
+    real = result["real_engines"]
+    runs = real["runs"]
+    first = runs[0]["cell"]["requests_per_s"]
+    rows = []
+    for run in runs:
+        cell = run["cell"]
+        cores = cell["cores_by_process"]
+        cpus = run["engine_cpus"]
+        where = (f"one core each: {cpus}" if run["engines"] == len(cpus.split(",")) > 1
+                 else f"{'core' if ',' not in cpus else 'cores'} {cpus}")
+        rows.append([f"{run['engines']} ({where})",
+                     f"{cell['requests_per_s']:.1f}" + ("" if run is runs[0] else f" ({cell['requests_per_s'] / first:.2f}×)"),
+                     f"{cell['tokens_per_s']:.0f}", f"{cell['p50_ms']:,.0f} / {cell['p99_ms']:,.0f}",
+                     " / ".join(str(count) for count in cell["engine_requests"].values()),
+                     " / ".join(f"{cores.get(name, 0):.2f}" for name in
+                                ("VLLM::Worker", "VLLM::EngineCore", "vllm.entrypoints.openai.api_server")),
+                     f"{cores.get('proxy', 0):.2f}"])
+    return "\n\n".join([
+        caption("scale_engines_pinned.json", result, f", {real['requests']} recorded requests × {real['max_tokens']} "
+                f"tokens, {real['concurrency']} concurrent"),
+        table(["engines (`--engine-cpus`)", "requests/s", "tokens/s", "p50 / p99 ms", "split",
+               "CPU used (cores): workers / EngineCore / API servers", "proxy (cores)"], rows)])
+
+
+def scale_capacity(result: Result) -> str:
+    capacity = result["capacity"]
+    plain, recorded = capacity["plain"], capacity["recorded"]
+    return "\n\n".join([
+        caption("scale.json", result, ", capacity"),
+        table(["route", "proxy CPU ms/request (worst at ≥ 64 clients)", "requests/s on one core",
+               "one engine's requests/s", "engines per proxy"],
+              [(route, f"{values['proxy_cpu_ms_per_request']:.2f}", f"{values['proxy_requests_per_core_s']:,.0f}",
+                f"{values['engine_requests_per_s']:.1f}", f"{values['engines_per_proxy']:.0f}")
+               for route, values in (("plain", plain), ("recorded", recorded))])])
+
+
 TABLES: dict[str, tuple[str, Callable[[Result], str]]] = {
     "proxy_overhead": ("proxy_overhead.json", proxy_overhead),
+    "scale_ceiling": ("scale.json", scale_ceiling),
+    "scale_engines": ("scale_engines_pinned.json", scale_engines),
+    "scale_capacity": ("scale.json", scale_capacity),
     "soak": ("soak.json", soak),
     "feedback_loop": ("feedback_loop.json", feedback_loop),
     "lora_serving": ("lora_serving.json", lora_serving),
