@@ -221,8 +221,37 @@ def scale_capacity(result: Result) -> str:
                for route, values in (("plain", plain), ("recorded", recorded))])])
 
 
+def proxy_cpu(result: Result) -> str:
+    plain, streamed = result["targets"], result["streamed"]
+    config = result["config"]
+    rows = [("1-token request, direct (what the proxy spends meanwhile: health polls, metrics)", plain["direct"]),
+            ("1-token request through the proxy", plain["proxy"]),
+            ("1-token request through the proxy, recorded", plain["proxy+record"]),
+            (f"{config['stream_tokens']}-token stream, direct", streamed["direct"]),
+            (f"{config['stream_tokens']}-token stream through the proxy", streamed["proxy"])]
+    return "\n\n".join([
+        caption("proxy_cpu.json", result, f", {config['requests']} requests and {config['stream_requests']} streams a target"),
+        table(["request", "proxy CPU ms per request", "p50 ms"],
+              [(label, f"{values['proxy_cpu_ms_per_request']:.2f}", f"{values['p50_ms']:,.0f}") for label, values in rows]
+              + [("a bare Starlette endpoint + httpx caller in one process", f"{result['bare_hop_cpu_ms_per_request']:.2f}", "")]),
+        f"A streamed chunk costs the proxy {streamed['proxy']['added_cpu_ms_per_chunk']:.3f} ms of CPU; the median "
+        f"stream took {streamed['proxy']['p50_ms'] / streamed['direct']['p50_ms']:.3f}× as long through the proxy."])
+
+
+def proxy_overhead_dialects(result: Result) -> str:
+    rows = [(f"`{s['target']}` over `{s['baseline']}`", f"+{s['added_p50_ms']:.2f} ms",
+             f"{s['added_p50_ms_ci95'][0]:.2f}–{s['added_p50_ms_ci95'][1]:.2f}")
+            for s in result["summary"] if s["scenario"].startswith("latency")]
+    return "\n\n".join([
+        caption("proxy_overhead_dialects.json", result,
+                f", {result['config']['latency_requests']} sequential 1-token requests a target, paired"),
+        table(["target over baseline", "added p50", "95% CI"], rows)])
+
+
 TABLES: dict[str, tuple[str, Callable[[Result], str]]] = {
     "proxy_overhead": ("proxy_overhead.json", proxy_overhead),
+    "proxy_cpu": ("proxy_cpu.json", proxy_cpu),
+    "proxy_overhead_dialects": ("proxy_overhead_dialects.json", proxy_overhead_dialects),
     "scale_ceiling": ("scale.json", scale_ceiling),
     "scale_engines": ("scale_engines_pinned.json", scale_engines),
     "scale_capacity": ("scale.json", scale_capacity),
