@@ -1,4 +1,5 @@
-"""Every relative link of the docs names a file that exists, and every `#anchor` a heading of its target.
+"""Every relative link of the docs names a file that exists, and every `#anchor` a heading of its target;
+every repository path in inline code (`bench/results/*.json`, `artlike/_errors.py`) names a file too.
 
 Anchors follow GitHub's rules: a heading's text, lowercased, punctuation other than `-` and `_` dropped,
 each space a `-`, and `-1`, `-2`, ... after repeats; `<a id="...">` tags are anchors too.
@@ -19,6 +20,10 @@ from markdown_it.token import Token
 
 from tests.docs.doc_files import REPO, doc_files, relative
 
+# A path with a directory and a file extension, as inline code; `*` may stand for a name.
+FILE_PATH = re.compile(r"`((?:[\w.-]+/)+[\w.*-]+\.(?:py|md|json|jsonl|toml|sh|txt|yaml|yml|ts|js|html))`")
+# Where a doc's paths start: the repository, the doc's own folder, or a package's folder.
+PATH_ROOTS = (REPO, REPO / "src", REPO / "server", REPO / "src" / "artlike", REPO / "server" / "artlike_server")
 HTML_ID = re.compile(r"""<a\s[^>]*\b(?:id|name)=["']([^"']+)["']""")
 
 
@@ -64,6 +69,16 @@ def broken_links(path: Path) -> list[str]:
     return broken
 
 
+def missing_files(path: Path) -> list[str]:
+    named = FILE_PATH.findall(path.read_text(encoding="utf-8"))
+    return [name for name in named if not any(any(root.glob(name)) for root in (*PATH_ROOTS, path.parent))]
+
+
+@pytest.mark.parametrize("path", doc_files(), ids=relative)
+def test_named_files_exist(path: Path) -> None:
+    assert missing_files(path) == []
+
+
 @pytest.mark.parametrize("path", doc_files(), ids=relative)
 def test_links_resolve(path: Path) -> None:
     assert broken_links(path) == []
@@ -73,6 +88,12 @@ def test_broken_links_are_found(tmp_path: Path) -> None:
     page = tmp_path / "page.md"
     page.write_text("# Title\n\n[ok](#title) [file](missing.md) [anchor](#nope) [web](https://x.org/#y)\n")
     assert [problem.split(":")[0] for problem in broken_links(page)] == ["missing.md", "#nope"]
+
+
+def test_missing_files_are_found(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text("`bench/results/*.json`, `artlike/_errors.py`, `bench/results/none.json`, `/v1/models`\n")
+    assert missing_files(page) == ["bench/results/none.json"]
 
 
 @pytest.mark.parametrize(("heading", "anchor"), [
