@@ -6,6 +6,7 @@ A block is run unless its first line is `# fragment` (then it must still compile
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -110,3 +111,13 @@ def test_block_runs(example: Example, server: ServerProcess) -> None:
     if pasted is not None:
         printed = example.namespace[code_blocks.OUTPUTS][example.line]
         assert output_shape.mismatches(pasted.source, printed) == [], printed
+
+
+@pytest.mark.parametrize("path", doc_files(), ids=relative)
+def test_json_blocks_parse(path: Path) -> None:
+    """A `json` block is a body as sent or received; a sketch with `...` or a request line is `text`."""
+    for fence in fences(path):
+        if fence.language == "json":
+            json.loads(fence.source)
+        elif fence.language == "jsonl":
+            [json.loads(line) for line in fence.source.splitlines() if line.strip()]
