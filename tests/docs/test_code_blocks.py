@@ -32,16 +32,13 @@ CODE_LANGUAGES = {*PYTHON_LANGUAGES, *SHELL_LANGUAGES}
 OTHER_LANGUAGES = {"text", "json", "jsonl", "toml", "yaml", "ini", "typescript", "ts", "javascript", "diff"}
 
 
-def all_examples() -> list[Example]:
-    return [example for path in doc_files() for example in code_blocks.examples(path)]
-
-
 def example_ids(examples: list[Example]) -> list[str]:
     return [code_blocks.where(example) for example in examples]
 
 
-FRAGMENTS = [example for example in all_examples() if is_fragment(str(example.parsed))]
-RUNNABLE = [example for example in all_examples() if not is_fragment(str(example.parsed))]
+EXAMPLES = [example for path in doc_files() for example in code_blocks.examples(path)]
+FRAGMENTS = [example for example in EXAMPLES if is_fragment(str(example.parsed))]
+RUNNABLE = [example for example in EXAMPLES if not is_fragment(str(example.parsed))]
 
 
 def test_the_docs_have_blocks_of_both_kinds() -> None:
