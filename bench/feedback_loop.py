@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import platform
 import statistics
 import tempfile
 import time
@@ -30,8 +29,9 @@ from typing import Any
 from uuid import uuid4
 
 import httpx
-from artlike_server.hardware import cpu_model
 from artlike_server.launcher import ServerProcess
+
+from bench.machine import machine
 
 RESULTS = Path(__file__).resolve().parent / "results" / "feedback_loop.json"
 TOPICS = ["the ocean", "coffee", "a bicycle", "the moon", "winter", "a library", "music", "a garden", "trains",
@@ -111,7 +111,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
               "first": rows[0]["mean_rating"], "last": rows[-1]["mean_rating"],
               "best": max(r["mean_rating"] for r in rows),
               "train_seconds": [h.get("train_seconds") for h in history if isinstance(h.get("step"), int)],
-              "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpu": cpu_model()}}
+              "machine": machine()}
     print(f"fresh-sample rating {report['first']:.2f} -> {report['last']:.2f} (best {report['best']:.2f}) after "
           f"{rows[-1]['ratings']} ratings; words {rows[0]['mean_words']:.1f} -> {rows[-1]['mean_words']:.1f}")
     return report

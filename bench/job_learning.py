@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import platform
 import tempfile
 import time
 from pathlib import Path
@@ -24,9 +23,9 @@ from typing import Any
 
 import openai
 import orjson
-from artlike_server.hardware import cpu_model
 from artlike_server.launcher import ServerProcess
 
+from bench.machine import machine
 from examples.arithmetic.task import problems
 
 RESULTS = Path(__file__).resolve().parent / "results" / "job_learning.json"
@@ -88,7 +87,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "reward_per_iteration": [round(m["reward_mean"], 4) for m in iterations],
         "held_out": {"before": evaluations[0] if evaluations else None,
                      "after": evaluations[-1] if len(evaluations) > 1 else None},
-        "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpu": cpu_model()},
+        "machine": machine(),
     }
     before, after = report["held_out"]["before"], report["held_out"]["after"]
     if before and after:

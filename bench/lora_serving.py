@@ -22,7 +22,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import secrets
 import statistics
 import tempfile
@@ -33,7 +32,8 @@ from typing import Any
 import httpx
 from artlike_server.default_model import DEFAULT_MODEL_ID, ensure_default_model
 from artlike_server.engine.launch import EngineConfig, build_command, build_env, free_port
-from artlike_server.hardware import cpu_model
+
+from bench.machine import machine
 
 PROMPT = [{"role": "user", "content": "Write a short story about a lighthouse keeper and a storm."}]
 KEY = secrets.token_urlsafe(16)
@@ -146,7 +146,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                                  concurrency=args.concurrency, tokens=args.tokens, rounds=args.rounds)
     adapter = rows["lora-engine/adapter"]["tokens_per_s"]
     return {
-        "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "python": platform.python_version()},
+        "machine": machine(),
         "dtype": dtype, "concurrency": args.concurrency, "tokens": args.tokens, "rounds": args.rounds,
         "rows": rows,
         "merged_over_lora": rows["plain-engine/base"]["tokens_per_s"] / adapter,

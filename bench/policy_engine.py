@@ -29,8 +29,6 @@ import argparse
 import asyncio
 import datetime
 import json
-import os
-import platform
 import tempfile
 import time
 import uuid
@@ -42,10 +40,10 @@ import httpx
 import orjson
 from artlike_server.default_model import DEFAULT_MODEL_ID, ensure_default_model
 from artlike_server.engine.launch import EngineConfig, free_port
-from artlike_server.hardware import cpu_model
 from artlike_server.launcher import ServerProcess
 
 from bench.lora_serving import KEY, load, run_engine
+from bench.machine import machine
 
 NAME = "bench"
 ENGINE_KEY = "policy-bench-engine-key"
@@ -151,7 +149,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                    rounds=args.rounds))
     rate = {row: values["tokens_per_s"] for row, values in rows.items()}
     return {
-        "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "python": platform.python_version()},
+        "machine": machine(),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "dtype": dtype, "concurrency": args.concurrency, "tokens": args.tokens, "rounds": args.rounds,
         "rows": rows,

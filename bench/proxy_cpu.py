@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import platform
 import secrets
 import statistics
 import tempfile
@@ -30,12 +29,13 @@ from typing import Any
 import httpx
 import psutil
 import uvicorn
-from artlike_server.hardware import cpu_model
 from artlike_server.launcher import ServerProcess, free_port
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+
+from bench.machine import machine
 
 # vLLM requires a key on every route; a fixed one (--engine-api-key) lets this bench call it directly.
 ENGINE_KEY = secrets.token_urlsafe(24)
@@ -150,8 +150,7 @@ def main() -> None:
           f"{streamed['proxy']['added_cpu_ms_per_chunk']:.3f} CPU ms per chunk")
     print(f"bare Starlette endpoint + httpx caller, one process: {floor:.2f} CPU ms per request")
     report: dict[str, Any] = {"targets": targets, "streamed": streamed, "bare_hop_cpu_ms_per_request": floor,
-                              "machine": {"platform": platform.platform(), "python": platform.python_version(),
-                                          "cpu": cpu_model()},
+                              "machine": machine(),
                               "config": {"requests": args.requests, "stream_requests": args.stream_requests,
                                          "stream_tokens": args.stream_tokens}}
     args.output.parent.mkdir(parents=True, exist_ok=True)

@@ -25,8 +25,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import platform
 import random
 import secrets
 import statistics
@@ -39,8 +37,9 @@ from typing import Any, Literal
 
 import httpx
 import orjson
-from artlike_server.hardware import cpu_model
 from artlike_server.launcher import ServerProcess, free_port
+
+from bench.machine import machine
 
 PROMPT = [{"role": "user", "content": "Write a short story about a lighthouse keeper and a storm."}]
 
@@ -305,8 +304,7 @@ def main() -> None:
         print(f"{s['scenario']:<13} {pair:<44} {s['concurrency']:>4} {'yes' if s['stream'] else 'no':>6} "
               f"{s['throughput_ratio']:>10.3f} {ratio_ci:>11} {spread:>14} {s['added_p50_ms']:>8.2f} "
               f"{latency_ci:>11}")
-    report["machine"] = {"platform": platform.platform(), "python": platform.python_version(), "cpu": cpu_model(),
-                         "cpus": os.cpu_count()}
+    report["machine"] = machine()
     report["config"] = {k: v for k, v in vars(args).items() if k != "output"}
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(report, indent=2))

@@ -25,18 +25,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import platform
 import statistics
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from artlike_server.hardware import cpu_model
 from artlike_server.launcher import ServerProcess
 from openai import AsyncOpenAI
 
 import artlike as art
+from bench.machine import machine
 from examples.arithmetic.task import Problem, problems, reward
 
 RESULTS = Path(__file__).resolve().parent / "results" / "rl_step.json"
@@ -157,7 +156,7 @@ def main() -> None:
         print(f"\npipeline / sequential seconds per step: {ratio:.2f} (target <= 0.7)")
     report = {"budget_seconds": args.budget_seconds, "pipeline_over_sequential_step_time": ratio, "modes": rows,
               "wall_seconds": time.perf_counter() - started,
-              "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpu": cpu_model()}}
+              "machine": machine()}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {args.json}")

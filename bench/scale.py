@@ -35,7 +35,6 @@ import asyncio
 import contextlib
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -53,8 +52,9 @@ import httpx
 import orjson
 import psutil
 from artlike_server.default_model import DEFAULT_MODEL_ID
-from artlike_server.hardware import cpu_model
 from artlike_server.launcher import ServerProcess, free_port
+
+from bench.machine import machine
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = Path(__file__).resolve().parent.parent
@@ -597,8 +597,7 @@ def main() -> None:
               "config": {"quick": args.quick, "concurrency": args.concurrency, "fake_engines": args.fake_engines,
                          "fake_tokens": FAKE_TOKENS, "turns_per_trajectory": TURNS},
               "wall_seconds": time.perf_counter() - started,
-              "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpu": cpu_model(),
-                          "cores": psutil.cpu_count(),
+              "machine": {**machine(),
                           # other work on the machine shows here (the bench alone keeps ~2-3 runnable)
                           "load_average_1_5_15_before": load_before, "load_average_1_5_15_after": os.getloadavg()}}
     output.parent.mkdir(parents=True, exist_ok=True)

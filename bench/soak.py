@@ -26,7 +26,6 @@ import asyncio
 import contextlib
 import json
 import os
-import platform
 import random
 import signal
 import tempfile
@@ -39,8 +38,9 @@ from typing import Any
 
 import httpx
 import orjson
-from artlike_server.hardware import cpu_model
 from artlike_server.launcher import ServerProcess
+
+from bench.machine import machine
 
 API_KEY = "soak-key"
 MODEL = "soak"
@@ -75,8 +75,7 @@ class Window:
 
 @dataclass
 class Report:
-    cpu: str = field(default_factory=cpu_model)
-    python: str = field(default_factory=platform.python_version)
+    machine: dict[str, Any] = field(default_factory=machine)
     minutes: float = 0.0
     concurrency: int = 0
     requests_sent: int = 0
@@ -444,7 +443,7 @@ def print_table(report: Report) -> None:
         ("healthy at the end", report.healthy_at_end),
     ]
     width = max(len(name) for name, _ in rows)
-    print(f"soak: {report.minutes} min, {report.concurrency} concurrent streams, {report.cpu}")
+    print(f"soak: {report.minutes} min, {report.concurrency} concurrent streams, {report.machine['cpu']}")
     for name, value in rows:
         print(f"  {name:<{width}}  {value}")
     for failure in report.bad_input_failures[:10]:

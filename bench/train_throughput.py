@@ -53,7 +53,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import statistics
 import tempfile
 import time
@@ -69,7 +68,7 @@ import torch
 from artlike_server.default_model import ensure_default_model
 from artlike_server.dtype_choice import choose_dtypes
 from artlike_server.dtype_probe import probe
-from artlike_server.hardware import cpu_has_native_bf16, cpu_model
+from artlike_server.hardware import cpu_has_native_bf16
 from artlike_server.launcher import ServerProcess
 from artlike_server.torch_worker.loop import plan_job, plan_step
 from artlike_server.torch_worker.objectives import JobPasses, Objective, build_objective
@@ -92,6 +91,7 @@ from artlike.types import (
     SFTConfig,
     TrainConfig,
 )
+from bench.machine import machine
 
 SEQUENCES, LENGTH = 8, 256
 RANDOM_PROMPT = 32
@@ -498,8 +498,7 @@ def main() -> None:
         print(f"\nswap: last step → done {swap['last_step_to_done_s']:.3f} s (server-side swap "
               f"{swap['swap_seconds_server']:.3f} s); last step → first token of {swap['new_model']} "
               f"{swap['last_step_to_first_token_s']:.3f} s")
-    report["machine"] = {"platform": platform.platform(), "cpus": os.cpu_count(), "torch": torch.__version__,
-                         "cpu": cpu_model(), "native_bf16": cpu_has_native_bf16(),
+    report["machine"] = {**machine(), "torch": torch.__version__, "native_bf16": cpu_has_native_bf16(),
                          "dtype_probe": dtype_probe and {k: dtype_probe.get(k) for k in ("trainer", "engine",
                                                                                           "speedup", "gflops")}}
     args.output.parent.mkdir(parents=True, exist_ok=True)

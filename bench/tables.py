@@ -1,0 +1,286 @@
+"""bench/README.md's result tables, generated from the result files: `python -m bench.tables` rewrites them.
+
+Each table sits between `<!-- bench:NAME -->` and `<!-- /bench -->` and names its result file and the
+machine it was measured on; tests/docs/test_bench_tables.py fails when the README differs from this output.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from bench.machine import describe
+
+BENCH = Path(__file__).resolve().parent
+README = BENCH / "README.md"
+RESULTS = BENCH / "results"
+BLOCK = re.compile(r"(<!-- bench:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /bench -->)", re.DOTALL)
+
+Result = dict[str, Any]
+
+
+def table(header: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def caption(result_file: str, result: Result, what: str = "") -> str:
+    return f"`bench/results/{result_file}`{what}, measured on {describe(result['machine'])}:"
+
+
+def lora_serving(result: Result) -> str:
+    rate = {row: values["tokens_per_s"] for row, values in result["rows"].items()}
+    adapter = rate["lora-engine/adapter"]
+    rows = [("LoRA engine, adapter (`name@N`)", "lora-engine/adapter"), ("LoRA engine, base model", "lora-engine/base"),
+            ("engine without LoRA (= merged weights)", "plain-engine/base")]
+    return "\n\n".join([
+        caption("lora_serving.json", result, f", {result['dtype']}"),
+        table(["row", "tokens/s", "vs adapter"], [(label, f"{rate[key]:.0f}", f"{rate[key] / adapter:.2f}×")
+                                                 for label, key in rows]),
+        f"A PEFT merge + save of the policy took {result['merge_and_save_seconds']:.1f} s a step."])
+
+
+def policy_engine(result: Result) -> str:
+    rows = result["rows"]
+    lora, policy, plain = (rows[key]["tokens_per_s"] for key in ("proxy/lora", "proxy/policy-engine",
+                                                                "direct/plain-engine"))
+    merged = rows["proxy/policy-engine"]
+    return "\n\n".join([
+        caption("policy_engine.json", result, f", {result['dtype']}"),
+        table(["row", "tokens/s", "ratio"], [
+            ("proxy, LoRA adapter (2 cores)", f"{lora:.0f}", "1.00×"),
+            ("proxy, policy engine (1 core)", f"{policy:.0f}", f"{policy / lora:.2f}× LoRA"),
+            ("direct vLLM, no LoRA (2 cores)", f"{plain:.0f}", f"policy engine = {policy / plain:.2f}× of it")]),
+        table(["policy engine", "measured"], [
+            ("merge + verify per step (the merge inside vLLM and the probe against the LoRA engine)",
+             f"{merged['last_sync_s']:.2f} s"),
+            ("`probe_diff` of that probe", f"{merged['probe_diff']:.3f}"),
+            ("the new step served, after the training call returned", f"{merged['wait_for_merge_seconds']:.1f} s"),
+            ("requests it served / sent to it", f"{merged['policy_requests_delta']} / {merged['requests_sent']}")])])
+
+
+def soak(result: Result) -> str:
+    statuses = result["failed_by_status"]
+    jobs = result["train_jobs"]
+    bad = sum(result["bad_inputs"].values())
+    failed_jobs = ", ".join(f"{count} `{name.removeprefix('error_')}`" for name, count in sorted(jobs.items())
+                            if name != "done")
+    retry = "all with `Retry-After`" if result["inside_kill_without_retry_after"] == 0 else (
+        f"{result['inside_kill_without_retry_after']} without `Retry-After`")
+    return "\n\n".join([
+        caption("soak.json", result, f", {result['minutes']:g} min, {result['concurrency']} concurrent recorded streams"),
+        table(["what", "measured", "target"], [
+            ("streaming requests sent / completed with `[DONE]`", f"{result['requests_sent']:,} / {result['succeeded']:,}", ""),
+            ("failed outside the engine-kill window", f"**{result['failed_outside_engine_kill']}**", "0"),
+            (f"failed inside it ({result['engine_down_seconds']:.1f} s down)",
+             f"{result['failed_inside_engine_kill']:,}: {statuses.get('503', 0):,} × 503 {retry}, "
+             f"{statuses.get('200', 0)} streams cut by the kill", "503 + Retry-After"),
+            ("completions received / recorded / lost; token-count mismatches",
+             f"{result['completions_received']:,} / {result['completions_recorded']:,} / "
+             f"**{result['lost_completions']}**; **{result['token_count_mismatches']}**", "0 lost"),
+            ("stream latency p50 / p99 (while training)",
+             f"{result['p50_ms'] / 1000:.1f} s / {result['p99_ms'] / 1000:.1f} s", ""),
+            ("training steps committed (each a hot swap)", f"{result['steps_committed']} (failed jobs: {failed_jobs}; "
+             "the previous step stayed served)", "several"),
+            (f"bad inputs ({len(result['bad_inputs'])} kinds) answered a 4xx in the OpenAI shape",
+             f"{bad - len(result['bad_input_failures'])} / {bad}", "all"),
+            ("1-token chat completion p99, idle / while 64-trajectory requests are prepared",
+             f"{result['idle_probe_p99_ms']:.0f} ms / {result['preparing_probe_p99_ms']:.0f} ms "
+             f"(**{result['preparing_probe_p99_ms'] / result['idle_probe_p99_ms']:.2f}×**, "
+             f"{result['preparing_probes']} probes)", "≤ 2×"),
+            ("`GET /v1/models` p99 (the proxy's event loop alone), idle / while preparing",
+             f"{result['idle_loop_p99_ms']:.1f} ms / {result['preparing_loop_p99_ms']:.1f} ms "
+             f"({result['preparing_loop_probes']} probes)", ""),
+            ("healthy at the end", "yes" if result["healthy_at_end"] else "**no**", "yes")])])
+
+
+def feedback_loop(result: Result) -> str:
+    rows = result["rows"]
+    best = max(rows, key=lambda row: row["mean_rating"])
+    shown = [row for row in rows if row["ratings"] % 48 == 0 or row is best or row is rows[-1]]
+    skipped = sum(1 for row in rows if row.get("run", "").startswith("no step"))
+    return "\n\n".join([
+        caption("feedback_loop.json", result, f", {rows[-1]['seconds'] / 60:.0f} min for {rows[-1]['ratings']} ratings"),
+        table(["ratings", *(str(row["ratings"]) for row in shown)], [
+            ["step served", *(str(row["step"]) for row in shown)],
+            ["mean rating of fresh held-out samples (1–5)", *(f"{row['mean_rating']:.2f}" for row in shown)],
+            ["mean words", *(f"{row['mean_words']:.1f}" for row in shown)]]),
+        f"{skipped} of {len(rows) - 1} rounds made no step (their ratings were all equal; the next round's "
+        "ratings trained together with them)."])
+
+
+def proxy_overhead(result: Result) -> str:
+    summary = result["summary"]
+
+    def ratio(target: str, baseline: str, concurrency: int, stream: bool, interval: bool = False) -> str:
+        row = next(s for s in summary if s["scenario"] == "throughput" and s["target"] == target
+                   and s["baseline"] == baseline and s["concurrency"] == concurrency and s["stream"] == stream)
+        low, high = row["throughput_ratio_ci95"]
+        return f"{row['throughput_ratio']:.3f}" + (f" ({low:.2f}–{high:.2f})" if interval else "")
+
+    def added(target: str, baseline: str, interval: bool = False) -> str:
+        row = next(s for s in summary if s["scenario"].startswith("latency") and s["target"] == target
+                   and s["baseline"] == baseline)
+        text = f"+{row['added_p50_ms']:.2f} ms"
+        return text + (f" ({row['added_p50_ms_ci95'][0]:.2f}–{row['added_p50_ms_ci95'][1]:.2f})" if interval else "")
+
+    rows = []
+    for concurrency in result["config"]["concurrency"]:
+        label = "1 request" if concurrency == 1 else f"{concurrency} concurrent"
+        rows.append((f"{label}, non-streaming / streaming",
+                     " / ".join(ratio("proxy", "direct", concurrency, stream, True) for stream in (False, True)),
+                     " / ".join(ratio("proxy+record", "direct+fields", concurrency, stream) for stream in (False, True)),
+                     " / ".join(ratio("direct+fields", "direct", concurrency, stream) for stream in (False, True))))
+    rows.append(("sequential 1-token requests: added p50", added("proxy", "direct", True),
+                 added("proxy+record", "direct+fields"), added("direct+fields", "direct")))
+    config = result["config"]
+    return "\n\n".join([
+        caption("proxy_overhead.json", result, f", {config['max_tokens']} tokens per request, {config['rounds']} rounds"),
+        table(["load", "proxy / direct (95% CI)", "proxy+record / direct+fields (the proxy's recording cost)",
+               "direct+fields / direct (the engine's)"], rows)])
+
+
+def number(value: float) -> str:
+    """Three significant figures or so, as a table cell reads best: 2,697 / 28.3 / 0.35."""
+    if value >= 100:
+        return f"{value:,.0f}"
+    return f"{value:.1f}" if value >= 10 else f"{value:.2f}"
+
+
+SCALE_TARGETS = {"direct": "direct (1 fake)", "proxy-1": "proxy, 1 fake", "proxy-2": "proxy, 2 fakes"}
+
+
+def scale_ceiling(result: Result) -> str:
+    cells = result["ceiling"]["cells"]
+    clients = result["config"]["concurrency"]
+    rows = []
+    for target, label in SCALE_TARGETS.items():
+        for route in dict.fromkeys(cell["route"] for cell in cells if cell["target"] == target):
+            row = {cell["concurrency"]: cell for cell in cells if cell["target"] == target and cell["route"] == route}
+            cpu = [row[n]["proxy_cpu_ms_per_request"] for n in clients]
+            rows.append([label, route,
+                         *(f"{number(row[n]['requests_per_s'])} / {number(row[n]['p50_ms'])} / {number(row[n]['p99_ms'])}"
+                           for n in clients),
+                         "–" if None in cpu else " / ".join(f"{value:.2f}" for value in cpu),
+                         " / ".join(f"{row[n]['server_core_busy']:.0%}" for n in clients)])
+    two = [cell for cell in cells if cell["target"] == "proxy-2"]
+    served: dict[str, int] = {}
+    for cell in two:
+        for engine, count in cell["served_by"].items():
+            served[engine] = served.get(engine, 0) + count
+    trajectories = sum(cell["trajectories"] for cell in two)
+    split = " / ".join(f"{count:,}" for _, count in sorted(served.items()))
+    return "\n\n".join([
+        caption("scale.json", result, ". Per cell: requests/s / p50 ms / p99 ms; then the proxy's CPU ms per "
+                "request and how full the server's core was, at " + " / ".join(map(str, clients)) + " clients"),
+        table(["target", "route", *(f"{n} client{'s' if n > 1 else ''}" for n in clients), "proxy CPU ms/request",
+               "server core busy"], rows),
+        f"The 2-fake rows' requests per fake engine: {split}; recorded trajectories served by two engines: "
+        f"{sum(cell['trajectories_on_two_engines'] for cell in two)} of {trajectories:,}."])
+
+
+def scale_engines(result: Result) -> str:
+    real = result["real_engines"]
+    runs = real["runs"]
+    first = runs[0]["cell"]["requests_per_s"]
+    rows = []
+    for run in runs:
+        cell = run["cell"]
+        cores = cell["cores_by_process"]
+        cpus = run["engine_cpus"]
+        where = (f"one core each: {cpus}" if run["engines"] == len(cpus.split(",")) > 1
+                 else f"{'core' if ',' not in cpus else 'cores'} {cpus}")
+        rows.append([f"{run['engines']} ({where})",
+                     f"{cell['requests_per_s']:.1f}" + ("" if run is runs[0] else f" ({cell['requests_per_s'] / first:.2f}×)"),
+                     f"{cell['tokens_per_s']:.0f}", f"{cell['p50_ms']:,.0f} / {cell['p99_ms']:,.0f}",
+                     " / ".join(str(count) for count in cell["engine_requests"].values()),
+                     " / ".join(f"{cores.get(name, 0):.2f}" for name in
+                                ("VLLM::Worker", "VLLM::EngineCore", "vllm.entrypoints.openai.api_server")),
+                     f"{cores.get('proxy', 0):.2f}"])
+    return "\n\n".join([
+        caption("scale_engines_pinned.json", result, f", {real['requests']} recorded requests × {real['max_tokens']} "
+                f"tokens, {real['concurrency']} concurrent"),
+        table(["engines (`--engine-cpus`)", "requests/s", "tokens/s", "p50 / p99 ms", "split",
+               "CPU used (cores): workers / EngineCore / API servers", "proxy (cores)"], rows)])
+
+
+def scale_capacity(result: Result) -> str:
+    capacity = result["capacity"]
+    plain, recorded = capacity["plain"], capacity["recorded"]
+    return "\n\n".join([
+        caption("scale.json", result, ", capacity"),
+        table(["route", "proxy CPU ms/request (worst at ≥ 64 clients)", "requests/s on one core",
+               "one engine's requests/s", "engines per proxy"],
+              [(route, f"{values['proxy_cpu_ms_per_request']:.2f}", f"{values['proxy_requests_per_core_s']:,.0f}",
+                f"{values['engine_requests_per_s']:.1f}", f"{values['engines_per_proxy']:.0f}")
+               for route, values in (("plain", plain), ("recorded", recorded))])])
+
+
+def proxy_cpu(result: Result) -> str:
+    plain, streamed = result["targets"], result["streamed"]
+    config = result["config"]
+    rows = [("1-token request, direct (what the proxy spends meanwhile: health polls, metrics)", plain["direct"]),
+            ("1-token request through the proxy", plain["proxy"]),
+            ("1-token request through the proxy, recorded", plain["proxy+record"]),
+            (f"{config['stream_tokens']}-token stream, direct", streamed["direct"]),
+            (f"{config['stream_tokens']}-token stream through the proxy", streamed["proxy"])]
+    return "\n\n".join([
+        caption("proxy_cpu.json", result, f", {config['requests']} requests and {config['stream_requests']} streams a target"),
+        table(["request", "proxy CPU ms per request", "p50 ms"],
+              [(label, f"{values['proxy_cpu_ms_per_request']:.2f}", f"{values['p50_ms']:,.0f}") for label, values in rows]
+              + [("a bare Starlette endpoint + httpx caller in one process", f"{result['bare_hop_cpu_ms_per_request']:.2f}", "")]),
+        f"A streamed chunk costs the proxy {streamed['proxy']['added_cpu_ms_per_chunk']:.3f} ms of CPU; the median "
+        f"stream took {streamed['proxy']['p50_ms'] / streamed['direct']['p50_ms']:.3f}× as long through the proxy."])
+
+
+def proxy_overhead_dialects(result: Result) -> str:
+    rows = [(f"`{s['target']}` over `{s['baseline']}`", f"+{s['added_p50_ms']:.2f} ms",
+             f"{s['added_p50_ms_ci95'][0]:.2f}–{s['added_p50_ms_ci95'][1]:.2f}")
+            for s in result["summary"] if s["scenario"].startswith("latency")]
+    return "\n\n".join([
+        caption("proxy_overhead_dialects.json", result,
+                f", {result['config']['latency_requests']} sequential 1-token requests a target, paired"),
+        table(["target over baseline", "added p50", "95% CI"], rows)])
+
+
+TABLES: dict[str, tuple[str, Callable[[Result], str]]] = {
+    "proxy_overhead": ("proxy_overhead.json", proxy_overhead),
+    "proxy_cpu": ("proxy_cpu.json", proxy_cpu),
+    "proxy_overhead_dialects": ("proxy_overhead_dialects.json", proxy_overhead_dialects),
+    "scale_ceiling": ("scale.json", scale_ceiling),
+    "scale_engines": ("scale_engines_pinned.json", scale_engines),
+    "scale_capacity": ("scale.json", scale_capacity),
+    "soak": ("soak.json", soak),
+    "feedback_loop": ("feedback_loop.json", feedback_loop),
+    "lora_serving": ("lora_serving.json", lora_serving),
+    "policy_engine": ("policy_engine.json", policy_engine),
+}
+
+
+def render(name: str) -> str:
+    result_file, make = TABLES[name]
+    return make(json.loads((RESULTS / result_file).read_text(encoding="utf-8")))
+
+
+def generated(text: str) -> str:
+    """The README with every marked block replaced by what its result file says."""
+    return BLOCK.sub(lambda block: f"{block.group(1)}{render(block.group('name'))}\n{block.group(4)}", text)
+
+
+def main() -> int:
+    text = README.read_text(encoding="utf-8")
+    README.write_text(generated(text), encoding="utf-8")
+    missing = set(TABLES) - {block.group("name") for block in BLOCK.finditer(text)}
+    if missing:
+        print(f"bench/README.md has no block for {sorted(missing)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
