@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -16,8 +17,10 @@ from typing import Any
 from bench.machine import describe
 
 BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
 README = BENCH / "README.md"
 RESULTS = BENCH / "results"
+EMAIL_AGENT = ROOT / "examples" / "email_agent"
 BLOCK = re.compile(r"(<!-- bench:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /bench -->)", re.DOTALL)
 
 Result = dict[str, Any]
@@ -31,6 +34,38 @@ def table(header: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
 
 def caption(result_file: str, result: Result, what: str = "") -> str:
     return f"`bench/results/{result_file}`{what}, measured on {describe(result['machine'])}:"
+
+
+def percent(value: float) -> str:
+    return f"{value:.1%}"
+
+
+def email_agent(results: Sequence[Result]) -> str:
+    """The example's before/after table, one pair of columns per corpus seed."""
+    header = ["metric (subject test questions, greedy)"]
+    columns: list[list[str]] = []
+    for result in results:
+        seed = result["config"]["seed"]
+        header += [f"seed {seed} before", f"**seed {seed} after**"]
+        before, after = result["evaluations"].values()
+        difference = result["accuracy_difference"]
+        gain = (f"{percent(after['answer_accuracy'])} ({difference['difference'] * 100:+.1f}, 95% CI "
+                f"{difference['low'] * 100:+.1f} … {difference['high'] * 100:+.1f})")
+        for summary, accuracy, steps in ((before, percent(before["answer_accuracy"]), ""),
+                                         (after, f"**{gain}**", f"{result['last_step'] - result['first_step']}, "
+                                                                f"{result['wall_seconds'] / 60:.1f} min")):
+            given = summary["answer_accuracy"] / summary["answer_rate"] if summary["answer_rate"] else 0.0
+            columns.append([str(summary["questions"]), accuracy, percent(given), percent(summary["answer_rate"]),
+                            percent(summary["invalid_tool_call_rate"]), f"{summary['mean_turns']:.2f}",
+                            percent(summary["source_accuracy"]), f"{summary['mean_reward']:+.3f}", steps])
+    labels = ["test questions", "answer accuracy", "accuracy of the answers given", "answer rate",
+              "invalid tool-call rate", "mean turns", "source accuracy", "mean reward (default weights)",
+              "GRPO steps, wall time"]
+    files = ", ".join(f"[`{path.name}`]({path.name})" for path in EMAIL_AGENT_RESULTS)
+    machines = {describe(result["machine"]) for result in results}
+    return "\n\n".join([f"{files}, measured on {', '.join(sorted(machines))}:",
+                         table(header, [[label, *(column[row] for column in columns)]
+                                        for row, label in enumerate(labels)])])
 
 
 def lora_serving(result: Result) -> str:
@@ -248,6 +283,91 @@ def proxy_overhead_dialects(result: Result) -> str:
         table(["target over baseline", "added p50", "95% CI"], rows)])
 
 
+def train_throughput(result: Result) -> str:
+    peaks = ", ".join(f"{dtype} {gflops:.0f} GFLOP/s" for dtype, gflops in result["peak_gflops"].items())
+    runs = result["runs"]
+    where = "own cores" if result.get("trainer", {}).get("own_cores", True) else "cores shared with an engine"
+    rows = [(f"`{run['row']}`", run["dtype"], run["objective"], f"{run['seconds_per_step']:.2f}",
+             f"{run['tokens_per_s']:.0f}", f"{run['decoder_positions']:,}", f"{run['gflops']:.0f}",
+             f"{run['fraction_of_peak']:.1%}") for run in runs]
+    lines = [caption("train_throughput.json", result, f", batches of {result['batch'][0]} × {result['batch'][1]} "
+                     f"tokens, the trainer on its {where}; measured matmul peak: {peaks}"),
+             table(["row", "dtype", "objective", "s/step", "trained tokens/s", "decoder positions", "GFLOP/s",
+                    "of peak"], rows)]
+    shared = {run["dtype"]: run for run in runs if run["row"] == "grpo"}
+    unshared = {run["dtype"]: run for run in runs if run["row"] == "grpo-unshared"}
+    for dtype in shared.keys() & unshared.keys():
+        lines.append(f"Sharing the group's prompt ({dtype}): {unshared[dtype]['seconds_per_step'] / shared[dtype]['seconds_per_step']:.2f}× "
+                     f"as fast a step ({shared[dtype]['decoder_positions']:,} decoder positions instead of "
+                     f"{unshared[dtype]['decoder_positions']:,}).")
+    if result.get("bfloat16_skipped"):
+        lines.append(f"No bf16 rows: {result['bfloat16_skipped']}.")
+    if result.get("swap"):
+        lines.append(f"Last step → first streamed token from the new step: {result['swap']['last_step_to_first_token_s']:.3f} s.")
+    return "\n\n".join(lines)
+
+
+def job_learning(result: Result) -> str:
+    settings, before, after = result["settings"], result["held_out"]["before"], result["held_out"]["after"]
+    rewards = result["reward_per_iteration"]
+    first, last = rewards[:3], rewards[-3:]
+    return "\n\n".join([
+        caption("job_learning.json", result, f", {settings['iterations']} iterations × {settings['batch_size']} rows "
+                f"× {settings['group_size']} samples, learning rate {settings['learning_rate']:g}, the job "
+                f"{result['status']} in {result['wall_seconds']:.0f} s"),
+        table(["held-out pass rate (greedy, correct)", "held-out mean reward",
+               f"training reward, iterations 1–3 → {len(rewards) - 2}–{len(rewards)}"],
+              [(f"{before['valid_pass_rate']:.3f} → **{after['valid_pass_rate']:.3f}**",
+                f"{before['valid_reward_mean']:.3f} → {after['valid_reward_mean']:.3f}",
+                f"{sum(first) / len(first):.2f} → {sum(last) / len(last):.2f}")])])
+
+
+RL_MODES = {"sequential": "sequential", "pipeline": "pipeline (shared cores)",
+            "pipeline-split": "pipeline, engine core 0 / trainer core 1",
+            "sequential-policy": "sequential, LoRA engine + policy engine (a core each)",
+            "pipeline-policy": "pipeline, LoRA engine + policy engine"}
+
+
+def _median_phase(mode: Result, phase: str) -> float:
+    steps = mode["per_step"][1:] or mode["per_step"]
+    return statistics.median(step[phase] for step in steps)
+
+
+def rl_step_core_split(result: Result) -> str:
+    """What an overlap could win back on two cores: each half's time on both cores (the sequential loop)
+    against its time on one core (the split pipeline), and the best a perfect scheduler could do."""
+    modes = {mode["mode"]: mode for mode in result["modes"]}
+    if not {"sequential", "pipeline-split"} <= modes.keys():
+        return "This result file has no split-core run (`--core-split`)."
+    sequential, split = modes["sequential"], modes["pipeline-split"]
+    rollouts, training = _median_phase(sequential, "rollout_seconds"), _median_phase(sequential, "train_seconds")
+    rollouts_one, training_one = _median_phase(split, "rollout_seconds"), _median_phase(split, "train_seconds")
+    best = (rollouts_one + training_one) / 2
+    return "\n\n".join([
+        caption("rl_step.json", result, ", medians of each mode's steps"),
+        table(["", "rollouts", "training", "total"], [
+            ("sequential (2 cores each)", f"2 × {rollouts:.2f} s", f"2 × {training:.2f} s",
+             f"{2 * (rollouts + training):.1f} core-s"),
+            ("one core each (split pipeline)", f"{rollouts_one:.2f} s", f"{training_one:.2f} s",
+             f"{rollouts_one + training_one:.1f} core-s")]),
+        f"One core does {rollouts_one / rollouts:.2f}× (rollouts) and {training_one / training:.2f}× (training) the "
+        f"work of two. A perfect scheduler would need {best:.2f} s a step, "
+        f"**{best / sequential['seconds_per_step']:.2f}× of the sequential {sequential['seconds_per_step']:.2f} s**; "
+        f"the static split is bound by its slower half ({max(rollouts_one, training_one):.2f} s)."])
+
+
+def rl_step(result: Result) -> str:
+    budget = result["budget_seconds"]
+    rows = [(RL_MODES.get(mode["mode"], mode["mode"]), mode["steps"], f"{mode['seconds_per_step']:.1f}",
+             f"{mode['engine_idle']:.0%}", f"{mode['trainer_idle']:.0%}", f"{mode['held_out_accuracy']:.0%}")
+            for mode in result["modes"]]
+    return "\n\n".join([
+        caption("rl_step.json", result, f", {budget:.0f} s a mode"),
+        table(["mode", f"steps in {budget:.0f} s", "s/step", "engine idle", "trainer idle", "held-out accuracy"], rows),
+        f"The pipeline's seconds per step over the sequential loop's: "
+        f"{result['pipeline_over_sequential_step_time']:.2f}×."])
+
+
 TABLES: dict[str, tuple[str, Callable[[Result], str]]] = {
     "proxy_overhead": ("proxy_overhead.json", proxy_overhead),
     "proxy_cpu": ("proxy_cpu.json", proxy_cpu),
@@ -259,27 +379,52 @@ TABLES: dict[str, tuple[str, Callable[[Result], str]]] = {
     "feedback_loop": ("feedback_loop.json", feedback_loop),
     "lora_serving": ("lora_serving.json", lora_serving),
     "policy_engine": ("policy_engine.json", policy_engine),
+    "train_throughput": ("train_throughput.json", train_throughput),
+    "job_learning": ("job_learning.json", job_learning),
+    "rl_step": ("rl_step.json", rl_step),
+    "rl_step_core_split": ("rl_step.json", rl_step_core_split),
+}
+
+
+EMAIL_AGENT_RESULTS = (EMAIL_AGENT / "results-subject-8-inboxes.json",
+                       EMAIL_AGENT / "results-subject-8-inboxes-seed1.json")
+# Tables of other documents, each from its own result files.
+EXAMPLE_TABLES: dict[str, tuple[Path, Callable[[], str]]] = {
+    "email_agent": (EMAIL_AGENT / "README.md",
+                    lambda: email_agent([json.loads(path.read_text(encoding="utf-8")) for path in EMAIL_AGENT_RESULTS])),
 }
 
 
 def render(name: str) -> str:
+    if name in EXAMPLE_TABLES:
+        return EXAMPLE_TABLES[name][1]()
     result_file, make = TABLES[name]
     return make(json.loads((RESULTS / result_file).read_text(encoding="utf-8")))
 
 
 def generated(text: str) -> str:
-    """The README with every marked block replaced by what its result file says."""
+    """The document with every marked block replaced by what its result file says."""
     return BLOCK.sub(lambda block: f"{block.group(1)}{render(block.group('name'))}\n{block.group(4)}", text)
 
 
+def documents() -> dict[Path, set[str]]:
+    """Each document with generated tables, and the tables it must hold."""
+    named: dict[Path, set[str]] = {README: set(TABLES)}
+    for name, (document, _) in EXAMPLE_TABLES.items():
+        named.setdefault(document, set()).add(name)
+    return named
+
+
 def main() -> int:
-    text = README.read_text(encoding="utf-8")
-    README.write_text(generated(text), encoding="utf-8")
-    missing = set(TABLES) - {block.group("name") for block in BLOCK.finditer(text)}
-    if missing:
-        print(f"bench/README.md has no block for {sorted(missing)}", file=sys.stderr)
-        return 1
-    return 0
+    status = 0
+    for document, names in documents().items():
+        text = document.read_text(encoding="utf-8")
+        document.write_text(generated(text), encoding="utf-8")
+        missing = names - {block.group("name") for block in BLOCK.finditer(text)}
+        if missing:
+            print(f"{document.relative_to(ROOT)} has no block for {sorted(missing)}", file=sys.stderr)
+            status = 1
+    return status
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ import openai
 import orjson
 
 import artlike as art
+from bench.machine import machine
 from examples.email_agent.agent import DEFAULT_MAX_TOKENS, DEFAULT_MAX_TURNS
 from examples.email_agent.data import iter_questions
 from examples.email_agent.evaluate import (
@@ -372,7 +373,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "steps": [s.model_dump(mode="json") for s in result.steps],
             "accuracy_difference": asdict(difference) if difference is not None else None,
             "wall_seconds": time.monotonic() - started,
-            "evaluations": {label: asdict(s) for label, s in summaries.items()}}
+            "evaluations": {label: asdict(s) for label, s in summaries.items()},
+            "machine": machine()}
 
 
 def _format_step(step: art.PipelineStep) -> str:

@@ -1,8 +1,10 @@
-"""bench/README.md's result tables are what `python -m bench.tables` generates from the result files."""
+"""The result tables of bench/README.md and the examples' READMEs are what `python -m bench.tables` generates
+from the result files."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -10,14 +12,22 @@ from bench import tables
 from bench.machine import describe, instruction_sets
 
 
-def test_the_readme_tables_are_generated_from_the_result_files() -> None:
-    text = tables.README.read_text(encoding="utf-8")
-    assert text == tables.generated(text), "run `python -m bench.tables` and commit bench/README.md"
+@pytest.mark.parametrize("document", sorted(tables.documents()), ids=lambda path: str(path.relative_to(tables.ROOT)))
+def test_the_tables_are_generated_from_the_result_files(document: Path) -> None:
+    text = document.read_text(encoding="utf-8")
+    assert text == tables.generated(text), f"run `python -m bench.tables` and commit {document}"
 
 
-def test_every_table_has_its_block() -> None:
-    named = {block.group("name") for block in tables.BLOCK.finditer(tables.README.read_text(encoding="utf-8"))}
-    assert named == set(tables.TABLES)
+@pytest.mark.parametrize("document", sorted(tables.documents()), ids=lambda path: str(path.relative_to(tables.ROOT)))
+def test_every_table_has_its_block(document: Path) -> None:
+    named = {block.group("name") for block in tables.BLOCK.finditer(document.read_text(encoding="utf-8"))}
+    assert named == tables.documents()[document]
+
+
+def test_the_example_results_name_their_machine() -> None:
+    for path in tables.EMAIL_AGENT_RESULTS:
+        machine = json.loads(path.read_text(encoding="utf-8"))["machine"]
+        assert describe(machine) in tables.render("email_agent")
 
 
 @pytest.mark.parametrize("name", sorted(tables.TABLES))
