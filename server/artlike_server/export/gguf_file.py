@@ -113,6 +113,9 @@ def _write_tokenizer(writer: gguf.GGUFWriter, source: StepSource, vocab_size: in
     writer.add_token_list(tokens)
     writer.add_token_types(types)
     special = gguf.SpecialVocab(source.base_path, load_merges=True, n_vocab=vocab_size)
+    if "bos" not in special.add_special_token:  # llama.cpp would add one to a BPE vocabulary: say what the tokenizer does
+        bos = tokenizer.bos_token_id
+        special.add_special_token["bos"] = bos is not None and tokenizer("a")["input_ids"][:1] == [bos]
     special.add_to_gguf(writer, quiet=True)  # merges, special token ids, add_bos/eos flags, chat template
 
 
