@@ -120,6 +120,37 @@ with_options(serve, before=_command_only_options, after=_logging_options)
 app.command()(serve)
 
 
+@app.command("export")
+def export(
+    model: Annotated[str, typer.Argument(help="MODEL or MODEL@STEP (MODEL alone: the step its alias serves).")],
+    out: Annotated[Path, typer.Option(help="The directory to write (must not exist, or be empty).")],
+    export_format: Annotated[str, typer.Option("--format", help="peft (the adapter), merged (Hugging Face weights) or gguf "
+                                        "(llama.cpp, Ollama).")] = "merged",
+    dtype: Annotated[str | None, typer.Option(help="merged: bfloat16 (default), float16 or float32.")] = None,
+    quant: Annotated[str | None, typer.Option(help="gguf: the tensor type, as llama.cpp's converter's --outtype: "
+                                              "f16 (default), bf16, f32 or q8_0.")] = None,
+    data_dir: Annotated[Path, typer.Option(help=ServerSettings.model_fields["data_dir"].description)
+                        ] = ServerSettings.model_fields["data_dir"].default,
+    base_model: Annotated[Path | None, typer.Option(help="Read the base weights from this directory (default: "
+                                                    "where the trainer read them, else the embedded model).")] = None,
+) -> None:
+    """Export a trained step: the PEFT adapter, the merged model, or a GGUF file, with a model card. Reads the
+    data dir directly, whether a server is running on it or not."""
+    from .errors import APIError
+    from .export.formats import export_request
+    from .export.run import export_step
+    from .export.source import find_step
+
+    try:
+        request = export_request(export_format, dtype, quant)
+        source = find_step(data_dir.expanduser().resolve(), model, base_path=base_model)
+        written = export_step(source, request, out)
+    except APIError as error:
+        typer.echo(f"artlike export: {error.message}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(f"artlike: exported {source.reference} as {request.format} to {written}", err=True)
+
+
 def _section(section: str, values: dict[str, Any]) -> Any:
     """One settings section from the command's values; a value the section refuses names its option."""
     try:

@@ -23,6 +23,7 @@ from .engine.errors import EngineError
 from .engine.launch import EngineConfig, free_port
 from .engine.placement import trainer_owns_its_cores
 from .engine.pool_setup import build_engine_pool
+from .export.service import ExportService
 from .jobs.files import FileStore
 from .jobs.grader_pool import GraderLimits, GraderPool
 from .jobs.graders_service import GraderService
@@ -209,6 +210,7 @@ async def build_services(settings: ServerSettings, *, metrics: Metrics | None = 
             page_logins=page_logins, tensorboard=tensorboard,
             scoring=RewardScoring(store, models, completion_log, trainer, tokenizer.conversation_ids,
                                   max_input_tokens=settings.sequence_token_limit),
+            exports=ExportService(settings.data_dir, settings.model_path),
             dialects={"responses": ResponsesDialect(response_store), "messages": MessagesDialect()})
 
         days = retention.log_retention_days

@@ -15,6 +15,7 @@ from fastapi import Request
 if TYPE_CHECKING:
     from .completion_log import CompletionLog
     from .engine.pool import EnginePool
+    from .export.service import ExportService
     from .jobs.files import FileStore
     from .jobs.graders_service import GraderService
     from .jobs.sandbox import Sandbox
@@ -79,6 +80,7 @@ class Services:
     trajectories: TrajectoryBrowser
     page_logins: PageLogins
     scoring: RewardScoring
+    exports: ExportService  # trained steps as PEFT, merged or GGUF tars
     serving: OpenAIServing  # the OpenAI surface: completions forwarded, rewritten and recorded
     tensorboard: TensorBoardLog | None = None
     dialects: dict[str, Dialect] = field(default_factory=dict)  # APIs served by translation, by route name

@@ -1,6 +1,6 @@
 """Every `artlike` option and every HTTP route a doc names exists in the real CLI and the real app.
 
-Options: each `artlike serve ...` / `artlike jobs ACTION ...` command line, in prose or in a code block
+Options: each `artlike serve ...` / `artlike export ...` / `artlike jobs ACTION ...` command line, in prose or in a code block
 (continuation lines joined), up to a comment or the end of the command. Routes: each `METHOD /path` (with
 that method) and each path after the server's URL (`$ARTLIKE_SERVER/...`, `http://127.0.0.1:8000/...`,
 `{server}/...`; a base URL such as `{server}/t/{id}/v1` may be a prefix of routes). A concrete segment
@@ -24,7 +24,7 @@ from artlike import _cli
 from tests.docs.doc_files import doc_files, relative
 from tests.unit.fake_services import fake_services
 
-COMMAND = re.compile(r"\bartlike (serve|jobs(?: (?:start|list|show|logs|cancel))?)\b([^`;|&)\n]*)")
+COMMAND = re.compile(r"\bartlike (serve|export|jobs(?: (?:start|list|show|logs|cancel))?)\b([^`;|&)\n]*)")
 FLAG = re.compile(r"--?[A-Za-z][\w-]*")
 METHOD_ROUTE = re.compile(r"\b(GET|POST|PUT|PATCH|DELETE)\s+(/[^\s`|,;)\"']*)")
 # The engine's (vLLM's) own routes, which docs/scale-out.md asks of a remote engine.
@@ -43,9 +43,10 @@ def doc_lines(path: Path) -> list[str]:
 
 @cache
 def options() -> dict[str, frozenset[str]]:
-    serve = typer.main.get_command(server_cli.app).commands["serve"]  # type: ignore[attr-defined]
-    known = {"serve": frozenset(opt for param in serve.params for opt in (*param.opts, *param.secondary_opts))
-             | {"--help"}}
+    server_commands = typer.main.get_command(server_cli.app).commands  # type: ignore[attr-defined]
+    known = {name: frozenset(opt for param in server_commands[name].params
+                             for opt in (*param.opts, *param.secondary_opts)) | {"--help"}
+             for name in ("serve", "export")}
     root = _cli._parser()
     commands = next(action for action in root._actions if isinstance(action, argparse._SubParsersAction))
     jobs = commands.choices["jobs"]
