@@ -44,8 +44,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def start_shared_server(config: pytest.Config) -> ServerProcess:
     """Starts the shared server without waiting for it to be healthy."""
     data_dir = Path(tempfile.mkdtemp(prefix="artlike-data-"))
-    args = [*SERVER_ARGS, "--tensorboard-dir", str(data_dir / "tensorboard")]
-    running = config.stash[SHARED_SERVER] = ServerProcess(data_dir, args=args, api_key=TEST_API_KEY)
+    # Every tracker, each writing inside the data dir (W&B offline, MLflow's file store): tests read them back.
+    args = [*SERVER_ARGS, "--tensorboard-dir", str(data_dir / "tensorboard"), "--wandb-project", "artlike-tests",
+            "--mlflow-tracking-uri", (data_dir / "mlruns").as_uri()]
+    env = {"WANDB_MODE": "offline", "WANDB_DIR": str(data_dir), "MLFLOW_ALLOW_FILE_STORE": "true"}
+    running = config.stash[SHARED_SERVER] = ServerProcess(data_dir, args=args, api_key=TEST_API_KEY, env=env)
     return running.start(wait=False)
 
 

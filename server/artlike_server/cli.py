@@ -107,9 +107,9 @@ def serve(**options: Any) -> None:
         given["limits"]["reject_seed"] = _seed_is_unsafe(device, engine["args"])
     model_path, name = _model(options["model"], options["served_model_name"])
     engine["chat_template"], engine["tool_call_parser"] = _tool_calling(model_path, engine)
-    retention = given["retention"]
-    if retention["tensorboard_dir"] is not None:
-        retention["tensorboard_dir"] = retention["tensorboard_dir"].expanduser().resolve()
+    trackers = given["trackers"]
+    if trackers["tensorboard_dir"] is not None:
+        trackers["tensorboard_dir"] = trackers["tensorboard_dir"].expanduser().resolve()
     settings = ServerSettings(model_path=model_path, served_model_name=name,
                               data_dir=options["data_dir"].expanduser().resolve(),
                               **{section: _section(section, values) for section, values in given.items()})

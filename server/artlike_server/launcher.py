@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 
@@ -42,6 +43,7 @@ class ServerProcess:
         port: int | None = None,
         model_id: str = DEFAULT_MODEL_ID,
         start_timeout_s: float = 900.0,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.data_dir = data_dir
         self.args = list(args)
@@ -49,6 +51,7 @@ class ServerProcess:
         self.port = port or free_port()
         self.model_id = model_id
         self.start_timeout_s = start_timeout_s
+        self.env = dict(env or {})  # set in the server's environment, beside this process's own
         self.log_path = data_dir / "server.log"
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -67,7 +70,9 @@ class ServerProcess:
                    "--data-dir", str(self.data_dir), *self.args]
         # The key goes in the environment, never on the command line (any local user reads /proc/*/cmdline);
         # the server keeps it out of its own children's environments.
-        env = dict(os.environ, ARTLIKE_API_KEY=self.api_key) if self.api_key else None
+        env = dict(os.environ, **self.env)
+        if self.api_key:
+            env["ARTLIKE_API_KEY"] = self.api_key
         with open(self.log_path, "ab") as log_file:
             # Its own session: stop() signals the whole group (proxy, engine, trainer) at once.
             self.process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, env=env,

@@ -43,7 +43,7 @@ from .openai_api.policy import RequestPolicy
 from .openai_api.response_store import ResponseStore
 from .openai_api.serving import OpenAIServing
 from .scoring.service import RewardScoring
-from .settings import ServerSettings
+from .settings import ServerSettings, TrackerSettings
 from .state import BaseModelInfo, Services
 from .studio.continual import ContinualTrainer
 from .studio.page_logins import PageLogins
@@ -51,8 +51,8 @@ from .studio.ratings import RatingService
 from .studio.reward_training import RatingsRewardTrainer
 from .studio.store import StudioStore
 from .studio.trajectories import TrajectoryBrowser
-from .tensorboard_log import TensorBoardLog
 from .tokenizer import load_chat_tokenizer
+from .trackers.base import Tracker, Trackers
 from .training.adapter_init import TrainerAdapterInitializer
 from .training.job import TrainingLimits, TrainingService
 from .training.sessions import TrainingSessions
@@ -186,11 +186,13 @@ async def build_services(settings: ServerSettings, *, metrics: Metrics | None = 
         stack.push_async_callback(continual.shutdown)
         ratings = RatingService(studio, completion_log, tokenizer.decode_text, on_rated=continual.notify)
 
-        tensorboard = None
-        if retention.tensorboard_dir is not None:
-            tensorboard = TensorBoardLog(retention.tensorboard_dir)
-            stack.callback(tensorboard.close)
-            models.history_observers.append(tensorboard.write_step)
+        exports = ExportService(settings.data_dir, settings.model_path)
+        trackers = build_trackers(settings.trackers)
+        if trackers is not None:
+            stack.callback(trackers.close)
+            models.history_observers.append(trackers.observe_history)
+            jobs.config_observers.append(trackers.train_config)
+            exports.observers.append(trackers.exported)
 
         base_model = BaseModelInfo(settings.served_model_name, settings.model_path, settings.engine.max_lora_rank)
         registry = ModelRegistry(store, models, TrainerAdapterInitializer(trainer), base_model,
@@ -207,10 +209,10 @@ async def build_services(settings: ServerSettings, *, metrics: Metrics | None = 
             sandbox=sandbox, files=FileStore(settings.data_dir / "files"), graders=graders, jobs=jobs,
             studio=studio, ratings=ratings, continual=continual,
             trajectories=TrajectoryBrowser(completion_log, studio, tokenizer.decode_text, tokenizer.decode),
-            page_logins=page_logins, tensorboard=tensorboard,
+            page_logins=page_logins, trackers=trackers,
             scoring=RewardScoring(store, models, completion_log, trainer, tokenizer.conversation_ids,
                                   max_input_tokens=settings.sequence_token_limit),
-            exports=ExportService(settings.data_dir, settings.model_path),
+            exports=exports,
             dialects={"responses": ResponsesDialect(response_store), "messages": MessagesDialect()})
 
         days = retention.log_retention_days
@@ -222,6 +224,29 @@ async def build_services(settings: ServerSettings, *, metrics: Metrics | None = 
         _background(stack, start_engine_then_trainer(services, on_fatal), "engine-start")
         _background(stack, _reap_idle_sessions(sessions), "session-reaper")
         yield services
+
+
+def build_trackers(settings: TrackerSettings) -> Trackers | None:
+    """The experiment trackers asked for (None: none). Each library is imported only here, when its option is
+    set; W&B and MLflow write on their own threads (they may talk to a server)."""
+    trackers: list[Tracker] = []
+    if settings.tensorboard_dir is not None:
+        from .trackers.tensorboard import TensorBoardLog
+
+        trackers.append(TensorBoardLog(settings.tensorboard_dir))
+    if settings.wandb_project is not None:
+        from .trackers.background import BackgroundTracker
+        from .trackers.weights_and_biases import WandbTracker
+
+        trackers.append(BackgroundTracker(WandbTracker(settings.wandb_project, entity=settings.wandb_entity,
+                                                       run_name_prefix=settings.wandb_run_name), "wandb"))
+    if settings.mlflow_tracking_uri is not None:
+        from .trackers.background import BackgroundTracker
+        from .trackers.mlflow_runs import MlflowTracker
+
+        trackers.append(BackgroundTracker(MlflowTracker(settings.mlflow_tracking_uri, settings.mlflow_experiment),
+                                          "mlflow"))
+    return Trackers(trackers) if trackers else None
 
 
 def request_policy(settings: ServerSettings) -> RequestPolicy:

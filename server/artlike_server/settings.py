@@ -92,8 +92,6 @@ class RetentionSettings(_Section):
                                          flag="--log-prune-interval", gt=0)
     log_file_max_mb: float = option(64, "engine.log and trainer.log rotate at this size in MiB.", ge=0.001)
     log_file_backups: int = option(3, "Rotated engine/trainer logs kept.", ge=1)
-    tensorboard_dir: Path | None = option(
-        None, "Also write every trained step's metrics as TensorBoard event files here (one run per model).")
 
     @property
     def max_age_seconds(self) -> float | None:
@@ -106,6 +104,24 @@ class RetentionSettings(_Section):
     @property
     def log_file_max_bytes(self) -> int:
         return int(self.log_file_max_mb * _MIB)
+
+
+class TrackerSettings(_Section):
+    """Experiment trackers that see every trained step, evaluation, managed job, alias move and export."""
+
+    tensorboard_dir: Path | None = option(
+        None, "Also write every trained step's metrics as TensorBoard event files here (one run per model).")
+    wandb_project: str | None = option(
+        None, "Also log to this Weights & Biases project: one run per model with every step's metrics, "
+              "evaluations, managed jobs' train configs, alias moves and exports. W&B's environment applies "
+              "(WANDB_API_KEY, WANDB_MODE=offline, WANDB_DIR).")
+    wandb_entity: str | None = option(None, "The W&B entity (user or team) of --wandb-project (default: W&B's).")
+    wandb_run_name: str = option(
+        "", "A prefix of each W&B run's name and id (the run of model M is PREFIX + M).")
+    mlflow_tracking_uri: str | None = option(
+        None, "Also log to this MLflow tracking server or store (http://..., databricks, file:DIR with "
+              "MLFLOW_ALLOW_FILE_STORE=true): one run per model with the same records as --wandb-project.")
+    mlflow_experiment: str = option("artlike", "The MLflow experiment the runs of --mlflow-tracking-uri go in.")
 
 
 class EngineSettings(_Section):
@@ -217,7 +233,7 @@ class SandboxSettings(_Section):
 
 
 SECTIONS: dict[str, type[_Section]] = {
-    "network": NetworkSettings, "limits": LimitsSettings, "retention": RetentionSettings,
+    "network": NetworkSettings, "limits": LimitsSettings, "retention": RetentionSettings, "trackers": TrackerSettings,
     "engine": EngineSettings, "scale_out": ScaleOutSettings, "trainer": TrainerSettings, "sandbox": SandboxSettings,
 }
 
@@ -234,6 +250,7 @@ class ServerSettings(BaseModel):
     network: NetworkSettings = NetworkSettings()
     limits: LimitsSettings = LimitsSettings()
     retention: RetentionSettings = RetentionSettings()
+    trackers: TrackerSettings = TrackerSettings()
     engine: EngineSettings = EngineSettings()
     scale_out: ScaleOutSettings = ScaleOutSettings()
     trainer: TrainerSettings = TrainerSettings()

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from .studio.reward_training import RatingsRewardTrainer
     from .studio.store import StudioStore
     from .studio.trajectories import TrajectoryBrowser
-    from .tensorboard_log import TensorBoardLog
+    from .trackers.base import Trackers
     from .training.job import TrainingService
     from .training.sessions import TrainingSessions
     from .training.trainer_client import TrainerProcess
@@ -82,7 +82,7 @@ class Services:
     scoring: RewardScoring
     exports: ExportService  # trained steps as PEFT, merged or GGUF tars
     serving: OpenAIServing  # the OpenAI surface: completions forwarded, rewritten and recorded
-    tensorboard: TensorBoardLog | None = None
+    trackers: Trackers | None = None  # --tensorboard-dir, --wandb-project, --mlflow-tracking-uri
     dialects: dict[str, Dialect] = field(default_factory=dict)  # APIs served by translation, by route name
 
 

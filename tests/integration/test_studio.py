@@ -1,5 +1,6 @@
 """The studio's API on the real server: ratings, continual training from them (K, replay, no signal, the
-promotion guard), rollback, the trajectory browser, TensorBoard files and the page's session rules.
+promotion guard), rollback, the trajectory browser, the experiment trackers' records (TensorBoard, W&B,
+MLflow) and the page's session rules.
 The page itself in a real browser: test_studio_browser.py. Uses the session fixture `server`."""
 
 from __future__ import annotations
@@ -12,6 +13,10 @@ from uuid import uuid4
 import httpx
 import pytest
 from artlike_server.launcher import ServerProcess
+from artlike_server.trackers.base import step_scalars
+from artlike_server.trackers.mlflow_runs import metric_name
+
+from tests.tracker_records import mlflow_run, read_until, wandb_run
 
 pytestmark = pytest.mark.integration
 
@@ -185,6 +190,21 @@ def test_continual_training_every_k_with_replay_no_signal_and_rollback(http: htt
     rewards = tensorboard_scalars(Path(server.data_dir) / "tensorboard" / model, "reward")
     steps = [e for e in history if isinstance(e.get("step"), int)]
     assert rewards == pytest.approx({e["step"]: e["reward"]["mean"] for e in steps}, abs=1e-6)
+
+    # W&B (offline) and MLflow (a file store): every step's values equal its history line, and the alias moves.
+    expected = {e["step"]: dict(step_scalars(e)) for e in steps}
+    wandb = read_until(lambda: wandb_run(Path(server.data_dir), model),
+                       lambda run: run["summary"].get("alias/reason") == "set by API")
+    logged = {step: {key: row[key] for key in values} for step, values in expected.items()
+              for row in wandb["history"] if row.get("step") == step and values.keys() <= row.keys()}
+    assert logged == pytest.approx(expected) and len(logged) == len(steps)
+    assert [row["alias/step"] for row in wandb["history"] if "alias/step" in row][-2:] == [0, 2]
+    uri = (Path(server.data_dir) / "mlruns").as_uri()
+    mlflow = read_until(lambda: mlflow_run(uri, model), lambda run: run["tags"].get("alias.step") == "2")
+    logged = {step: {key: mlflow["metrics"][metric_name(key)][step] for key in values}
+              for step, values in expected.items()}
+    assert logged == pytest.approx(expected)
+    assert mlflow["tags"]["alias.reason"] == "set by API" and mlflow["metrics"]["alias/step"][0] == 0
 
 
 def test_the_guard_holds_back_a_step_that_disagrees_with_held_out_ratings(http: httpx.Client, server: ServerProcess) -> None:

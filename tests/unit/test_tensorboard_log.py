@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from artlike_server.tensorboard_log import TensorBoardLog, step_scalars
+from artlike_server.trackers.base import step_scalars
+from artlike_server.trackers.tensorboard import TensorBoardLog
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 LINE = {"step": 2, "time": 1700000000.0, "reward": {"mean": 0.25, "std": 0.1}, "loss": {"mean": -0.5},

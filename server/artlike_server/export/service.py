@@ -10,7 +10,7 @@ import shutil
 import sys
 import tarfile
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,6 +62,8 @@ class ExportService:
         self._work = data_dir / "exports"  # on the data dir's disk: an export can be as large as the model
         shutil.rmtree(self._work, ignore_errors=True)  # exports a stopped server left half-sent
         self._one_at_a_time = asyncio.Semaphore(1)  # a merge holds the whole model in memory
+        # Called with (model, step, format, the tar's file name) once an export is written (the trackers).
+        self.observers: list[Callable[[str, int, str, str], None]] = []
 
     async def export(self, name: str, step: int, format: str, dtype: str | None = None,
                      quant: str | None = None) -> ExportArchive:
@@ -77,6 +79,8 @@ class ExportService:
         except BaseException:
             shutil.rmtree(work, ignore_errors=True)
             raise
+        for observer in self.observers:
+            observer(name, step, request.format, f"{archive.name}.tar")
         return archive
 
     def _base_path(self) -> Path | None:

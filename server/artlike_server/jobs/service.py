@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 import secrets
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -48,6 +48,11 @@ class NewJob:
     warnings: tuple[str, ...] = ()
 
 
+def train_config(spec: JobSpec) -> dict[str, Any]:
+    """A job's train config as the trackers record it: its spec without the reward's code."""
+    return spec.model_dump(mode="json", exclude={"reward": {"source"}})
+
+
 def new_job_id() -> str:
     return f"ftjob-{secrets.token_hex(12)}"
 
@@ -65,6 +70,8 @@ class JobService:
         self._changed: dict[str, asyncio.Event] = {}
         self._closed = False
         store.on_event = self.notify
+        # Called with (target model, job id, train config) as a job starts or resumes (the trackers); must not raise.
+        self.config_observers: list[Callable[[str, str, dict[str, Any]], None]] = []
 
     # --------------------------------------------------------------------------------- lifecycle
 
@@ -252,6 +259,8 @@ class JobService:
             stop.request(job.stop_request)
         model = job.spec.target_model
         self._event(job_id, "started" if job.iteration == 0 else f"running from iteration {job.iteration}")
+        for observer in self.config_observers:
+            observer(model, job_id, train_config(job.spec))
         reward = JobReward(job.spec.reward, self.sandbox, self.judge, self.scorer, self.compute, owner=job_id) \
             if job.spec.reward is not None else None
         try:

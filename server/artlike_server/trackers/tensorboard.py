@@ -10,36 +10,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from .base import step_scalars
+
 log = logging.getLogger(__name__)
-
-SCALARS = ("reward.mean", "reward.std", "loss.mean", "kl.mean", "entropy.mean", "grad_norm.mean",
-           "clip_fraction.mean", "logprob_mismatch", "groups_skipped", "trainable_tokens", "train_seconds",
-           "swap_seconds")
-
-
-def step_scalars(entry: dict[str, Any]) -> Iterator[tuple[str, float]]:
-    """(tag, value) for each metric of a history line that is a number, plus tokens/s."""
-    for path in SCALARS:
-        value: Any = entry
-        for part in path.split("."):
-            value = value.get(part) if isinstance(value, dict) else None
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            yield path.replace(".mean", "").replace(".", "/"), float(value)
-    if entry.get("train_seconds"):
-        yield "tokens_per_second", entry.get("trainable_tokens", 0) / entry["train_seconds"]
-    for key, value in (entry.get("metrics") or {}).items():
-        if isinstance(value, int | float):
-            yield f"metrics/{key}", float(value)
-    for key, value in (entry.get("objective_metrics") or {}).items():  # e.g. PPO's score_mean, kl_coef
-        if isinstance(value, int | float):
-            yield f"objective/{key}", float(value)
-    for key, value in (entry.get("eval") or {}).items():  # an evaluation line (`"event": "eval"`)
-        if isinstance(value, int | float):
-            yield f"eval/{key}", float(value)
 
 
 class TensorBoardLog:
@@ -66,6 +42,21 @@ class TensorBoardLog:
             writer.add_event(self._event(wall_time=entry.get("time", time.time()), step=step,
                                          summary=self._summary(value=values)))
             writer.flush()
+
+    def step(self, model: str, entry: dict[str, Any]) -> None:
+        self.write_step(model, entry)
+
+    def evaluation(self, model: str, entry: dict[str, Any]) -> None:
+        self.write_step(model, entry)  # its scores as `eval/*` scalars at the evaluated step
+
+    def train_config(self, model: str, job_id: str, config: dict[str, Any]) -> None:
+        """Event files hold scalars here; a job's config stays in its job and the history lines."""
+
+    def alias_moved(self, model: str, step: int, reason: str) -> None:
+        """Not a scalar of a step: the history lines and the studio show alias moves."""
+
+    def exported(self, model: str, step: int, format: str, path: str) -> None:
+        """Not a scalar of a step."""
 
     def close(self) -> None:
         with self._lock:
