@@ -121,7 +121,7 @@ class ModelManager:
         self._retiring: set[str] = set()  # engine names being deleted: they no longer resolve
         self._scorers: set[str] = set()  # reward models: their steps resolve but never go to the engine
         self._started = False  # restore() ran once: later runs are engine restarts
-        # Called with (model, history line) after each line is committed (TensorBoard); must not raise.
+        # Called with (model, history line) after each line is committed (the trackers); must not raise.
         self.history_observers: list[Callable[[str, dict[str, Any]], None]] = []
         # Called with (model, step, adapter dir) whenever a model's alias moves (policy engines); must not raise.
         self.alias_observers: list[Callable[[str, int, Path], None]] = []
