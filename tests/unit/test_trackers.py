@@ -119,3 +119,15 @@ def test_mlflow_file_store_holds_the_history_lines(tmp_path: Path, monkeypatch: 
     again.step("m", {**STEP_1, "step": 3})
     again.close()
     assert sorted(mlflow_run(uri, "m")["metrics"]["reward/mean"]) == [1, 2, 3]
+
+
+def test_a_jobs_train_config_leaves_out_the_rewards_code() -> None:
+    from artlike_server.jobs.service import train_config
+    from artlike_server.jobs.spec import JobSpec, PythonReward
+
+    spec = JobSpec(api="openai", method="reinforcement", base_model="base", target_model="m", create_target=True,
+                   reward=PythonReward(source="def grade(sample, item):\n    return 1.0\n", entry="grade"),
+                   iterations=3, train_rows=8, learning_rate=2e-5)
+    config = train_config(spec)
+    assert "source" not in config["reward"] and config["reward"]["entry"] == "grade" and config["learning_rate"] == 2e-5
+    assert (config["iterations"], config["method"], config["target_model"]) == (3, "reinforcement", "m")
