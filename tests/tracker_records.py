@@ -4,6 +4,7 @@ file (`run-<id>.wandb`: LevelDB-log-framed `wandb_internal_pb2.Record` protos) a
 from __future__ import annotations
 
 import json
+import os
 import struct
 import time
 from collections.abc import Callable, Iterator
@@ -82,6 +83,8 @@ def mlflow_run(tracking_uri: str, model: str, experiment: str = "artlike") -> di
     """The MLflow run of one model (`artlike.model` tag): each metric's {step: value}, its params and tags."""
     from mlflow.tracking import MlflowClient
 
+    if tracking_uri.startswith("file:"):
+        os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow's opt-in to reading its file store
     client = MlflowClient(tracking_uri=tracking_uri)
     found = client.get_experiment_by_name(experiment)
     assert found is not None, f"no MLflow experiment {experiment!r}"
