@@ -21,6 +21,9 @@ from artlike_server.adapter_import.service import ImportService
 from artlike_server.data_dir_lock import DataDirInUse, DataDirLock
 from artlike_server.engine.client import EngineModel
 from artlike_server.errors import APIError, Conflict, InvalidRequest
+from artlike_server.export.formats import export_request
+from artlike_server.export.run import export_step
+from artlike_server.export.source import find_step
 from artlike_server.models.manager import ModelManager
 from artlike_server.models.registry import ModelRegistry
 from artlike_server.models.store import ModelStore
@@ -339,3 +342,12 @@ def test_the_command_imports_into_a_data_dir_and_says_why_it_refuses(tmp_path: P
     unreachable = runner.invoke(server_cli.app, ["import", str(adapter), "cli-model", "--server",
                                                  "http://127.0.0.1:9"])
     assert unreachable.exit_code == 2 and "cannot reach the server" in unreachable.output
+
+
+def test_an_imported_step_exports_as_peft_with_a_card_that_says_it_was_imported(tmp_path: Path, base: BaseModel) -> None:
+    data_dir = tmp_path / "data"
+    import_offline(data_dir, "m", check_adapter(write_adapter(tmp_path / "a"), base), base)
+    out = export_step(find_step(data_dir, "m@0"), export_request("peft"), tmp_path / "out")
+    config = json.loads((out / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == BASE_ID and config["r"] == 4
+    assert "trained elsewhere and imported" in (out / "README.md").read_text()

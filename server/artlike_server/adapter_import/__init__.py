@@ -7,5 +7,6 @@ like any step.
                  existing model
     archive.py   the adapter directory as an uncompressed tar (what the route receives) and back
     offline.py   the import into a data dir no server is running on, under the data dir's lock
+    cli_run.py   what `artlike import` does: through a running server, or into the data dir
     service.py, router.py, routes.py   `POST /v1/trainable_models/{name}/steps/import` on a running server
 """
