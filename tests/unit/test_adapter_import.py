@@ -351,3 +351,16 @@ def test_an_imported_step_exports_as_peft_with_a_card_that_says_it_was_imported(
     config = json.loads((out / "adapter_config.json").read_text())
     assert config["base_model_name_or_path"] == BASE_ID and config["r"] == 4
     assert "trained elsewhere and imported" in (out / "README.md").read_text()
+
+
+def test_the_command_goes_to_the_server_that_holds_the_data_dir_before_checking_anything(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ARTLIKE_SERVER", raising=False)
+    data_dir = tmp_path / "data"
+    adapter = write_adapter(tmp_path / "a", config={"base_model_name_or_path": "some/other-base"})
+    monkeypatch.setattr(server_cli, "DEFAULT_SERVER_URL", "http://127.0.0.1:9")
+    with DataDirLock(data_dir):
+        result = CliRunner().invoke(server_cli.app, ["import", str(adapter), "m", "--data-dir", str(data_dir)])
+    assert result.exit_code == 2
+    assert "importing through the server at http://127.0.0.1:9" in result.output
+    assert "cannot reach the server" in result.output and "base_model_mismatch" not in result.output

@@ -9,11 +9,12 @@ from typing import Any
 
 import httpx
 
+from ..data_dir_lock import DataDirLock
 from ..default_model import DEFAULT_MODEL_ID, ensure_default_model
 from ..errors import APIError
 from .archive import pack_adapter
 from .check import BaseModel, check_adapter
-from .offline import import_offline, model_base
+from .offline import model_base, write_import
 
 UPLOAD_TIMEOUT_S = 600.0  # the server loads and verifies the adapter in the engine before it answers
 
@@ -24,12 +25,14 @@ class ImportFailed(RuntimeError):
 
 def import_through_data_dir(adapter: Path, model: str, data_dir: Path, *, base_model: str | None,
                             max_lora_rank: int, promote: bool, any_base_name: bool) -> dict[str, Any]:
-    """Check and write the adapter into `data_dir`; `DataDirInUse` when a server holds it."""
+    """Check and write the adapter into `data_dir`; `DataDirInUse` when a server holds it (before any check:
+    the server's base and rank limit are the ones that count then)."""
     try:
-        name, path = model_base(data_dir, model) or _base(base_model)
-        base = BaseModel(name, path, max_lora_rank)
-        checked = check_adapter(adapter.expanduser().resolve(), base, any_base_name=any_base_name)
-        return import_offline(data_dir, model, checked, base, promote=promote).body(checked)
+        with DataDirLock(data_dir):
+            name, path = model_base(data_dir, model) or _base(base_model)
+            base = BaseModel(name, path, max_lora_rank)
+            checked = check_adapter(adapter.expanduser().resolve(), base, any_base_name=any_base_name)
+            return write_import(data_dir, model, checked, base, promote=promote).body(checked)
     except APIError as error:
         raise ImportFailed(_described(error)) from None
 

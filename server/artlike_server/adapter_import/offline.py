@@ -41,11 +41,17 @@ def import_offline(data_dir: Path, name: str, checked: CheckedAdapter, base: Bas
                    promote: bool = True) -> ImportedStep:
     """Write `checked` as a step of `name` in `data_dir`; `DataDirInUse` when a server holds the data dir."""
     with DataDirLock(data_dir):
-        store = ModelStore(data_dir)
-        existing = store.get(name)
-        if existing is None:
-            return _create(store, name, checked, base)
-        return _add(store, existing, checked, str(base.path), promote=promote)
+        return write_import(data_dir, name, checked, base, promote=promote)
+
+
+def write_import(data_dir: Path, name: str, checked: CheckedAdapter, base: BaseModel, *,
+                 promote: bool = True) -> ImportedStep:
+    """`import_offline` for a caller that holds the data dir's lock already."""
+    store = ModelStore(data_dir)
+    existing = store.get(name)
+    if existing is None:
+        return _create(store, name, checked, base)
+    return _add(store, existing, checked, str(base.path), promote=promote)
 
 
 def _create(store: ModelStore, name: str, checked: CheckedAdapter, base: BaseModel) -> ImportedStep:
