@@ -150,6 +150,9 @@ def test_a_rank_above_the_engines_limit_is_refused(tmp_path: Path, base: BaseMod
     assert refused(pattern, base).param == "adapter_config.r"
     lying = write_adapter(tmp_path / "l", rank=16, config={"r": 4})  # the tensors' rank decides too
     assert refused(lying, base).param == "adapter_config.r"
+    disagreeing = write_adapter(tmp_path / "d", rank=2, config={"r": 4})
+    error = refused(disagreeing, base)
+    assert error.param == "adapter_model.safetensors" and error.code == "invalid_adapter" and "r=4" in error.message
 
 
 def test_unsupported_dtypes_are_refused(tmp_path: Path, base: BaseModel) -> None:

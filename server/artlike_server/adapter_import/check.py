@@ -106,6 +106,9 @@ def check_adapter(directory: Path, base: BaseModel, *, any_base_name: bool = Fal
         if a[0] > base.max_lora_rank:
             raise _invalid(f"module {module!r} has LoRA rank {a[0]}, above the engine's --max-lora-rank "
                            f"{base.max_lora_rank}", "adapter_config.r", "invalid_value")
+        if not config.get("rank_pattern") and a[0] != rank:
+            raise _invalid(f"module {module!r} has LoRA rank {a[0]} but adapter_config.json says r={rank}",
+                           WEIGHTS_FILE, "invalid_adapter")
     dtypes = sorted({DTYPES[entry.dtype] for entry in tensors.values()})
     targets = sorted({module.rsplit(".", 1)[-1] for module in pairs})
     lora = LoraConfig(rank=rank, alpha=float(config.get("lora_alpha") or rank),
