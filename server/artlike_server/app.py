@@ -18,6 +18,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from . import metrics as metrics_feature
+from .adapter_import import routes as import_feature
 from .engine.supervisor import EngineState
 from .errors import install_error_handlers
 from .export import routes as export_feature
@@ -70,7 +71,7 @@ def _new_app(network: NetworkSettings, max_body_bytes: int, metrics: Metrics, pa
                        hosts=HostPolicy.from_options(network.allowed_hosts, network.host))
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
     for feature in (openai_feature, models_feature, training_feature, scoring_feature, jobs_feature,
-                    metrics_feature, studio_feature, export_feature):
+                    metrics_feature, studio_feature, export_feature, import_feature):
         feature.attach(app)
     app.add_api_route("/health", health, methods=["GET"])
     return app

@@ -27,7 +27,9 @@ from .engine.templates import resolve_chat_template
 from .engine.tool_calling import choose_tool_calling
 from .hardware import DTYPE_CHOICES, Role
 from .hosts import ALLOW_ANY, HostPolicy
-from .settings import SECTIONS, ServerSettings
+from .settings import SECTIONS, EngineSettings, ServerSettings
+
+DEFAULT_SERVER_URL = "http://127.0.0.1:8000"
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="artlike: serve a model and train it with RL.")
 
@@ -149,6 +151,55 @@ def export(
         typer.echo(f"artlike export: {error.message}", err=True)
         raise typer.Exit(2) from None
     typer.echo(f"artlike: exported {source.reference} as {request.format} to {written}", err=True)
+
+
+@app.command("import")
+def import_adapter(
+    adapter: Annotated[Path, typer.Argument(help="A PEFT LoRA adapter directory (adapter_config.json and "
+                                            "adapter_model.safetensors) trained on the same base.")],
+    model: Annotated[str, typer.Argument(help="The model it becomes a step of (created when it does not exist).")],
+    data_dir: Annotated[Path, typer.Option(help=ServerSettings.model_fields["data_dir"].description)
+                        ] = ServerSettings.model_fields["data_dir"].default,
+    server: Annotated[str | None, typer.Option(envvar="ARTLIKE_SERVER", help="Import through this running server "
+                                               "(default: ARTLIKE_SERVER; without it, the data dir is written "
+                                               "directly, or through the server at "
+                                               f"{DEFAULT_SERVER_URL} when one holds it).")] = None,
+    api_key: Annotated[str | None, typer.Option(envvar="ARTLIKE_API_KEY", help="The server's API key.")] = None,
+    base_model: Annotated[str | None, typer.Option(help="Without a server, a new model's base: a directory or "
+                                                   "hub id (default: the embedded model). A server imports onto "
+                                                   "the base it serves.")] = None,
+    max_lora_rank: Annotated[int, typer.Option(help="Without a server, the largest rank accepted (a server "
+                                               "applies its own --max-lora-rank).")
+                             ] = EngineSettings.model_fields["max_lora_rank"].default,
+    promote: Annotated[bool, typer.Option(help="Serve the step under the alias MODEL (an existing model).")] = True,
+    any_base_name: Annotated[bool, typer.Option(help="Accept an adapter whose base_model_name_or_path names "
+                                                "another model (its shapes are still checked against the "
+                                                "base).")] = False,
+) -> None:
+    """Import a PEFT LoRA adapter trained elsewhere (TRL, Unsloth, PEFT) as a new step of MODEL, served as
+    MODEL@N. Through a running server when one is given or holds the data dir, else into the data dir."""
+    from .adapter_import.cli_run import ImportFailed, import_through_data_dir, import_through_server
+    from .data_dir_lock import DataDirInUse
+
+    directory = data_dir.expanduser().resolve()
+    try:
+        if server is None:
+            try:
+                answer = import_through_data_dir(adapter, model, directory, base_model=base_model,
+                                                 max_lora_rank=max_lora_rank, promote=promote,
+                                                 any_base_name=any_base_name)
+            except DataDirInUse as error:
+                typer.echo(f"artlike import: {error}; importing through the server at {DEFAULT_SERVER_URL} "
+                           "(set ARTLIKE_SERVER or --server if it listens elsewhere)", err=True)
+                server = DEFAULT_SERVER_URL
+        if server is not None:
+            answer = import_through_server(adapter, model, server, api_key=api_key, promote=promote,
+                                           any_base_name=any_base_name)
+    except ImportFailed as error:
+        typer.echo(f"artlike import: {error}", err=True)
+        raise typer.Exit(2) from None
+    where = "" if server is not None else " (served when a server starts on the data dir)"
+    typer.echo(f"artlike: imported {adapter} as {answer['served_name']}{where}", err=True)
 
 
 def _section(section: str, values: dict[str, Any]) -> Any:

@@ -18,6 +18,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from .adapter_import.service import ImportService
 from .completion_log import CompletionLog, RetentionPolicy, prune_periodically
 from .engine.errors import EngineError
 from .engine.launch import EngineConfig, free_port
@@ -213,6 +214,7 @@ async def build_services(settings: ServerSettings, *, metrics: Metrics | None = 
             scoring=RewardScoring(store, models, completion_log, trainer, tokenizer.conversation_ids,
                                   max_input_tokens=settings.sequence_token_limit),
             exports=exports,
+            imports=ImportService(settings.data_dir, registry),
             dialects={"responses": ResponsesDialect(response_store), "messages": MessagesDialect()})
 
         days = retention.log_retention_days

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from fastapi import Request
 
 if TYPE_CHECKING:
+    from .adapter_import.service import ImportService
     from .completion_log import CompletionLog
     from .engine.pool import EnginePool
     from .export.service import ExportService
@@ -81,6 +82,7 @@ class Services:
     page_logins: PageLogins
     scoring: RewardScoring
     exports: ExportService  # trained steps as PEFT, merged or GGUF tars
+    imports: ImportService  # PEFT adapters trained elsewhere, as new steps
     serving: OpenAIServing  # the OpenAI surface: completions forwarded, rewritten and recorded
     trackers: Trackers | None = None  # --tensorboard-dir, --wandb-project, --mlflow-tracking-uri
     dialects: dict[str, Dialect] = field(default_factory=dict)  # APIs served by translation, by route name

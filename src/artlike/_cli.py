@@ -2,7 +2,7 @@
 `artlike jobs ...` talks to a running one (`_jobs_cli.py`).
 
 The client package must not import server code (torch, vLLM, FastAPI): the server is imported only when
-`serve` or `export` is asked for.
+`serve`, `export` or `import` is asked for.
 """
 
 from __future__ import annotations
@@ -28,14 +28,17 @@ def _parser() -> argparse.ArgumentParser:
     commands.add_parser("serve", help="serve a model and train it (needs the server extra)", add_help=False)
     commands.add_parser("export", help="export a trained step as PEFT, merged weights or GGUF (needs the server "
                         "extra)", add_help=False)
+    commands.add_parser("import", help="import a PEFT LoRA adapter trained elsewhere as a step of a model "
+                        "(needs the server extra)", add_help=False)
     add_jobs_parser(commands)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     arguments = list(sys.argv[1:] if argv is None else argv)
-    # `serve` and `export` own everything after them (their own --help included); parse only what comes before.
-    handed_over = [index for index, argument in enumerate(arguments) if argument in ("serve", "export")]
+    # `serve`, `export` and `import` own everything after them (their own --help included); parse only what
+    # comes before.
+    handed_over = [index for index, argument in enumerate(arguments) if argument in ("serve", "export", "import")]
     command_end = handed_over[0] + 1 if handed_over else len(arguments)
     parsed = _parser().parse_args(arguments[:command_end])
     if parsed.command == "jobs":

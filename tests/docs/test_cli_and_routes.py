@@ -1,7 +1,7 @@
 """Every `artlike` option and every HTTP route a doc names exists in the real CLI and the real app.
 
-Options: each `artlike serve ...` / `artlike export ...` / `artlike jobs ACTION ...` command line, in prose or in a code block
-(continuation lines joined), up to a comment or the end of the command. Routes: each `METHOD /path` (with
+Options: each `artlike serve ...` / `artlike export ...` / `artlike import ...` / `artlike jobs ACTION ...`
+command line, in prose or in a code block (continuation lines joined), up to a comment or the end of the command. Routes: each `METHOD /path` (with
 that method) and each path after the server's URL (`$ARTLIKE_SERVER/...`, `http://127.0.0.1:8000/...`,
 `{server}/...`; a base URL such as `{server}/t/{id}/v1` may be a prefix of routes). A concrete segment
 (`mail-agent`) matches a path parameter; `[/{id}]` stands for both paths.
@@ -24,7 +24,7 @@ from artlike import _cli
 from tests.docs.doc_files import doc_files, relative
 from tests.unit.fake_services import fake_services
 
-COMMAND = re.compile(r"\bartlike (serve|export|jobs(?: (?:start|list|show|logs|cancel))?)\b([^`;|&)\n]*)")
+COMMAND = re.compile(r"\bartlike (serve|export|import|jobs(?: (?:start|list|show|logs|cancel))?)\b([^`;|&)\n]*)")
 FLAG = re.compile(r"--?[A-Za-z][\w-]*")
 METHOD_ROUTE = re.compile(r"\b(GET|POST|PUT|PATCH|DELETE)\s+(/[^\s`|,;)\"']*)")
 # The engine's (vLLM's) own routes, which docs/scale-out.md asks of a remote engine.
@@ -46,7 +46,7 @@ def options() -> dict[str, frozenset[str]]:
     server_commands = typer.main.get_command(server_cli.app).commands  # type: ignore[attr-defined]
     known = {name: frozenset(opt for param in server_commands[name].params
                              for opt in (*param.opts, *param.secondary_opts)) | {"--help"}
-             for name in ("serve", "export")}
+             for name in ("serve", "export", "import")}
     root = _cli._parser()
     commands = next(action for action in root._actions if isinstance(action, argparse._SubParsersAction))
     jobs = commands.choices["jobs"]

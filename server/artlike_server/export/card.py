@@ -54,7 +54,10 @@ def _body(source: StepSource, request: ExportRequest, trained: list[dict[str, An
         "## Training history",
         "",
     ]
-    if not trained:
+    imported = [line for line in source.history if line.get("event") == "import"]
+    if not trained and any(line.get("step") == source.step for line in imported):
+        lines.append(f"Step {source.step} is a PEFT adapter trained elsewhere and imported (`artlike import`).")
+    elif not trained:
         lines.append(f"Step {source.step} is the untrained adapter (step 0): it behaves as the base model.")
     else:
         lines += ["| step | " + " | ".join(title for _, title in _TABLE_COLUMNS) + " | trajectories |",
@@ -62,6 +65,9 @@ def _body(source: StepSource, request: ExportRequest, trained: list[dict[str, An
         for line in trained:
             cells = [_mean(line.get(key)) for key, _ in _TABLE_COLUMNS]
             lines.append(f"| {line['step']} | " + " | ".join(cells) + f" | {line.get('trajectories', '')} |")
+    if trained and imported:
+        steps = ", ".join(str(line.get("step")) for line in imported)
+        lines += ["", f"Imported steps (PEFT adapters trained elsewhere): {steps}."]
     evaluations = [line for line in source.history if line.get("event") == "eval" and line.get("step") == source.step]
     if evaluations:
         lines += ["", "## Evaluations of this step", ""]

@@ -396,6 +396,13 @@ class ModelManager:
             await self._apply_retention(name)
             return entry
 
+    async def record_event(self, name: str, entry: dict[str, Any]) -> None:
+        """Append a history line about the model that commits nothing new (an import's record of step 0)."""
+        async with self._model_lock(name):
+            self.store.require(name)
+            self.store.append_history(name, entry)
+            self._observe(name, entry)
+
     def _observe(self, name: str, entry: dict[str, Any]) -> None:
         for observer in self.history_observers:
             try:

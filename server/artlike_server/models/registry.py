@@ -56,6 +56,14 @@ class ModelRegistry:
 
     # ------------------------------------------------------------------------------------ reads
 
+    @property
+    def base(self) -> BaseModelInfo:
+        """The base model this server serves, which every model's steps adapt."""
+        return self._base
+
+    def is_training(self, name: str) -> bool:
+        return self._is_training(name)
+
     def info(self, model: StoredModel) -> ModelInfo:
         """The model as the API shows it: its kept steps (loaded? held back?) and the step it serves."""
         store, manager = self.store, self.manager
