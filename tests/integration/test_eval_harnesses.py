@@ -124,11 +124,12 @@ def test_lm_eval_completions_loglikelihood_matches_prompt_logprobs(server: Serve
     assert metrics["acc,none"] == sum(c == r["label"] for c, r in zip(chosen, capitals(), strict=True)) / len(chosen)
 
 
-def test_inspect_ai_openai_compatible_provider_scores_a_step(server: ServerProcess, step: str,
-                                                             tmp_path: Path) -> None:
+def test_inspect_ai_openai_compatible_provider_scores_a_step(server: ServerProcess, step: str, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     from inspect_ai import eval as inspect_eval
 
-    logs = inspect_eval(str(TASKS / "capitals_inspect.py"), model=f"openai-api/artlike/{step}",
+    monkeypatch.chdir(TASKS)  # inspect-ai resolves task files relative to the working directory only
+    logs = inspect_eval("capitals_inspect.py", model=f"openai-api/artlike/{step}",
                         model_base_url=api_url(server), model_args={"api_key": server.api_key},
                         log_dir=str(tmp_path), display="none")
     assert len(logs) == 1 and logs[0].status == "success", logs[0].error
