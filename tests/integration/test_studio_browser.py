@@ -268,7 +268,9 @@ def test_dashboard_charts_history_and_the_token_view(studio: Studio, server: Ser
     name = register(server, "studio-dash")
     train_step(server, name, [0.0, 0.5, 1.0, 1.0])
     rollouts = train_step(server, name, [0.0, 0.0, 0.25, 1.0])
-    with http_client(server) as client:
+    with http_client(server) as client:  # a harness's score, recorded as a step evaluation
+        evaluation = {"step": 2, "metrics": {"acc": 0.75}, "split": "lm-eval"}
+        assert client.post(f"/v1/trainable_models/{name}/evaluations", json=evaluation).status_code == 200
         lines = client.get(f"/v1/trainable_models/{name}/history").json()["data"]
     steps = [line for line in lines if "event" not in line]
     assert [line["step"] for line in steps] == [1, 2], lines
@@ -285,6 +287,8 @@ def test_dashboard_charts_history_and_the_token_view(studio: Studio, server: Ser
     for chart in ("loss", "kl", "clip_fraction", "entropy", "tokens_per_s", "groups_skipped"):
         assert page.locator(f"svg[data-chart='{chart}'] circle").count() == 2, chart
     assert page.locator("#steps-table tbody tr").count() == 3  # steps 0, 1, 2
+    assert page.inner_text("#steps-table tr[data-step='2'] td.evaluations") == "lm-eval acc 0.75"
+    assert page.inner_text("#steps-table tr[data-step='1'] td.evaluations") == "—"
     page.wait_for_timeout(300)  # let the charts settle before the picture
     shot = artifacts_dir(tmp_path) / "studio-dashboard.png"
     page.screenshot(path=str(shot), full_page=True)

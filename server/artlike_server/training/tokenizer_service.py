@@ -1,5 +1,5 @@
 """The base model's tokenizer as one shared service: loaded lazily (only offline trajectories, the studio's
-text and reward scoring of message lists need it), used by one thread at a time, and rendering chats with
+text, reward scoring of message lists and the tokenizer routes need it), used by one thread at a time, and rendering chats with
 the template the engine serves with. Every method blocks: call it in a worker thread."""
 
 from __future__ import annotations
@@ -37,6 +37,28 @@ class TokenizerService:
         `decode_as_engine` for an output cut off inside a character)."""
         with self._lock:
             return decode_as_engine(self._load(), token_ids)
+
+    def encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
+        """The token ids of `text` (with the tokenizer's special tokens around it when asked)."""
+        with self._lock:
+            ids: list[int] = self._load().encode(text, add_special_tokens=add_special_tokens)
+            return ids
+
+    def detokenize(self, token_ids: list[int]) -> str:
+        """The text of a token sequence, special tokens included (the inverse of `encode`)."""
+        with self._lock:
+            text: str = self._load().decode(token_ids)
+            return text
+
+    def info(self) -> dict[str, Any]:
+        """The special tokens and the chat template the engine serves with: what a client that tokenizes
+        for itself needs."""
+        with self._lock:
+            tokenizer = self._load()
+            return {"tokenizer_class": type(tokenizer).__name__, "eos_token": tokenizer.eos_token,
+                    "bos_token": tokenizer.bos_token, "pad_token": tokenizer.pad_token,
+                    "unk_token": tokenizer.unk_token, "chat_template": self.chat_template or tokenizer.chat_template,
+                    "vocab_size": len(tokenizer)}
 
     def offline_sequences(self, trajectory: OfflineTrajectory, advantage: float, *, group_index: int = 0,
                           last_turn_only: bool = False, context_messages: int = 0) -> list[TrainSequence]:

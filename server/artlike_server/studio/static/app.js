@@ -1064,9 +1064,25 @@
     return map;
   }
 
+  /** Each step's recorded evaluations (`"event": "eval"` lines), as "split metric value" texts; a later
+   * line for the same split and metric replaces an earlier one. */
+  function evaluationsByStep(lines) {
+    const map = new Map();
+    for (const line of lines) {
+      if (!line || line.event !== 'eval' || typeof line.step !== 'number' || !line.eval) continue;
+      const scores = map.get(line.step) || new Map();
+      for (const [metric, value] of Object.entries(line.eval)) {
+        scores.set(`${line.split} ${metric}`, fmtNum(value));
+      }
+      map.set(line.step, scores);
+    }
+    return map;
+  }
+
   function renderStepTable(info, lines) {
     const tbody = clear($('#steps-table tbody'));
     const byStep = historyByStep(lines);
+    const evaluations = evaluationsByStep(lines);
     const steps = new Map();
     for (const step of info.steps || []) steps.set(step.step, step);
     for (const step of byStep.keys()) if (!steps.has(step)) steps.set(step, { step, missing: true });
@@ -1083,6 +1099,7 @@
       const source = line.source || notes.source || (stepNo === 0 ? 'init' : '—');
       const rated = line.ratings ?? notes.ratings;
       const replayed = line.replayed ?? notes.replayed;
+      const scores = Array.from(evaluations.get(stepNo) || [], ([key, value]) => `${key} ${value}`).join('; ');
       const action = live
         ? h('span', { class: 'live-tag', text: 'live' })
         : h('button', {
@@ -1102,6 +1119,7 @@
         h('td', { text: typeof rated === 'number' ? `${source} (${rated}${replayed ? ` + ${replayed} replayed` : ''})` : source }),
         h('td', { text: promoted === undefined || promoted === null ? '—' : (promoted ? 'yes' : 'no'),
           title: line.guard ? prettyJson(line.guard) : null }),
+        h('td', { class: 'evaluations', text: scores || '—' }),
         h('td', {}, action)));
     }
   }
