@@ -5,6 +5,7 @@ change in how the server is addressed or authenticated is one edit."""
 from __future__ import annotations
 
 from typing import Any
+from uuid import uuid4
 
 import anthropic
 import httpx
@@ -22,6 +23,7 @@ __all__ = [
     "http_client",
     "openai_client",
     "recorded",
+    "sft_trained_model",
     "trainable_model",
 ]
 
@@ -67,6 +69,16 @@ def trainable_model(server: ServerProcess, name: str, **options: Any) -> art.Tra
     """The artlike client's model `name` on the server's base model, with the server's key."""
     options.setdefault("api_key", server.api_key)
     return art.TrainableModel(name, server.model_id, server.base_url, **options)
+
+
+async def sft_trained_model(server: ServerProcess, prefix: str, conversation: list[dict[str, str]], *,
+                            epochs: int, learning_rate: float = 2e-3) -> art.TrainableModel:
+    """A new rank-8 model `{prefix}-{random}` whose step 1 the real trainer wrote: SFT on one conversation."""
+    model = trainable_model(server, f"{prefix}-{uuid4().hex[:8]}", lora=art.LoraConfig(rank=8))
+    await model.register()
+    result = await model.train_sft([conversation], epochs=epochs, learning_rate=learning_rate, progress=False)
+    assert result.trained and result.step == 1, result
+    return model
 
 
 def recorded(server: ServerProcess, trajectory_id: str) -> list[dict[str, Any]]:

@@ -12,14 +12,11 @@ import math
 import string
 from pathlib import Path
 from typing import Any
-from uuid import uuid4
 
 import pytest
 from artlike_server.launcher import ServerProcess
 
-import artlike as art
-
-from .helpers import api_url, openai_client, trainable_model
+from .helpers import api_url, openai_client, sft_trained_model, trainable_model
 
 pytestmark = pytest.mark.integration
 
@@ -32,11 +29,7 @@ MAX_TOKENS = 8  # the tasks' max_gen_toks / max_tokens
 @pytest.fixture(scope="module")
 async def step(server: ServerProcess) -> str:
     """`NAME@1` of a model whose step 1 the real trainer wrote (one short SFT step)."""
-    model = trainable_model(server, f"evals-{uuid4().hex[:8]}", lora=art.LoraConfig(rank=8))
-    await model.register()
-    result = await model.train_sft([[*PROMPT, {"role": "assistant", "content": TARGET}]], epochs=2,
-                                   learning_rate=2e-3, progress=False)
-    assert result.trained and result.step == 1
+    model = await sft_trained_model(server, "evals", [*PROMPT, {"role": "assistant", "content": TARGET}], epochs=2)
     return f"{model.name}@1"
 
 

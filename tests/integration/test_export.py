@@ -12,16 +12,14 @@ import sys
 import tarfile
 from collections.abc import Iterator
 from pathlib import Path
-from uuid import uuid4
 
 import openai
 import pytest
 from artlike_server.launcher import ServerProcess
 
-import artlike as art
 from tests.conftest import SERVER_ARGS, TEST_API_KEY
 
-from .helpers import api_url, async_http_client, trainable_model
+from .helpers import api_url, async_http_client, sft_trained_model
 
 pytestmark = pytest.mark.integration
 
@@ -33,11 +31,7 @@ MERGED_NAME = "merged-export"
 @pytest.fixture(scope="module")
 async def trained(server: ServerProcess) -> str:
     """A model with step 1 trained by the real trainer (SFT toward TARGET); its name."""
-    model = trainable_model(server, f"export-{uuid4().hex[:8]}", lora=art.LoraConfig(rank=8))
-    await model.register()
-    result = await model.train_sft([[*PROMPT, {"role": "assistant", "content": TARGET}]], epochs=8,
-                                   learning_rate=2e-3, progress=False)
-    assert result.trained and result.step == 1
+    model = await sft_trained_model(server, "export", [*PROMPT, {"role": "assistant", "content": TARGET}], epochs=8)
     return model.name
 
 
