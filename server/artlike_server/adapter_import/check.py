@@ -27,13 +27,12 @@ import orjson
 
 from artlike.types import LoraConfig
 
-from ..engine.merge_check import LORA_KEY, PEFT_PREFIX
+from ..engine.merge_check import ADAPTER_CONFIG, ADAPTER_WEIGHTS, LORA_KEY, PEFT_PREFIX
 from ..errors import InvalidRequest
 from ..models.targets import read_module_names
 from ..safetensors_header import SafetensorsHeaderError, TensorEntry, safetensors_shapes, safetensors_tensors
 
-CONFIG_FILE = "adapter_config.json"
-WEIGHTS_FILE = "adapter_model.safetensors"
+CONFIG_FILE, WEIGHTS_FILE = ADAPTER_CONFIG, ADAPTER_WEIGHTS  # the names PEFT writes, as the merge check reads them
 PICKLED_WEIGHTS_FILE = "adapter_model.bin"
 ADAPTER_FILES = (CONFIG_FILE, WEIGHTS_FILE)
 DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
