@@ -74,23 +74,25 @@ def f():
 MEMORY_BOMB = """
 import os, select, time
 def f(children, megabytes):
+    # Counts the children alive at the end that had touched their share: the OOM killer may take one that
+    # reported and let a later one through, so reports alone overcount what was ever held at once.
     read, write = os.pipe()
     for _ in range(children):
         try:
             if os.fork() == 0:
                 try:
                     held = b'x' * (megabytes << 20)  # touched, not just reserved
-                    os.write(write, b'1')
+                    os.write(write, b'%d\\n' % os.getpid())
                     time.sleep(30)
                 finally:
                     os._exit(0)
         except OSError:
             break
-    held, deadline = 0, time.monotonic() + 2.5
+    reported, deadline = b'', time.monotonic() + 2.5
     while time.monotonic() < deadline:
         if select.select([read], [], [], 0.2)[0]:
-            held += len(os.read(read, 64))
-    return held
+            reported += os.read(read, 4096)
+    return sum(os.waitpid(int(pid), os.WNOHANG) == (0, 0) for pid in reported.split())
 """
 WRITE = """
 def f(path):
