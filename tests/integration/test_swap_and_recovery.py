@@ -81,7 +81,7 @@ def test_engine_crash_gives_503_then_recovers_with_adapters(server: ServerProces
                          "config": {"learning_rate": 2e-3, "max_grad_norm": 10.0}})
     expected = greedy_probe(server, name)
     engine_pid = health(server)["engine"]["pid"]
-    killed = engine_processes(engine_pid)  # the API server, its EngineCore and worker
+    killed = engine_processes(engine_pid)  # the API server and its EngineCore
     os.kill(engine_pid, signal.SIGKILL)
 
     saw_503 = saw_restart = False
@@ -107,7 +107,7 @@ def test_engine_crash_gives_503_then_recovers_with_adapters(server: ServerProces
     assert saw_restart, "/health never reported the engine restarting"
     state = health(server)
     assert state["status"] == "ok" and state["engine"]["restarts"] >= 1 and state["engine"]["pid"] != engine_pid
-    assert still_running(killed) == [], "the killed engine's EngineCore/worker must not outlive it"
+    assert still_running(killed) == [], "the killed engine's EngineCore must not outlive it"
     assert_same_output(greedy_probe(server, name), expected)  # the trained step was re-loaded after the restart
     metrics = httpx.get(f"{server.base_url}/metrics", headers=server.headers).text
     assert "artlike_engine_restarts" in metrics

@@ -104,6 +104,7 @@ def test_env_turns_on_runtime_lora_and_binds_threads_on_cpu() -> None:
     env = build_env(CONFIG, base, api_key=KEY, cpu_ids=[0, 1])
     assert env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
     assert env["VLLM_CPU_OMP_THREADS_BIND"] == "0-1"
+    assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"  # the engine core runs the model: no worker process
     assert env["PATH"] == "/usr/bin"
     # vLLM-CPU would let this legacy variable override --kv-cache-memory-bytes.
     assert "VLLM_CPU_KVCACHE_SPACE" not in env
@@ -124,15 +125,17 @@ def test_the_engine_runs_without_dev_mode_and_with_the_key_in_its_environment_on
 
 def test_env_keeps_an_operators_thread_binding_and_applies_extra_env_last() -> None:
     config = replace(CONFIG, extra_env=(("VLLM_SERVER_DEV_MODE", "1"), ("ARTLIKE_X", "1")))
-    env = build_env(config, {"VLLM_CPU_OMP_THREADS_BIND": "2-3"}, api_key=KEY, cpu_ids=[0, 1])
+    env = build_env(config, {"VLLM_CPU_OMP_THREADS_BIND": "2-3", "VLLM_ENABLE_V1_MULTIPROCESSING": "1"},
+                    api_key=KEY, cpu_ids=[0, 1])
     assert env["VLLM_CPU_OMP_THREADS_BIND"] == "2-3"
+    assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"
     assert env["VLLM_SERVER_DEV_MODE"] == "1"
     assert env["ARTLIKE_X"] == "1"
 
 
 def test_env_on_cuda_sets_no_cpu_variables() -> None:
     env = build_env(replace(CONFIG, device="cuda"), {}, api_key=KEY, cpu_ids=[0, 1])
-    assert "VLLM_CPU_OMP_THREADS_BIND" not in env
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in env and "VLLM_ENABLE_V1_MULTIPROCESSING" not in env
 
 
 def test_env_defaults_to_this_process_cpu_affinity() -> None:

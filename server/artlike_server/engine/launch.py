@@ -142,6 +142,11 @@ def build_env(
     if config.kv_cache_gib is not None:
         # vLLM-CPU lets this legacy variable override --kv-cache-memory-bytes; one source of truth.
         env.pop("VLLM_CPU_KVCACHE_SPACE", None)
+    if config.device == "cpu":
+        # One rank on CPU: the engine-core process runs the model itself (vLLM's uniproc executor) instead of
+        # spawning a worker process that imports torch and vLLM again. The tokens and the throughput are the
+        # same; the start is shorter by one interpreter's imports. An operator's own value wins.
+        env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     if config.device == "cpu" and "VLLM_CPU_OMP_THREADS_BIND" not in env:
         cpu_ids = cpu_ids if cpu_ids is not None else config.cpu_ids
         ids = sorted(os.sched_getaffinity(0) if cpu_ids is None else cpu_ids)

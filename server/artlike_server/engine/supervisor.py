@@ -6,8 +6,8 @@
                           failed ◀──max_failed_restarts in a row── restarting ──▶ ready (restarts += 1)
     any state ──stop()──▶ stopped
 
-The engine runs in its own process group (vLLM's API server spawns an EngineCore process, which spawns
-a worker), so stopping signals the whole group: SIGTERM, a grace period, then SIGKILL, and waits until
+The engine runs in its own process group (vLLM's API server spawns an EngineCore process, which on a GPU
+spawns a worker), so stopping signals the whole group: SIGTERM, a grace period, then SIGKILL, and waits until
 no process of the group is left. `orphan_guard` makes the engine get SIGTERM if this process dies
 without stopping it. Its output goes through a pipe into `config.log_path`, rotated by size (`logfiles`: a
 child writing the file itself could grow it forever); a start that fails raises `EngineStartError`
@@ -246,7 +246,7 @@ class EngineSupervisor:
         pump(read_fd, self._log, name="artlike-engine-log", on_eof=self._log_drained.set)
         try:
             # Own session and process group: a terminal's Ctrl-C reaches only us (we stop the engine in
-            # order), and killpg reaches vLLM's EngineCore and worker processes too.
+            # order), and killpg reaches vLLM's EngineCore (and any worker) processes too.
             self._process = await asyncio.create_subprocess_exec(
                 *command, stdin=asyncio.subprocess.DEVNULL, stdout=write_fd, stderr=asyncio.subprocess.STDOUT,
                 env=env, start_new_session=True,
