@@ -22,7 +22,7 @@ demo: setup
 	$(PY) -m examples.arithmetic.demo
 
 test: setup
-	$(PY) -m pytest -q -ra --durations=15 -m "not learning"
+	$(PY) -m pytest -q -ra --durations=40 -m "not learning"
 
 # Slow learning evidence (e.g. PPO raising a reward model's score over four jobs): not in the 30-minute suite.
 test-learning: setup

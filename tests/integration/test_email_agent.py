@@ -96,7 +96,8 @@ async def test_email_agent_records_multi_turn_trajectories_and_trains(server: Se
         assert result.trained, result.done.reason
         assert result.step == 1
 
-        after = await rollout(model, question, data.db_path, max_turns=MAX_TURNS, temperature=1.0,
+        # One turn is enough to show the new step serves the agent.
+        after = await rollout(model, question, data.db_path, max_turns=1, temperature=1.0,
                               first_turn_tool_choice=FORCE_SEARCH)
         assert not after.failed, after.exception
         assert {c.step for c in (await after.get_record()).completions} == {1}
