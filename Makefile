@@ -35,6 +35,7 @@ bench: setup
 	$(PY) -m bench.proxy_overhead
 	$(PY) -m bench.proxy_cpu
 	$(PY) -m bench.scale
+	$(PY) -m bench.engine_start
 	$(PY) -m bench.train_throughput
 	$(PY) -m bench.soak
 	$(PY) -m bench.job_learning

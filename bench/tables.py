@@ -80,6 +80,18 @@ def lora_serving(result: Result) -> str:
         f"A PEFT merge + save of the policy took {result['merge_and_save_seconds']:.1f} s a step."])
 
 
+def engine_start(result: Result) -> str:
+    rows = [("worker process (vLLM's CPU default)", "worker-process"),
+            ("model in the engine-core process (artlike)", "in-engine-core")]
+    values = result["rows"]
+    return "\n\n".join([
+        caption("engine_start.json", result, f", {result['dtype']}"),
+        table(["row", "start (s)", "tokens/s"], [(label, f"{values[key]['start_seconds']:.1f}",
+                                                  f"{values[key]['tokens_per_s']:.0f}") for label, key in rows]),
+        f"Start {result['start_ratio']:.2f}× the time, throughput {result['throughput_ratio']:.2f}×; "
+        f"the greedy text of the same prompts is {'identical' if result['same_greedy_text'] else 'different'}."])
+
+
 def policy_engine(result: Result) -> str:
     rows = result["rows"]
     lora, policy, plain = (rows[key]["tokens_per_s"] for key in ("proxy/lora", "proxy/policy-engine",
@@ -378,6 +390,7 @@ TABLES: dict[str, tuple[str, Callable[[Result], str]]] = {
     "soak": ("soak.json", soak),
     "feedback_loop": ("feedback_loop.json", feedback_loop),
     "lora_serving": ("lora_serving.json", lora_serving),
+    "engine_start": ("engine_start.json", engine_start),
     "policy_engine": ("policy_engine.json", policy_engine),
     "train_throughput": ("train_throughput.json", train_throughput),
     "job_learning": ("job_learning.json", job_learning),
