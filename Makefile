@@ -24,7 +24,7 @@ demo: setup
 test: setup
 	$(PY) -m pytest -q -ra --durations=40 -m "not learning"
 
-# Slow learning evidence (e.g. PPO raising a reward model's score over four jobs): not in the 30-minute suite.
+# Slow learning evidence (e.g. PPO raising a reward model's score over four jobs): not in `make test`.
 test-learning: setup
 	$(PY) -m pytest -q -ra -m learning
 

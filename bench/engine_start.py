@@ -31,7 +31,7 @@ import httpx
 from artlike_server.default_model import DEFAULT_MODEL_ID, ensure_default_model
 from artlike_server.engine.launch import EngineConfig, build_command, build_env, free_port
 
-from bench.lora_serving import KEY, wait_healthy
+from bench.lora_serving import KEY, running_engine
 from bench.machine import machine
 
 ROWS = {"worker-process": "1", "in-engine-core": "0"}
@@ -49,12 +49,8 @@ async def generate(url: str, prompt: str, tokens: int, temperature: float) -> tu
 async def start_once(config: EngineConfig, multiprocessing: str, *, measure: bool, concurrency: int,
                      tokens: int) -> dict[str, Any]:
     env = build_env(config, {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": multiprocessing}, api_key=KEY)
-    log = open(config.log_path, "ab")  # noqa: SIM115, ASYNC230 - once per engine start; closed below
     started = time.perf_counter()
-    process = await asyncio.create_subprocess_exec(*build_command(config), env=env, stdout=log,
-                                                   stderr=asyncio.subprocess.STDOUT, start_new_session=True)
-    try:
-        await wait_healthy(config.base_url, process)
+    async with running_engine(config, build_command(config), env):
         result: dict[str, Any] = {"start_seconds": time.perf_counter() - started}
         if measure:
             result["greedy"] = [(await generate(config.base_url, p, 32, 0.0))[0] for p in GREEDY_PROMPTS]
@@ -64,10 +60,6 @@ async def start_once(config: EngineConfig, multiprocessing: str, *, measure: boo
                                              for i in range(concurrency)))
             result["tokens_per_s"] = sum(n for _, n in answers) / (time.perf_counter() - began)
         return result
-    finally:
-        os.killpg(process.pid, 15)
-        await process.wait()
-        log.close()
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:

@@ -26,6 +26,8 @@ import secrets
 import statistics
 import tempfile
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -105,27 +107,33 @@ async def load(url: str, model: str, concurrency: int, tokens: int, rounds: int)
     return {"tokens_per_s": statistics.median(rates), "rounds": float(len(rates))}
 
 
+@asynccontextmanager
+async def running_engine(config: EngineConfig, command: list[str], env: dict[str, str]) -> AsyncIterator[None]:
+    """vLLM started from `command`, healthy inside the block, its whole process group stopped after it."""
+    log = open(config.log_path, "ab")  # noqa: SIM115, ASYNC230 - once per engine start; closed below
+    process = await asyncio.create_subprocess_exec(*command, env=env, stdout=log, stderr=asyncio.subprocess.STDOUT,
+                                                   start_new_session=True)
+    try:
+        await wait_healthy(config.base_url, process)
+        yield
+    finally:
+        os.killpg(process.pid, 15)
+        await process.wait()
+        log.close()
+
+
 async def run_engine(config: EngineConfig, *, lora: bool, jobs: list[tuple[str, str]], adapter: Path | None,
                      concurrency: int, tokens: int, rounds: int) -> dict[str, dict[str, float]]:
     command = build_command(config)
     if not lora:
         command = plain_command(command)
-    log = open(config.log_path, "ab")  # noqa: SIM115, ASYNC230 - once per engine start; closed below
-    process = await asyncio.create_subprocess_exec(*command, env=build_env(config, os.environ, api_key=KEY),
-                                                   stdout=log, stderr=asyncio.subprocess.STDOUT,
-                                                   start_new_session=True)
-    try:
-        await wait_healthy(config.base_url, process)
+    async with running_engine(config, command, build_env(config, os.environ, api_key=KEY)):
         if adapter is not None:
             async with httpx.AsyncClient(base_url=config.base_url, headers={"Authorization": f"Bearer {KEY}"}) as http:
                 response = await http.post("/v1/load_lora_adapter", json={"lora_name": "policy",
                                                                           "lora_path": str(adapter)}, timeout=120)
                 response.raise_for_status()
         return {row: await load(config.base_url, model, concurrency, tokens, rounds) for row, model in jobs}
-    finally:
-        os.killpg(process.pid, 15)
-        await process.wait()
-        log.close()
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:

@@ -147,10 +147,10 @@ def build_env(
         # spawning a worker process that imports torch and vLLM again. The tokens and the throughput are the
         # same; the start is shorter by one interpreter's imports. An operator's own value wins.
         env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    if config.device == "cpu" and "VLLM_CPU_OMP_THREADS_BIND" not in env:
-        cpu_ids = cpu_ids if cpu_ids is not None else config.cpu_ids
-        ids = sorted(os.sched_getaffinity(0) if cpu_ids is None else cpu_ids)
-        env["VLLM_CPU_OMP_THREADS_BIND"] = format_cpu_list(ids)
+        if "VLLM_CPU_OMP_THREADS_BIND" not in env:
+            cpu_ids = cpu_ids if cpu_ids is not None else config.cpu_ids
+            ids = sorted(os.sched_getaffinity(0) if cpu_ids is None else cpu_ids)
+            env["VLLM_CPU_OMP_THREADS_BIND"] = format_cpu_list(ids)
     env.update(config.extra_env)
     return env
 
