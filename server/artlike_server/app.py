@@ -34,6 +34,7 @@ from .services import build_services
 from .settings import NetworkSettings, ServerSettings
 from .state import Services, get_state
 from .studio import routes as studio_feature
+from .tinker import routes as tinker_feature
 from .studio.page_logins import PageLogins
 from .training import routes as training_feature
 
@@ -71,7 +72,7 @@ def _new_app(network: NetworkSettings, max_body_bytes: int, metrics: Metrics, pa
                        hosts=HostPolicy.from_options(network.allowed_hosts, network.host))
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
     for feature in (openai_feature, models_feature, training_feature, scoring_feature, jobs_feature,
-                    metrics_feature, studio_feature, export_feature, import_feature):
+                    metrics_feature, studio_feature, export_feature, import_feature, tinker_feature):
         feature.attach(app)
     app.add_api_route("/health", health, methods=["GET"])
     return app

@@ -1,6 +1,7 @@
 """Pure ASGI middleware (no BaseHTTPMiddleware: it buffers and adds a task per request on the hot path).
 
-    ApiKeyMiddleware          `Authorization: Bearer <key>` or `x-api-key: <key>` on every route but /health -> 401
+    ApiKeyMiddleware          `Authorization: Bearer <key>` or `x-api-key: <key>` (or `tml-<key>`, the Tinker SDK's form)
+                              on every route but /health -> 401
                               (or the studio page's login cookie + X-CSRF-Token on writes -> 403 without);
                               a `Host` it does not know (hosts.py) -> 403 where no key stands in the way
     BodySizeLimitMiddleware   Content-Length over the limit -> 413 before reading; chunked bodies counted
@@ -85,6 +86,8 @@ class ApiKeyMiddleware:
         self._host_verdicts: dict[bytes, bool] = {}  # parsed once per name: clients use few
         self._expected = f"Bearer {api_key}".encode() if api_key else None
         self._expected_key = api_key.encode() if api_key else b""
+        # The Tinker SDK refuses a key without its "tml-" prefix: `tml-<key>` is the same key to this server.
+        self._expected_tinker_key = b"tml-" + self._expected_key if api_key else b""
         self._open_paths = frozenset(open_paths)
         self._logins = logins
 
@@ -127,8 +130,9 @@ class ApiKeyMiddleware:
                 scope.setdefault("state", {})[_AUTHORIZED] = known_host
             await self.app(scope, receive, send)
             return
-        authorized = hmac.compare_digest(supplied, self._expected) or (
-            bool(anthropic_key) and hmac.compare_digest(anthropic_key, self._expected_key))
+        authorized = hmac.compare_digest(supplied, self._expected) or (bool(anthropic_key) and (
+            hmac.compare_digest(anthropic_key, self._expected_key)
+            or hmac.compare_digest(anthropic_key, self._expected_tinker_key)))
         supplied = supplied or anthropic_key
         if not authorized and cookie and self._logins is not None:
             expected_csrf = self._logins.csrf_for_cookie(cookie)

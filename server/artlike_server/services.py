@@ -52,6 +52,7 @@ from .studio.ratings import RatingService
 from .studio.reward_training import RatingsRewardTrainer
 from .studio.store import StudioStore
 from .studio.trajectories import TrajectoryBrowser
+from .tinker.service import TinkerService
 from .tokenizer import load_chat_tokenizer
 from .trackers.base import Tracker, Trackers
 from .training.adapter_init import TrainerAdapterInitializer
@@ -201,8 +202,11 @@ async def build_services(settings: ServerSettings, *, metrics: Metrics | None = 
         requests = request_policy(settings)
         serving = OpenAIServing(engine=engine, upstream=engine, models=models, log=completion_log, metrics=metrics,
                                 settings=requests)
+        tinker = TinkerService(base=base_model, data_dir=settings.data_dir, store=store, models=models,
+                               registry=registry, sessions=sessions, serving=serving)
+        stack.push_async_callback(tinker.stop)  # before the sessions stop: its queued operations fail first
         services = Services(
-            base_model=base_model, registry=registry, serving=serving,
+            base_model=base_model, registry=registry, serving=serving, tinker=tinker,
             reward_trainer=RatingsRewardTrainer(studio, completion_log, training),
             network=network, max_body_bytes=settings.limits.max_body_bytes, engine_settings=settings.engine, trainer_settings=settings.trainer,
             requests=requests, engine=engine, store=store, models=models, log=completion_log,

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from .studio.reward_training import RatingsRewardTrainer
     from .studio.store import StudioStore
     from .studio.trajectories import TrajectoryBrowser
+    from .tinker.service import TinkerService
     from .trackers.base import Trackers
     from .training.job import TrainingService
     from .training.sessions import TrainingSessions
@@ -84,6 +85,7 @@ class Services:
     exports: ExportService  # trained steps as PEFT, merged or GGUF tars
     imports: ImportService  # PEFT adapters trained elsewhere, as new steps
     serving: OpenAIServing  # the OpenAI surface: completions forwarded, rewritten and recorded
+    tinker: TinkerService  # the Tinker API: runs, checkpoints and samplers over the parts above
     trackers: Trackers | None = None  # --tensorboard-dir, --wandb-project, --mlflow-tracking-uri
     dialects: dict[str, Dialect] = field(default_factory=dict)  # APIs served by translation, by route name
 

@@ -1,0 +1,56 @@
+"""tinker-cookbook's RL recipe `recipes/math_rl` with its `arithmetic` environment, unmodified, trained by an
+artlike server: `python -m examples.tinker_cookbook.math_rl --server URL [--steps N]`.
+
+The recipe samples groups of answers to "What is x + y?" on the server's engine, rewards the correct ones,
+and trains on them with the `importance_sampling` loss (the recipe's default, `stable_reinforce`, is not
+served here). Prints the reward the cookbook logs per step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import tempfile
+
+from tinker_cookbook.recipes.math_rl.train import CLIConfig, cli_main
+
+from .common import RENDERER, base_model_dir, connect, metrics
+
+REWARD = "env/all/reward/total"
+
+
+def run(server: str, api_key: str | None, *, model_dir: str | None = None, steps: int = 20,
+        groups_per_batch: int = 8, group_size: int = 4, learning_rate: float = 1e-3, rank: int = 8,
+        log_path: str | None = None) -> list[dict[str, float]]:
+    """Run the recipe for `steps` steps; its metrics lines."""
+    connect(server, api_key)
+    log_path = log_path or tempfile.mkdtemp(prefix="cookbook-math-rl-")
+    model = base_model_dir(model_dir)
+    config = CLIConfig(model_name=model, renderer_name=RENDERER, env="arithmetic", lora_rank=rank,
+                       group_size=group_size, groups_per_batch=groups_per_batch, learning_rate=learning_rate,
+                       loss_fn="importance_sampling", max_steps=steps, save_every=steps, eval_every=0,
+                       log_path=log_path, behavior_if_log_dir_exists="delete")
+    asyncio.run(cli_main(config))
+    return metrics(log_path)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--server", default=os.environ.get("ARTLIKE_SERVER", "http://127.0.0.1:8000"))
+    parser.add_argument("--api-key", default=os.environ.get("ARTLIKE_API_KEY"))
+    parser.add_argument("--model-dir", help="the server's base model directory (default: the embedded model)")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--groups-per-batch", type=int, default=8)
+    parser.add_argument("--log-path", help="the cookbook's log directory (default: a new temporary one)")
+    args = parser.parse_args()
+    lines = run(args.server, args.api_key, model_dir=args.model_dir, steps=args.steps,
+                groups_per_batch=args.groups_per_batch, log_path=args.log_path)
+    print("step  reward")
+    for line in lines:
+        if REWARD in line:
+            print(f"{int(line['step']):>4}  {line[REWARD]:.3f}")
+
+
+if __name__ == "__main__":
+    main()

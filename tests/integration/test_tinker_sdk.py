@@ -1,0 +1,103 @@
+"""The official `tinker` SDK against the real server: the quickstart's path and the REST listing.
+
+A training client on the base model (a run that is also a trainable model of the server): cross_entropy
+`forward_backward` whose `loss:sum` is the weighted sum of the logprobs it returns, `optim_step`, a lower loss
+after it; `save_weights_and_get_sampling_client` samples the new step on the engine (greedy: the same tokens
+as `/v1/completions` on `name@N`), `compute_logprobs` gives the prompt's logprobs; `save_state` and the
+checkpoint listing of the REST client; bad requests raise the SDK's own errors. Uses the session fixture
+`server` (tests/conftest.py).
+"""
+
+from __future__ import annotations
+
+import math
+
+import httpx
+import pytest
+import tinker
+from artlike_server.launcher import ServerProcess
+from tinker import types
+
+pytestmark = pytest.mark.integration
+
+PROMPT = "Question: what colour is the sky?\nAnswer:"
+ANSWER = " The sky is blue."
+
+
+def tokens_of(server: ServerProcess, text: str, *, special: bool) -> list[int]:
+    reply = httpx.post(f"{server.base_url}/tokenize", headers=server.headers, timeout=30,
+                       json={"prompt": text, "add_special_tokens": special})
+    reply.raise_for_status()
+    return list(reply.json()["tokens"])
+
+
+@pytest.fixture(scope="module")
+def service(server: ServerProcess) -> tinker.ServiceClient:
+    return tinker.ServiceClient(base_url=server.base_url, api_key=f"tml-{server.api_key}")
+
+
+def datum(prompt: list[int], answer: list[int]) -> types.Datum:
+    tokens = prompt + answer
+    weights = [0.0] * (len(prompt) - 1) + [1.0] * len(answer)
+    return types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
+                       loss_fn_inputs={"target_tokens": tokens[1:], "weights": weights})
+
+
+def test_the_quickstart_trains_saves_and_samples_the_new_step(server: ServerProcess,
+                                                               service: tinker.ServiceClient) -> None:
+    capabilities = service.get_server_capabilities()
+    assert server.model_id in [model.model_name for model in capabilities.supported_models]
+    training = service.create_lora_training_client(base_model=server.model_id, rank=8)
+    run_id = training.model_id
+    model = run_id.replace(":", "-")
+    listed = httpx.get(f"{server.base_url}/v1/trainable_models/{model}", headers=server.headers, timeout=30)
+    assert listed.status_code == 200 and listed.json()["lora"]["rank"] == 8
+
+    prompt, answer = tokens_of(server, PROMPT, special=True), tokens_of(server, ANSWER, special=False)
+    data = [datum(prompt, answer)]
+    first = training.forward_backward(data, "cross_entropy").result()
+    logprobs = first.loss_fn_outputs[0]["logprobs"].tolist()
+    weights = data[0].loss_fn_inputs["weights"].tolist()
+    assert len(logprobs) == len(prompt) + len(answer) - 1
+    assert first.metrics["loss:sum"] == pytest.approx(-sum(l * w for l, w in zip(logprobs, weights, strict=True)),
+                                                      rel=1e-4)
+    training.optim_step(types.AdamParams(learning_rate=5e-3)).result()
+    after = training.forward(data, "cross_entropy").result()
+    assert after.metrics["loss:sum"] < first.metrics["loss:sum"]
+
+    sampler = training.save_weights_and_get_sampling_client(name="quickstart")
+    greedy = types.SamplingParams(max_tokens=6, temperature=0.0)
+    sampled = sampler.sample(types.ModelInput.from_ints(prompt), num_samples=1, sampling_params=greedy).result()
+    sequence = sampled.sequences[0]
+    assert sequence.logprobs is not None and len(sequence.logprobs) == len(sequence.tokens) > 0
+    steps = httpx.get(f"{server.base_url}/v1/trainable_models/{model}/steps", headers=server.headers, timeout=30)
+    step = max(entry["step"] for entry in steps.json()["data"])
+    served = httpx.post(f"{server.base_url}/v1/completions", headers=server.headers, timeout=120,
+                        json={"model": f"{model}@{step}", "prompt": prompt, "max_tokens": 6, "temperature": 0,
+                              "return_token_ids": True})
+    assert served.json()["choices"][0]["token_ids"] == sequence.tokens
+
+    prompt_logprobs = sampler.compute_logprobs(types.ModelInput.from_ints(prompt)).result()
+    assert len(prompt_logprobs) == len(prompt) and prompt_logprobs[0] is None
+    assert all(value is not None and value <= 0 and math.isfinite(value) for value in prompt_logprobs[1:])
+
+    saved = training.save_state("after-one-step").result()
+    assert saved.path == f"tinker://{run_id}/weights/after-one-step"
+    training.load_state(saved.path).result()
+    rest = service.create_rest_client()
+    checkpoints = rest.list_checkpoints(run_id).result().checkpoints
+    assert {c.checkpoint_id for c in checkpoints} == {"sampler_weights/quickstart", "weights/after-one-step"}
+    run = rest.get_training_run(run_id).result()
+    assert run.base_model == server.model_id and run.lora_rank == 8
+
+
+def test_bad_requests_raise_the_sdks_errors(server: ServerProcess, service: tinker.ServiceClient) -> None:
+    with pytest.raises(tinker.BadRequestError, match="serves base model"):
+        service.create_lora_training_client(base_model="not/a-model", rank=8)
+    training = service.create_lora_training_client(base_model=server.model_id, rank=4)
+    shifted_wrong = types.Datum(model_input=types.ModelInput.from_ints([1, 2, 3]),
+                                loss_fn_inputs={"target_tokens": [5, 6, 7], "weights": [1.0, 1.0, 1.0]})
+    with pytest.raises(tinker.BadRequestError, match="shifted by one"):
+        training.forward_backward([shifted_wrong], "cross_entropy").result()
+    with pytest.raises(tinker.BadRequestError, match="not served here"):
+        training.forward_backward([datum([1, 2], [3])], "stable_reinforce").result()
