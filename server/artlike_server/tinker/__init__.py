@@ -1,1 +1,1 @@
-"""The Tinker API: Thinking Machines' training SDK (`tinker`) and its cookbook, served by this server."""
+"""The Tinker API: the training and sampling routes of Thinking Machines' `tinker` SDK, served by this server."""
