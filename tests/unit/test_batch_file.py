@@ -41,3 +41,23 @@ def test_a_file_of_another_kind_is_rejected(tmp_path: Path) -> None:
 def test_misaligned_sequences_are_refused(tmp_path: Path) -> None:
     with pytest.raises(BatchFileError):
         write_batch(tmp_path / "b", [TrainSequence([1, 2], [False], [0.0, 0.0], 1.0)])
+
+
+def test_token_advantages_round_trip_and_stay_absent_when_none_has_them(tmp_path: Path) -> None:
+    with_them = TrainSequence([1, 5, 7], [False, True, True], [0.0, -0.5, -1.0], 0.0, token_advantages=[0.0, 1.5, -0.25])
+    without = TrainSequence([1, 9], [False, True], [0.0, -2.0], 0.5)
+    path = tmp_path / "batch.safetensors"
+    write_batch(path, [with_them, without])
+    back = read_batch(path)
+    assert back[0].token_advantages == [0.0, 1.5, -0.25]  # exact in float32
+    assert back[1].token_advantages is None
+
+    write_batch(path, [without])
+    assert read_batch(path)[0].token_advantages is None
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="numpy") as handle:
+        assert "token_advantages" not in handle.keys()  # noqa: SIM118 (safe_open is no mapping)
+
+    with pytest.raises(BatchFileError):
+        write_batch(path, [TrainSequence([1, 2], [False, True], [0.0, 0.0], 0.0, token_advantages=[1.0])])

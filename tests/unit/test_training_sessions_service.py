@@ -15,6 +15,9 @@ import pytest
 from artlike_server.errors import Conflict, InvalidRequest, NotFound
 from artlike_server.models.store import ModelStore
 from artlike_server.trainer_ipc import protocol
+from artlike_server.trainer_ipc.batch_file import read_batch
+from artlike_server.trainer_ipc.sequences import TrainSequence
+from artlike_server.trainer_ipc.tinker_loss import TinkerLossConfig
 from artlike_server.training.job import TrainingService
 from artlike_server.training.sessions import TrainingSessions
 from artlike_server.training.tokenizer_service import TokenizerService
@@ -34,6 +37,7 @@ class StandInTrainer:
         self.fail_with: str | None = None
         self.gate: asyncio.Event | None = None  # when set, commands wait for it
         self.arrived = asyncio.Event()  # set when a command reaches the stand-in (before the gate)
+        self.batches: list[tuple[Any, list[TrainSequence]]] = []  # each pass's config and the sequences it read
 
     async def session_command(self, command: Any) -> protocol.WorkerEvent:
         self.arrived.set()
@@ -44,6 +48,7 @@ class StandInTrainer:
             kind, self.fail_with = self.fail_with, None
             raise TrainerError(kind, f"{kind} from the stand-in")
         if isinstance(command, protocol.Pass):
+            self.batches.append((command.config, read_batch(Path(command.batch_path))))
             return protocol.PassDone(id=command.id, loss=1.0, tokens=3, objective="sft", metrics={},
                                      logprobs=[[None, -1.0, -2.0, -3.0]], seconds=0.0)
         if isinstance(command, protocol.OptimStep):
@@ -196,3 +201,25 @@ async def test_a_reward_model_has_no_training_session(sessions: tuple[TrainingSe
     with pytest.raises(InvalidRequest) as refused:
         await service.open(OpenSessionRequest(model="rm"))
     assert refused.value.code == "wrong_model_kind" and trainer.commands == []
+
+
+async def test_a_pass_over_built_sequences_takes_the_same_path(sessions: tuple[TrainingSessions, StandInTrainer]) -> None:
+    service, trainer = sessions
+    info = await service.open(OpenSessionRequest(model="m"))
+    datum = TrainSequence([5, 6, 7, 8], [False, True, True, True], [0.0, -1.0, -2.0, -3.0], 0.0,
+                          token_advantages=[0.0, 0.5, -1.0, 2.0])
+    config = TinkerLossConfig(loss_fn="ppo")
+    result = await service.run_sequences(info.id, [datum], config, backward=True)
+    assert result.pending_passes == 1 and result.sequences[0].logprobs == [None, -1.0, -2.0, -3.0]
+    sent_config, sent = trainer.batches[-1]
+    assert sent_config == config and sent[0].token_advantages == [0.0, 0.5, -1.0, 2.0]
+    assert (await service.run_sequences(info.id, [datum], config, backward=False)).pending_passes == 1  # forward
+    trainer.fail_with = "BatchError"
+    with pytest.raises(InvalidRequest):
+        await service.run_sequences(info.id, [datum], config, backward=True)
+    too_long = TrainSequence([5] * 5000, [False] + [True] * 4999, [0.0] * 5000, 0.0, token_advantages=[0.0] * 5000)
+    with pytest.raises(InvalidRequest) as refused:
+        await service.run_sequences(info.id, [too_long], config, backward=True)
+    assert refused.value.code == "sequence_too_long"
+    assert (await service.forward_backward(info.id, BATCH)).pending_passes == 2  # the same count
+    assert len(trainer.batches) == 3 and trainer.batches[-1][1][0].token_advantages is None

@@ -353,6 +353,9 @@ def validate_batch(sequences: Sequence[TrainSequence], vocab_size: int) -> None:
             raise BatchError(f"sequence {index} has token ids outside the vocabulary [0, {vocab_size})")
         if not math.isfinite(seq.advantage):
             raise BatchError(f"sequence {index} has a non-finite advantage")
+        if seq.token_advantages is not None and (len(seq.token_advantages) != len(seq.token_ids)
+                                                 or not all(map(math.isfinite, seq.token_advantages))):
+            raise BatchError(f"sequence {index}: token_advantages must be finite and align with token_ids")
     if not any(any(seq.trainable[1:]) for seq in sequences):
         raise BatchError("the batch has no trainable tokens")
     for unit in units_of([s.group_index for s in sequences], [s.preference for s in sequences]):

@@ -1,7 +1,8 @@
 """Training sessions in the worker: forward/backward passes, optimizer steps and checkpoints on demand.
 
 A session is a model's adapter slot (`adapters.py`) whose gradients outlive a command: `pass` adds to them
-(micro-batched exactly as a `/_train_model` step: `loop.forward_backward`), `optim_step` applies and clears
+(micro-batched exactly as a `/_train_model` step: `loop.forward_backward`; sequences that carry per-token
+coefficients hand them to the objective, which Tinker's losses need), `optim_step` applies and clears
 them (`loop.optimizer_step`), `save_state` writes the adapter with the AdamW state beside it
 (`optimizer.pt`), which `session_open` reads back. Between a session's commands the worker may run other
 models' jobs: each command makes its model's adapter the active one again, and other adapters' steps never
@@ -25,14 +26,18 @@ from artlike_server.torch_worker.adapters import OPTIMIZER_FILE, AdapterError, A
 from artlike_server.torch_worker.distributed import SINGLE, Ranks
 from artlike_server.torch_worker.logprobs import supports_prefix_sharing
 from artlike_server.torch_worker.loop import (
+    BatchError,
     forward_backward,
     optimizer_step,
     reference_logprobs,
     validate_batch,
 )
 from artlike_server.torch_worker.objectives import build_objective
+from artlike_server.torch_worker.objectives.tinker import COEFFICIENTS
 from artlike_server.trainer_ipc import protocol
 from artlike_server.trainer_ipc.batch_file import read_batch
+from artlike_server.trainer_ipc.sequences import TrainSequence
+from artlike_server.trainer_ipc.tinker_loss import TinkerLossConfig
 
 logger = logging.getLogger("artlike.trainer")
 
@@ -79,6 +84,7 @@ class Sessions:
         self._require(command.model_name)
         sequences = read_batch(Path(command.batch_path))
         validate_batch(sequences, self._vocab_size)
+        extras = _token_coefficients(sequences, command.config)
         self._adapters.activate(command.model_name)
         model = self._adapters.model
         slot = self._adapters.slot(command.model_name)
@@ -98,7 +104,7 @@ class Sessions:
                 model, sequences, objective, pad_token_id=self._pad_token_id,
                 token_budget=command.config.micro_batch_tokens, share_prefixes=share_prefixes, device=self._device,
                 references=references, master=slot.master if command.backward else None,
-                backward=command.backward, keep_logprobs=True, ranks=self._ranks,
+                backward=command.backward, keep_logprobs=True, extras=extras, ranks=self._ranks,
             )  # fmt: skip
         finally:
             model.eval()
@@ -149,6 +155,20 @@ class Sessions:
             slot.master.zero_grads()
         if slot.optimizer is not None:
             slot.optimizer.zero_grad(set_to_none=True)
+
+
+def _token_coefficients(sequences: list[TrainSequence], config: protocol.PassConfig
+                        ) -> dict[str, list[torch.Tensor]] | None:
+    """The sequences' per-token coefficients as the objective's extras (target-aligned [num_tokens − 1]) when
+    every one carries them; a Tinker loss cannot do without them."""
+    coefficients = []
+    for index, sequence in enumerate(sequences):
+        if sequence.token_advantages is None:
+            if isinstance(config, TinkerLossConfig):
+                raise BatchError(f"sequence {index} has no token_advantages, which the {config.loss_fn} loss needs")
+            return None
+        coefficients.append(torch.tensor(sequence.token_advantages[1:], dtype=torch.float32))
+    return {COEFFICIENTS: coefficients}
 
 
 def _set_hyperparameters(optimizer: torch.optim.Optimizer, params: AdamParams) -> None:

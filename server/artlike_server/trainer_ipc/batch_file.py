@@ -12,11 +12,13 @@ metadata map; no pickle). float32 keeps NaN, which marks unknown behaviour logpr
     preferences         int8    [num_sequences]       DPO: 1 chosen, -1 rejected, 0 not in a pair
     rewards             float64 [num_sequences]       PPO: the trajectory's reward (optional)
     targets             float32 [num_sequences, K]    reward model: target scores, NaN unknown (optional)
+    token_advantages    float32 [total_tokens]        per-token coefficients, NaN in sequences without (optional)
     metadata["trajectory_ids"]  JSON list of str
 """
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -42,6 +44,8 @@ def write_batch(path: Path, sequences: Sequence[TrainSequence]) -> None:
             raise BatchFileError(
                 f"sequence {index}: trainable and behaviour_logprobs must align with token_ids"
             )
+        if s.token_advantages is not None and len(s.token_advantages) != len(s.token_ids):
+            raise BatchFileError(f"sequence {index}: token_advantages must align with token_ids")
     lengths = np.array([s.num_tokens for s in sequences], dtype=np.int64)
     offsets = np.concatenate([np.zeros(1, dtype=np.int64), np.cumsum(lengths, dtype=np.int64)])
     tensors = {
@@ -63,6 +67,12 @@ def write_batch(path: Path, sequences: Sequence[TrainSequence]) -> None:
             if s.targets is not None:
                 targets[row, : len(s.targets)] = s.targets
         tensors["targets"] = targets
+    if any(s.token_advantages is not None for s in sequences):
+        tensors["token_advantages"] = np.array(
+            [x for s in sequences
+             for x in (s.token_advantages if s.token_advantages is not None else [math.nan] * s.num_tokens)],
+            dtype=np.float32,
+        )
     metadata = {
         "format": FORMAT,
         "trajectory_ids": orjson.dumps([s.trajectory_id for s in sequences]).decode(),
@@ -85,6 +95,9 @@ def read_batch(path: Path) -> list[TrainSequence]:
     preferences = arrays.get("preferences", np.zeros(count, dtype=np.int8))
     rewards = arrays.get("rewards", np.zeros(count, dtype=np.float64))
     targets = arrays.get("targets")
+    token_advantages = arrays.get("token_advantages")
+    if token_advantages is not None and len(token_advantages) != offsets[-1]:
+        raise BatchFileError(f"{path}: token_advantages do not align with token_ids")
     if not (len(arrays["advantages"]) == len(arrays["group_indices"]) == len(preferences) == len(rewards)
             == len(trajectory_ids) == count) or (targets is not None and len(targets) != count):
         raise BatchFileError(f"{path}: per-sequence arrays disagree on the number of sequences")
@@ -102,6 +115,15 @@ def read_batch(path: Path) -> list[TrainSequence]:
             preference=int(preferences[i]),
             reward=float(rewards[i]),
             targets=None if targets is None or np.isnan(targets[i]).all() else targets[i].astype(np.float64).tolist(),
+            token_advantages=_per_token(token_advantages, offsets[i], offsets[i + 1]),
         )
         for i in range(count)
     ]
+
+
+def _per_token(values: np.ndarray | None, start: int, end: int) -> list[float] | None:
+    """One sequence's slice of an optional per-token array; None when absent or all NaN (the sequence had none)."""
+    if values is None or start == end or np.isnan(values[start:end]).all():
+        return None
+    per_token: list[float] = values[start:end].astype(np.float64).tolist()
+    return per_token

@@ -25,7 +25,7 @@ command it stopped waiting for. Commands run one at a time, in order.
 
     Training sessions (low-level primitives, `torch_worker/training_sessions.py`), each answered by one event:
     {"cmd": "session_open", "model_name", "adapter_dir", "optimizer": {AdamParams}}  -> session_ready
-    {"cmd": "pass", "model_name", "batch_path", "config": {TrainConfig}, "backward": true,
+    {"cmd": "pass", "model_name", "batch_path", "config": {TrainConfig | TinkerLossConfig}, "backward": true,
      "reference_adapter_dir": null}                                                   -> pass_done (loss, logprobs)
     {"cmd": "optim_step", "model_name", "optimizer": {AdamParams}}                    -> optimized (grad_norm)
     {"cmd": "save_state", "model_name", "out_dir"}                                    -> saved
@@ -43,12 +43,14 @@ never leaves half an adapter. `batch_path` is a `batch_file` safetensors file wr
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter
 
 from artlike.session_types import AdamParams
 from artlike.types import LoraConfig, RewardHeadConfig, StepEvent, TrainConfig
+
+from .tinker_loss import TinkerLossConfig
 
 
 class _Command(BaseModel):
@@ -102,13 +104,25 @@ class SessionOpen(_Command):
     optimizer: AdamParams
 
 
+def _pass_config_kind(value: Any) -> str:
+    objective = value.get("objective") if isinstance(value, dict) else getattr(value, "objective", None)
+    return "tinker" if objective == "tinker" else "train"
+
+
+PassConfig = Annotated[
+    Annotated[TrainConfig, Tag("train")] | Annotated[TinkerLossConfig, Tag("tinker")],
+    Discriminator(_pass_config_kind),
+]
+"""What a pass trains with: a job's objective, or one of Tinker's losses (a server-internal config)."""
+
+
 class Pass(_Command):
     """A forward (and, with `backward`, backward) pass over the batch file; gradients accumulate."""
 
     cmd: Literal["pass"] = "pass"
     model_name: str
     batch_path: str
-    config: TrainConfig
+    config: PassConfig
     backward: bool = True
     reference_adapter_dir: str | None = None
 

@@ -42,6 +42,9 @@ class TrainSequence:
     preference: int = 0  # DPO: 1 the chosen side of pair `group_index`, -1 the rejected side, 0 not in a pair
     reward: float = 0.0  # PPO: the trajectory's own reward, given at the sequence's last sampled token
     targets: list[float] | None = None  # reward model: a target score per objective (NaN: unknown)
+    # Per token, aligned like `behaviour_logprobs`: target t's own coefficient (Tinker's per-token `weights` or
+    # `advantages`, `objectives/tinker.py`), in place of the sequence's `advantage`; entry 0 unused (0.0).
+    token_advantages: list[float] | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -44,7 +44,7 @@ from artlike.session_types import (
     SessionInfo,
     SessionSequence,
 )
-from artlike.types import DPOConfig
+from artlike.types import DPOConfig, TrainConfig
 
 from ..completion_log import CompletionLog, ReadLimitExceeded
 from ..errors import Conflict, InvalidRequest, NotFound, ServiceUnavailable, validation_error
@@ -53,6 +53,7 @@ from ..models.store import ModelStore
 from ..trainer_ipc import protocol
 from ..trainer_ipc.batch_file import write_batch
 from ..trainer_ipc.sequences import UNKNOWN_LOGPROB, TrainSequence, sequences_from_completions
+from ..trainer_ipc.tinker_loss import TinkerLossConfig
 from .job import TrainingService
 from .trainer_client import TrainerCrashed, TrainerError, TrainerProcess, TrainerTimeout
 
@@ -184,19 +185,36 @@ class TrainingSessions:
         reference_dir = self.training.reference_step(session.model, config)
         async with self._using(session):
             sequences = await self._sequences(request, dpo=isinstance(config, DPOConfig))
-            batch_path = await asyncio.to_thread(self._write_batch, sequences)
-            try:
-                done = await self._run(session, protocol.Pass(
-                    model_name=session.model, batch_path=str(batch_path), config=config, backward=backward,
-                    reference_adapter_dir=None if reference_dir is None else str(reference_dir)))
-            finally:
-                batch_path.unlink(missing_ok=True)
-            assert isinstance(done, protocol.PassDone), done
-            if backward:
-                session.pending_passes += 1
-            return PassResult(loss=done.loss, tokens=done.tokens, objective=done.objective, metrics=done.metrics,
-                              sequences=[SequenceResult(logprobs=values) for values in done.logprobs],
-                              pending_passes=session.pending_passes, seconds=round(done.seconds, 4))
+            return await self._pass(session, sequences, config, reference_dir, backward=backward)
+
+    async def run_sequences(self, session_id: str, sequences: list[TrainSequence],
+                            config: TrainConfig | TinkerLossConfig, *, backward: bool) -> PassResult:
+        """A pass over sequences the caller built (a Tinker loss's carry `token_advantages`), checked against
+        this server's limits as `forward_backward`'s are."""
+        session = self._require(session_id)
+        reference_dir = self.training.reference_step(session.model, config)
+        _check_lengths(sequences, self.training.limits.max_sequence_tokens)
+        if isinstance(config, DPOConfig):
+            _check_pairs(sequences)
+        async with self._using(session):
+            return await self._pass(session, sequences, config, reference_dir, backward=backward)
+
+    async def _pass(self, session: Session, sequences: list[TrainSequence], config: TrainConfig | TinkerLossConfig,
+                    reference_dir: Path | None, *, backward: bool) -> PassResult:
+        """Write the batch, run the worker's pass on it, count it among the pending ones (under the session's lock)."""
+        batch_path = await asyncio.to_thread(self._write_batch, sequences)
+        try:
+            done = await self._run(session, protocol.Pass(
+                model_name=session.model, batch_path=str(batch_path), config=config, backward=backward,
+                reference_adapter_dir=None if reference_dir is None else str(reference_dir)))
+        finally:
+            batch_path.unlink(missing_ok=True)
+        assert isinstance(done, protocol.PassDone), done
+        if backward:
+            session.pending_passes += 1
+        return PassResult(loss=done.loss, tokens=done.tokens, objective=done.objective, metrics=done.metrics,
+                          sequences=[SequenceResult(logprobs=values) for values in done.logprobs],
+                          pending_passes=session.pending_passes, seconds=round(done.seconds, 4))
 
     async def optim_step(self, session_id: str, request: OptimStepRequest) -> OptimStepResult:
         session = self._require(session_id)
@@ -306,10 +324,7 @@ class TrainingSessions:
                                    param=f"trajectories[{index}]", code="trajectory_not_found")
                 sequences.extend(sequences_from_completions(records[trajectory.trajectory_id], trajectory.advantage,
                                                             mask_truncated=False))
-        for index, sequence in enumerate(sequences):
-            if sequence.num_tokens > limits.max_sequence_tokens:
-                raise InvalidRequest(f"sequence {index} has {sequence.num_tokens} tokens, over this server's limit "
-                                     f"of {limits.max_sequence_tokens}", param="sequences", code="sequence_too_long")
+        _check_lengths(sequences, limits.max_sequence_tokens)
         if dpo:
             _check_pairs(sequences)
         return sequences
@@ -374,6 +389,13 @@ def _token_sequence(sequence: SessionSequence, *, dpo: bool, index: int) -> Trai
                              param=f"sequences[{index}]", code="invalid_batch")
     return TrainSequence(list(sequence.token_ids), trainable, behaviour, sequence.advantage,
                          group_index=sequence.pair if sequence.pair is not None else 0, preference=preference)
+
+
+def _check_lengths(sequences: list[TrainSequence], max_sequence_tokens: int) -> None:
+    for index, sequence in enumerate(sequences):
+        if sequence.num_tokens > max_sequence_tokens:
+            raise InvalidRequest(f"sequence {index} has {sequence.num_tokens} tokens, over this server's limit "
+                                 f"of {max_sequence_tokens}", param="sequences", code="sequence_too_long")
 
 
 def _check_pairs(sequences: list[TrainSequence]) -> None:

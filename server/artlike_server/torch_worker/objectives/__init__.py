@@ -4,7 +4,8 @@ Each objective module holds a pure loss function on tensors (shapes in comments,
 docstring, worked examples in tests/unit) and an `Objective` adapter that says what the loop must hand it:
 the loop computes the trainer's logprobs of every micro-batch, the reference policy's when
 `needs_reference`, and calls `loss()`; it never branches on which objective runs. `build_objective` maps a
-job's config (`artlike.types.TrainConfig`, a union on `objective`) to its adapter.
+job's config (`artlike.types.TrainConfig`, a union on `objective`) to its adapter, and a training session's
+Tinker-compatible pass (`trainer_ipc.tinker_loss.TinkerLossConfig`, server-internal) to its own.
 
     objective   module     config                 loss
     grpo        grpo.py    GRPOConfig             PPO clip on token ratios (Dr. GRPO: constant normaliser)
@@ -15,6 +16,7 @@ job's config (`artlike.types.TrainConfig`, a union on `objective`) to its adapte
     dpo         dpo.py     DPOConfig              preference loss on pairs' log-ratios to the reference
     reward_model  reward_model.py  RewardModelConfig  Bradley–Terry on pairs / masked MSE on the reward head
     ppo         ppo.py     PPOConfig              PPO clip + clipped value loss on GAE advantages (value head)
+    tinker      tinker.py  TinkerLossConfig       Tinker's losses, summed, on per-token coefficients (`extras`)
 
 Pair structure comes with the data, not the objective: sequences of a preference pair (`TrainSequence.preference`)
 always share an optimizer step and a micro-batch, and `PolicyBatch.pairs` names their rows.
@@ -59,6 +61,8 @@ from artlike_server.torch_worker.objectives.importance_sampling import Importanc
 from artlike_server.torch_worker.objectives.ppo import PPO
 from artlike_server.torch_worker.objectives.reward_model import RewardModel
 from artlike_server.torch_worker.objectives.sft import SFT
+from artlike_server.torch_worker.objectives.tinker import Tinker
+from artlike_server.trainer_ipc.tinker_loss import TinkerLossConfig
 
 __all__ = ["BaseObjective", "JobPasses", "LossOutput", "Objective", "PolicyBatch", "Preparation", "build_objective",
            "trainable_counts"]
@@ -66,11 +70,12 @@ __all__ = ["BaseObjective", "JobPasses", "LossOutput", "Objective", "PolicyBatch
 
 def _builders() -> dict[type, Callable[[Any], Objective]]:
     return {GRPOConfig: GRPO, CISPOConfig: CISPO, GSPOConfig: GSPO, ImportanceSamplingConfig: ImportanceSampling,
-            SFTConfig: SFT, DPOConfig: DPO, RewardModelConfig: RewardModel, PPOConfig: PPO}
+            SFTConfig: SFT, DPOConfig: DPO, RewardModelConfig: RewardModel, PPOConfig: PPO, TinkerLossConfig: Tinker}
 
 
-def build_objective(config: TrainConfig, *, reward_head: RewardHeadConfig | None = None) -> Objective:
-    """The objective a job's config asks for (`reward_head`: the trained reward model's, for its objective)."""
+def build_objective(config: TrainConfig | TinkerLossConfig, *,
+                    reward_head: RewardHeadConfig | None = None) -> Objective:
+    """The objective a config asks for (`reward_head`: the trained reward model's, for its objective)."""
     if isinstance(config, RewardModelConfig):
 
         return RewardModel(config, reward_head)
