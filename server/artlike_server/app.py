@@ -34,8 +34,8 @@ from .services import build_services
 from .settings import NetworkSettings, ServerSettings
 from .state import Services, get_state
 from .studio import routes as studio_feature
-from .tinker import routes as tinker_feature
 from .studio.page_logins import PageLogins
+from .tinker import routes as tinker_feature
 from .training import routes as training_feature
 
 

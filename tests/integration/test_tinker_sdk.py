@@ -3,8 +3,10 @@
 A training client on the base model (a run that is also a trainable model of the server): cross_entropy
 `forward_backward` whose `loss:sum` is the weighted sum of the logprobs it returns, `optim_step`, a lower loss
 after it; `save_weights_and_get_sampling_client` samples the new step on the engine (greedy: the same tokens
-as `/v1/completions` on `name@N`), `compute_logprobs` gives the prompt's logprobs; `save_state` and the
-checkpoint listing of the REST client; bad requests raise the SDK's own errors. Uses the session fixture
+as `/v1/completions` on `name@N`), `compute_logprobs` gives the prompt's logprobs; named checkpoints (`save_state`,
+`save_weights_for_sampler`) are listed by the REST client, sampled and resumed from
+(`create_training_client_from_state_with_optimizer`); `forward_backward_custom` runs its round trip; bad
+requests raise the SDK's own errors. Uses the session fixture
 `server` (tests/conftest.py).
 """
 
@@ -15,6 +17,7 @@ import math
 import httpx
 import pytest
 import tinker
+import torch
 from artlike_server.launcher import ServerProcess
 from tinker import types
 
@@ -45,9 +48,10 @@ def datum(prompt: list[int], answer: list[int]) -> types.Datum:
 
 def test_the_quickstart_trains_saves_and_samples_the_new_step(server: ServerProcess,
                                                                service: tinker.ServiceClient) -> None:
-    capabilities = service.get_server_capabilities()
+    rest = tinker.RestClient(base_url=server.base_url, api_key=f"tml-{server.api_key}")
+    capabilities = rest.get_server_capabilities().result()
     assert server.model_id in [model.model_name for model in capabilities.supported_models]
-    training = service.create_lora_training_client(base_model=server.model_id, rank=8)
+    training = service.create_lora_training_client(base_model=server.model_id, rank=8).result()
     run_id = training.model_id
     model = run_id.replace(":", "-")
     listed = httpx.get(f"{server.base_url}/v1/trainable_models/{model}", headers=server.headers, timeout=30)
@@ -59,13 +63,14 @@ def test_the_quickstart_trains_saves_and_samples_the_new_step(server: ServerProc
     logprobs = first.loss_fn_outputs[0]["logprobs"].tolist()
     weights = data[0].loss_fn_inputs["weights"].tolist()
     assert len(logprobs) == len(prompt) + len(answer) - 1
-    assert first.metrics["loss:sum"] == pytest.approx(-sum(l * w for l, w in zip(logprobs, weights, strict=True)),
+    assert first.metrics["loss:sum"] == pytest.approx(-sum(lp * w for lp, w in zip(logprobs, weights, strict=True)),
                                                       rel=1e-4)
     training.optim_step(types.AdamParams(learning_rate=5e-3)).result()
     after = training.forward(data, "cross_entropy").result()
     assert after.metrics["loss:sum"] < first.metrics["loss:sum"]
 
-    sampler = training.save_weights_and_get_sampling_client(name="quickstart")
+    # The new weights on the engine: greedy samples are what /v1/completions gives for the step.
+    sampler = training.save_weights_and_get_sampling_client().result()
     greedy = types.SamplingParams(max_tokens=6, temperature=0.0)
     sampled = sampler.sample(types.ModelInput.from_ints(prompt), num_samples=1, sampling_params=greedy).result()
     sequence = sampled.sequences[0]
@@ -76,25 +81,41 @@ def test_the_quickstart_trains_saves_and_samples_the_new_step(server: ServerProc
                         json={"model": f"{model}@{step}", "prompt": prompt, "max_tokens": 6, "temperature": 0,
                               "return_token_ids": True})
     assert served.json()["choices"][0]["token_ids"] == sequence.tokens
-
     prompt_logprobs = sampler.compute_logprobs(types.ModelInput.from_ints(prompt)).result()
     assert len(prompt_logprobs) == len(prompt) and prompt_logprobs[0] is None
     assert all(value is not None and value <= 0 and math.isfinite(value) for value in prompt_logprobs[1:])
 
+    # Named checkpoints: a sampler's weights and a training state, listed, sampled and resumed from.
     saved = training.save_state("after-one-step").result()
     assert saved.path == f"tinker://{run_id}/weights/after-one-step"
-    training.load_state(saved.path).result()
-    rest = service.create_rest_client()
+    named = training.save_weights_for_sampler("quickstart").result().path
+    again = service.create_sampling_client(model_path=named).result()
+    assert again.sample(types.ModelInput.from_ints(prompt), num_samples=1,
+                        sampling_params=greedy).result().sequences[0].tokens == sequence.tokens
     checkpoints = rest.list_checkpoints(run_id).result().checkpoints
     assert {c.checkpoint_id for c in checkpoints} == {"sampler_weights/quickstart", "weights/after-one-step"}
     run = rest.get_training_run(run_id).result()
     assert run.base_model == server.model_id and run.lora_rank == 8
 
+    resumed = service.create_training_client_from_state_with_optimizer(saved.path).result()
+    assert resumed.model_id != run_id
+    assert resumed.forward(data, "cross_entropy").result().metrics["loss:sum"] == pytest.approx(
+        after.metrics["loss:sum"], rel=1e-4)
+
+    # A custom loss: the SDK differentiates it from the returned logprobs and sends back the gradient
+    # as cross_entropy weights, so twice the cross-entropy is twice its value.
+    def twice_the_nll(batch: list[types.Datum], values: list[torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+        losses = [-(lp * d.loss_fn_inputs["weights"].to_torch()).sum() for d, lp in zip(batch, values, strict=True)]
+        return 2 * torch.stack(losses).sum(), {}
+
+    custom = resumed.forward_backward_custom(data, twice_the_nll).result()
+    assert custom.metrics["loss:sum"] == pytest.approx(2 * after.metrics["loss:sum"], rel=1e-3)
+
 
 def test_bad_requests_raise_the_sdks_errors(server: ServerProcess, service: tinker.ServiceClient) -> None:
     with pytest.raises(tinker.BadRequestError, match="serves base model"):
-        service.create_lora_training_client(base_model="not/a-model", rank=8)
-    training = service.create_lora_training_client(base_model=server.model_id, rank=4)
+        service.create_lora_training_client(base_model="not/a-model", rank=8).result()
+    training = service.create_lora_training_client(base_model=server.model_id, rank=4).result()
     shifted_wrong = types.Datum(model_input=types.ModelInput.from_ints([1, 2, 3]),
                                 loss_fn_inputs={"target_tokens": [5, 6, 7], "weights": [1.0, 1.0, 1.0]})
     with pytest.raises(tinker.BadRequestError, match="shifted by one"):

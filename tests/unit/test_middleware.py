@@ -89,6 +89,15 @@ async def test_anthropic_sdks_x_api_key_header_is_accepted_too(
     assert calls == [1]
 
 
+async def test_the_tinker_sdks_tml_form_of_the_key_is_accepted_in_x_api_key(
+    client: tuple[httpx.AsyncClient, list[int], Metrics],
+) -> None:
+    http, _, _ = client
+    assert (await http.post("/t/a/echo", content=b"{}", headers={"x-api-key": f"tml-{KEY}"})).status_code == 200
+    for headers in ({"x-api-key": "tml-wrong"}, {"x-api-key": "tml-"}, {"Authorization": f"Bearer tml-{KEY}"}):
+        assert (await http.post("/t/a/echo", content=b"{}", headers=headers)).status_code == 401, headers
+
+
 async def test_no_key_configured_means_open() -> None:
     app, _ = small_app(Metrics(), api_key=None)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://localhost:8000") as http:

@@ -87,10 +87,10 @@ def _sequence(datum: WireDatum, index: int, needs: tuple[str, ...], vocab_size: 
         raise InvalidRequest(f"{where} has a token id outside the vocabulary (0..{vocab_size - 1})", param=where,
                              code="invalid_batch")
     coefficients = arrays["weights"] if "weights" in arrays else arrays["advantages"]
-    if "logprobs" in arrays:
-        sampled = [UNKNOWN_LOGPROB if math.isnan(v) else float(v) for v in arrays["logprobs"]]
-    else:
-        sampled = [UNKNOWN_LOGPROB] * n
+    given = arrays["logprobs"] if "logprobs" in arrays else np.full(n, np.nan)
+    # A target with coefficient 0 (a prompt token) was not sampled: its "sampling logprob" (0 by the
+    # cookbook's convention) is unknown, so it skews no ratio statistic and adds no dro penalty.
+    sampled = [UNKNOWN_LOGPROB if c == 0 or math.isnan(v) else float(v) for v, c in zip(given, coefficients, strict=True)]
     return TrainSequence(token_ids=[*tokens, targets[-1]], trainable=[False] + [True] * n,
                          behaviour_logprobs=[0.0, *sampled], advantage=0.0,
                          token_advantages=[0.0, *(float(v) for v in coefficients)])

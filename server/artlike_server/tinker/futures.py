@@ -85,7 +85,7 @@ class FutureTable:
         except asyncio.CancelledError:
             self.finish(request_id, Outcome(error="the server stopped before this operation finished"))
             raise
-        except Exception as error:  # noqa: BLE001 - every failure becomes the future's error, logged if a bug
+        except Exception as error:
             outcome = outcome_of_error(error)
         self.finish(request_id, outcome)
 

@@ -74,6 +74,7 @@ class LoadWeightsBody(_Body):
     model_id: str | None = None  # load into an existing run (then seq_id orders it)
     seq_id: int | None = None
     session_id: str | None = None  # or make a new run from the checkpoint
+    base_model: str | None = None
     model_seq_id: int | None = None
     user_metadata: dict[str, str] | None = None
 

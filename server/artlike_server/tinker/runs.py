@@ -12,6 +12,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
 import orjson
 
 from ..models.store import write_atomic

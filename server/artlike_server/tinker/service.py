@@ -10,10 +10,12 @@ engine, so one run's long `forward_backward` never holds back another run's samp
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import shutil
 import time
-from datetime import UTC, datetime
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +53,8 @@ from .wire import WireError, decode_forward_backward, encode_forward_backward_ou
 
 log = logging.getLogger(__name__)
 
+OPTIMIZER_STATE = "optimizer.pt"
+"""The file the trainer writes AdamW's state to beside a saved step's adapter."""
 SESSION_IDLE_TIMEOUT_S = 3600.0
 """A run's training session ends after this long unused; its saved checkpoints stay."""
 
@@ -193,10 +197,8 @@ class TinkerService:
     async def _end_training(self, run_id: str) -> None:
         session_id = self._training.pop(run_id, None)
         if session_id is not None:
-            try:
+            with contextlib.suppress(NotFound):  # ended already (idle)
                 await self.sessions.close(session_id, reason="its Tinker session finished")
-            except NotFound:
-                pass  # ended already (idle)
 
     def _training_session(self, run: Run) -> str:
         session_id = self._training.get(run.run_id)
@@ -269,21 +271,50 @@ class TinkerService:
         return {"request_id": self.queues.submit(run.run_id, body.seq_id, work), "model_id": run.run_id}
 
     def load_weights(self, body: LoadWeightsBody) -> dict[str, Any]:
-        """A checkpoint of a run loaded back into that run (`load_state`): its weights and the optimizer
-        state saved with it. Making a new run from a checkpoint is not served yet."""
-        run, checkpoint = self._checkpoint(body.path)
-        if body.model_id is None or body.seq_id is None:
-            raise InvalidRequest("a new training client from a checkpoint is not served by this server yet: "
-                                 "load the checkpoint into its own run with load_state", param="model_id",
-                                 code="unsupported")
-        if self._run(body.model_id).run_id != run.run_id:
-            raise InvalidRequest("load_state takes a checkpoint of the same run", param="path", code="other_run")
+        """A new run made from a checkpoint (`create_training_client_from_state[_with_optimizer]`: `session_id`
+        + `model_seq_id`), or, with `model_id`, the checkpoint loaded back into its own run (the deprecated
+        `load_state_with_optimizer`). `optimizer`: AdamW continues from the state saved with the checkpoint,
+        else it starts afresh."""
+        source, checkpoint = self._checkpoint(body.path)
+        if body.model_id is not None:
+            return self._load_into(body, source, checkpoint)
+        if body.session_id is None or body.model_seq_id is None:
+            raise InvalidRequest("load_weights needs `session_id` and `model_seq_id` (a new run), or `model_id`",
+                                 param="session_id", code="invalid_value")
+        self._check_base(body.base_model)
+        session = self._session(body.session_id)
+        run_id = paths.run_id(session.id, body.model_seq_id)
+        source_dir = self.store.step_dir(source.model, checkpoint.step)
+        lora = self.store.require(source.model).lora
+
+        async def work() -> dict[str, Any]:
+            async def copy_step(staging: Path) -> None:
+                await asyncio.to_thread(_copy_adapter, source_dir, staging, with_optimizer=body.optimizer)
+
+            await self.models.register(paths.model_name(run_id), self.base.name, lora, None, copy_step)
+            run = Run(run_id=run_id, base_model=self.base.name, lora_rank=source.lora_rank, created_at=time.time(),
+                      last_request_time=time.time(),
+                      user_metadata=dict(body.user_metadata or source.user_metadata))
+            await asyncio.to_thread(self.runs.add, run)
+            await self._open_training(run, step=0)
+            session.runs.add(run_id)
+            return {"model_id": run_id, "path": body.path, "type": "load_weights"}
+
+        return {"request_id": self.futures.start(work), "model_id": run_id}
+
+    def _load_into(self, body: LoadWeightsBody, run: Run, checkpoint: Checkpoint) -> dict[str, Any]:
+        if self._run(body.model_id or "").run_id != run.run_id:
+            raise InvalidRequest("load_state takes a checkpoint of the same run; make a new training client from "
+                                 "another run's checkpoint", param="path", code="other_run")
+        if not body.optimizer:
+            raise InvalidRequest("loading weights without the optimizer state into a running client is not served: "
+                                 "use create_training_client_from_state", param="optimizer", code="unsupported")
 
         async def work() -> dict[str, Any]:
             await self.sessions.load_state(self._training_session(run), LoadStateRequest(step=checkpoint.step))
             return {"path": body.path, "model_id": run.run_id, "type": "load_weights"}
 
-        return {"request_id": self.queues.submit(run.run_id, body.seq_id, work), "model_id": run.run_id}
+        return {"request_id": self.queues.submit(run.run_id, body.seq_id or 0, work), "model_id": run.run_id}
 
     def _checkpoint(self, path: str) -> tuple[Run, Checkpoint]:
         parsed = paths.parse_checkpoint_path(path)
@@ -395,6 +426,13 @@ class TinkerService:
                  "time": _iso(c.time), "tinker_path": str(run.path_of(c)), "public": False,
                  "user_metadata": c.user_metadata or None}
                 for c in sorted(run.checkpoints, key=lambda c: c.time) if c.step in committed]
+
+
+def _copy_adapter(source: Path, target: Path, *, with_optimizer: bool) -> None:
+    """A step's adapter files into a new model's staging step 0, its optimizer state only when asked."""
+    for path in source.iterdir():
+        if path.is_file() and (with_optimizer or path.name != OPTIMIZER_STATE):
+            shutil.copy2(path, target / path.name)
 
 
 def _iso(timestamp: float) -> str:
