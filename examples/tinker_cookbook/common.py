@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 from pathlib import Path
 
@@ -32,3 +33,13 @@ def metrics(log_path: str | Path) -> list[dict[str, float]]:
     """The cookbook's `metrics.jsonl`: one line per step."""
     lines = (Path(log_path) / "metrics.jsonl").read_bytes().splitlines()
     return [orjson.loads(line) for line in lines if line.strip()]
+
+
+def arguments(description: str) -> argparse.ArgumentParser:
+    """The options both scripts take: where the server is, its key, the base model and the log directory."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--server", default=os.environ.get("ARTLIKE_SERVER", "http://127.0.0.1:8000"))
+    parser.add_argument("--api-key", default=os.environ.get("ARTLIKE_API_KEY"))
+    parser.add_argument("--model-dir", help="the server's base model directory (default: the embedded model)")
+    parser.add_argument("--log-path", help="the cookbook's log directory (default: a new temporary one)")
+    return parser

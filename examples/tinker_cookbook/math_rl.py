@@ -3,19 +3,18 @@ artlike server: `python -m examples.tinker_cookbook.math_rl --server URL [--step
 
 The recipe samples groups of answers to "What is x + y?" on the server's engine, rewards the correct ones,
 and trains on them with the `importance_sampling` loss (the recipe's default, `stable_reinforce`, is not
-served here). Prints the reward the cookbook logs per step.
+served here). Prints the reward the cookbook logs per step, with its two parts: the fraction of correct
+answers and of answers that end with the stop token.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import os
 import tempfile
 
 from tinker_cookbook.recipes.math_rl.train import CLIConfig, cli_main
 
-from .common import RENDERER, base_model_dir, connect, metrics
+from .common import RENDERER, arguments, base_model_dir, connect, metrics
 
 REWARD = "env/all/reward/total"
 
@@ -36,20 +35,17 @@ def run(server: str, api_key: str | None, *, model_dir: str | None = None, steps
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--server", default=os.environ.get("ARTLIKE_SERVER", "http://127.0.0.1:8000"))
-    parser.add_argument("--api-key", default=os.environ.get("ARTLIKE_API_KEY"))
-    parser.add_argument("--model-dir", help="the server's base model directory (default: the embedded model)")
+    parser = arguments(__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--groups-per-batch", type=int, default=8)
-    parser.add_argument("--log-path", help="the cookbook's log directory (default: a new temporary one)")
     args = parser.parse_args()
     lines = run(args.server, args.api_key, model_dir=args.model_dir, steps=args.steps,
                 groups_per_batch=args.groups_per_batch, log_path=args.log_path)
-    print("step  reward")
+    print("step  reward  correct  format")
     for line in lines:
         if REWARD in line:
-            print(f"{int(line['step']):>4}  {line[REWARD]:.3f}")
+            print(f"{int(line['step']):>4}  {line[REWARD]:6.3f}  {line['env/all/correct']:7.3f}  "
+                  f"{line['env/all/format']:6.3f}")
 
 
 if __name__ == "__main__":

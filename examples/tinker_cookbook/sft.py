@@ -7,9 +7,7 @@ paths it saved (`tinker://...`), which the server lists as steps of the run's tr
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import os
 import tempfile
 from pathlib import Path
 
@@ -18,7 +16,7 @@ from tinker_cookbook.supervised import train
 from tinker_cookbook.supervised.data import FromConversationFileBuilder
 from tinker_cookbook.supervised.types import ChatDatasetBuilderCommonConfig
 
-from .common import RENDERER, base_model_dir, connect, metrics
+from .common import RENDERER, arguments, base_model_dir, connect, metrics
 
 CONVERSATIONS = Path(tinker_cookbook.__file__).parent / "example_data" / "conversations.jsonl"
 
@@ -47,13 +45,9 @@ def run(server: str, api_key: str | None, *, model_dir: str | None = None, steps
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--server", default=os.environ.get("ARTLIKE_SERVER", "http://127.0.0.1:8000"))
-    parser.add_argument("--api-key", default=os.environ.get("ARTLIKE_API_KEY"))
-    parser.add_argument("--model-dir", help="the server's base model directory (default: the embedded model)")
+    parser = arguments(__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, help="stop after this many steps (default: one epoch)")
     parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--log-path", help="the cookbook's log directory (default: a new temporary one)")
     args = parser.parse_args()
     lines = run(args.server, args.api_key, model_dir=args.model_dir, steps=args.steps, batch_size=args.batch_size,
                 log_path=args.log_path)

@@ -7,6 +7,9 @@
 - **A cancel that waited for a training step is applied at the restart**: cancelled while its step waits
   for the trainer, a job answers `running` with the cancel pending; the SIGTERM comes before the step ends,
   and the restarted server cancels the job instead of resuming it, so its model stays where it was.
+- **Tinker checkpoints outlive the server, and its futures never hang a client**: the REST client lists a
+  run's checkpoints after the restart, a sampler on the saved weights samples what it sampled before, a new
+  run starts from the saved state, and a future of the stopped process is answered as failed.
 - **The restarted server serves each model's latest committed step, and nothing on disk bricks a start**:
   a step whose weights were cut short falls back to the step before, a step never committed is removed,
   an unreadable model.json leaves that model out.
@@ -29,7 +32,9 @@ import httpx
 import orjson
 import psutil
 import pytest
+import tinker
 from artlike_server.launcher import ServerProcess
+from tinker import types
 
 from tests.integration.test_jobs import finished
 from tests.integration.test_training import (
@@ -76,6 +81,47 @@ class Restart:
     cancelled: PendingCancel  # a second job, cancelled while its step waited for the trainer
     survivor_output: tuple[str, list[float]]  # greedy, before the stop
     base_output: tuple[str, list[float]]
+    tinker: TinkerBefore
+
+
+@dataclass
+class TinkerBefore:
+    """A Tinker run trained one step and checkpointed before the stop, and what it answered then."""
+
+    run_id: str
+    state_path: str
+    sampler_path: str
+    tokens: list[int]
+    greedy: list[int]  # the sampler's greedy tokens
+    loss: float  # forward loss of `tokens` on the saved weights
+    request_id: str  # a future of the stopped process
+
+
+def tinker_service(server: ServerProcess) -> tinker.ServiceClient:
+    return tinker.ServiceClient(base_url=server.base_url, api_key=f"tml-{server.api_key}")
+
+
+def tinker_datum(tokens: list[int]) -> list[types.Datum]:
+    return [types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
+                        loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)})]
+
+
+def tinker_checkpoints(server: ServerProcess) -> TinkerBefore:
+    training = tinker_service(server).create_lora_training_client(base_model=server.model_id, rank=4).result()
+    tokens = [1, 4093, 314, 253, 1345, 30, 2]
+    training.forward_backward(tinker_datum(tokens), "cross_entropy")
+    training.optim_step(types.AdamParams(learning_rate=5e-3)).result()
+    state = training.save_state("kept").result().path
+    sampler_path = training.save_weights_for_sampler("kept").result().path
+    sampler = tinker_service(server).create_sampling_client(model_path=sampler_path).result()
+    greedy = sampler.sample(types.ModelInput.from_ints(tokens[:3]), num_samples=1,
+                            sampling_params=types.SamplingParams(max_tokens=4, temperature=0.0)).result()
+    # An operation still queued at the stop: it waits for numbers 6..98, which never come.
+    optim = httpx.post(f"{server.base_url}/api/v1/optim_step", json={"model_id": training.model_id, "seq_id": 99},
+                       headers={"X-API-Key": f"tml-{server.api_key}"}, timeout=30)
+    return TinkerBefore(run_id=training.model_id, state_path=state, sampler_path=sampler_path, tokens=tokens,
+                        greedy=greedy.sequences[0].tokens, request_id=optim.json()["request_id"],
+                        loss=training.forward(tinker_datum(tokens), "cross_entropy").result().metrics["loss:sum"])
 
 
 def wait_job(http: httpx.Client, job_id: str, predicate: Callable[[dict[str, Any]], bool],
@@ -157,6 +203,7 @@ def stop_and_start(server: ServerProcess) -> Restart:
     train_lines(server, {"model": SURVIVOR, "groups": rollout_groups(server, SURVIVOR),
                          "config": {"learning_rate": 2e-3, "max_grad_norm": 10.0}})
     survivor_output, base_output = greedy_probe(server, SURVIVOR), greedy_probe(server, server.model_id)
+    tinker_before = tinker_checkpoints(server)
     register(server, INTERRUPTED)
     groups = rollout_groups(server, INTERRUPTED)
 
@@ -181,7 +228,8 @@ def stop_and_start(server: ServerProcess) -> Restart:
     damage(Path(server.data_dir))
     server.start()
     return Restart(events=events, exit_s=exit_s, returncode=returncode, leftovers=leftovers, job_id=job_id,
-                   cancelled=cancelled, survivor_output=survivor_output, base_output=base_output)
+                   cancelled=cancelled, survivor_output=survivor_output, base_output=base_output,
+                   tinker=tinker_before)
 
 
 def test_sigterm_during_training_cancels_the_job_and_stops_promptly(restart: Restart, server: ServerProcess) -> None:
@@ -225,6 +273,24 @@ def test_a_cancel_pending_at_the_stop_is_applied_at_restart(restart: Restart, se
     assert any(m.startswith("cancelled at restart") for m in messages), messages
     assert not any("resumes" in m or "running from iteration" in m for m in messages), messages
     assert latest_step(server, cancelled.target_model) == cancelled.step  # its model did not move
+
+
+def test_tinker_checkpoints_survive_the_restart_and_old_futures_fail(restart: Restart, server: ServerProcess) -> None:
+    before = restart.tinker
+    rest = tinker.RestClient(base_url=server.base_url, api_key=f"tml-{server.api_key}")
+    listed = rest.list_checkpoints(before.run_id).result().checkpoints
+    assert {c.tinker_path for c in listed} == {before.state_path, before.sampler_path}
+    service = tinker_service(server)
+    sampler = service.create_sampling_client(model_path=before.sampler_path).result()
+    greedy = sampler.sample(types.ModelInput.from_ints(before.tokens[:3]), num_samples=1,
+                            sampling_params=types.SamplingParams(max_tokens=4, temperature=0.0)).result()
+    assert greedy.sequences[0].tokens == before.greedy
+    resumed = service.create_training_client_from_state_with_optimizer(before.state_path).result()
+    loss = resumed.forward(tinker_datum(before.tokens), "cross_entropy").result().metrics["loss:sum"]
+    assert loss == pytest.approx(before.loss, rel=1e-4)
+    lost = httpx.post(f"{server.base_url}/api/v1/retrieve_future", json={"request_id": before.request_id},
+                      headers={"X-API-Key": f"tml-{server.api_key}"}, timeout=60)
+    assert lost.status_code == 200 and lost.json()["category"] == "server" and "restarted" in lost.json()["error"]
 
 
 def test_the_latest_step_is_served_and_nothing_on_disk_bricks_a_start(restart: Restart, server: ServerProcess) -> None:
