@@ -36,6 +36,7 @@ bench: setup
 	$(PY) -m bench.proxy_cpu
 	$(PY) -m bench.scale
 	$(PY) -m bench.engine_start
+	$(PY) -m bench.tinker_api
 	$(PY) -m bench.train_throughput
 	$(PY) -m bench.soak
 	$(PY) -m bench.job_learning

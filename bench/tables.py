@@ -92,6 +92,19 @@ def engine_start(result: Result) -> str:
         f"the greedy text of the same prompts is {'identical' if result['same_greedy_text'] else 'different'}."])
 
 
+def tinker_api(result: Result) -> str:
+    overhead = table(["loss", "native s/step", "Tinker SDK s/step", "ratio"],
+                     [(f"`{loss}`", f"{row['native_seconds']:.2f}", f"{row['tinker_seconds']:.2f}",
+                       f"{row['ratio']:.3f}") for loss, row in result["overhead"].items()])
+    single = result["concurrency"]["1"]["tokens_per_s"]
+    runs = table(["runs at once", "trained tokens/s", "vs one run"],
+                 [(n, f"{row['tokens_per_s']:.1f}", f"{row['tokens_per_s'] / single:.2f}")
+                  for n, row in result["concurrency"].items()])
+    return "\n\n".join([
+        caption("tinker_api.json", result, f", {result['datums']} sequences ({result['tokens_per_step']} trained "
+                f"tokens) per step, median of {result['steps']} steps"), overhead, runs])
+
+
 def policy_engine(result: Result) -> str:
     rows = result["rows"]
     lora, policy, plain = (rows[key]["tokens_per_s"] for key in ("proxy/lora", "proxy/policy-engine",
@@ -391,6 +404,7 @@ TABLES: dict[str, tuple[str, Callable[[Result], str]]] = {
     "feedback_loop": ("feedback_loop.json", feedback_loop),
     "lora_serving": ("lora_serving.json", lora_serving),
     "engine_start": ("engine_start.json", engine_start),
+    "tinker_api": ("tinker_api.json", tinker_api),
     "policy_engine": ("policy_engine.json", policy_engine),
     "train_throughput": ("train_throughput.json", train_throughput),
     "job_learning": ("job_learning.json", job_learning),
