@@ -117,6 +117,11 @@ def test_the_quickstart_trains_saves_and_samples_the_new_step(server: ServerProc
     custom = resumed.forward_backward_custom(data, twice_the_nll).result()
     assert custom.metrics["loss:sum"] == pytest.approx(2 * after.metrics["loss:sum"], rel=1e-3)
 
+    # Deleting a checkpoint forgets its name (the step it names is the model's served one: it stays).
+    rest.delete_checkpoint_from_tinker_path(named).result()
+    assert {c.checkpoint_id for c in rest.list_checkpoints(run_id).result().checkpoints} == {"weights/after-one-step"}
+    assert rest.get_weights_info_by_tinker_path(saved.path).result().lora_rank == 8
+
 
 def test_bad_requests_raise_the_sdks_errors(server: ServerProcess, service: tinker.ServiceClient) -> None:
     with pytest.raises(tinker.BadRequestError, match="serves base model"):
