@@ -19,6 +19,7 @@ import contextlib
 import itertools
 import logging
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -45,7 +46,6 @@ class Outcome:
 class _Entry:
     done: asyncio.Event = field(default_factory=asyncio.Event)
     outcome: Outcome | None = None
-    finished_at: float = 0.0
 
 
 def outcome_of_error(error: BaseException) -> Outcome:
@@ -65,6 +65,7 @@ class FutureTable:
         self._keep_s = keep_s
         self._poll_s = poll_s
         self._tasks: set[asyncio.Task[None]] = set()
+        self._finished: deque[tuple[float, str]] = deque()  # in the order they finished: the oldest go first
 
     def new_id(self) -> str:
         request_id = f"req-{self._prefix}-{next(self._ids)}"
@@ -93,8 +94,9 @@ class FutureTable:
         entry = self._entries.get(request_id)
         if entry is None or entry.outcome is not None:
             return
-        entry.outcome, entry.finished_at = outcome, time.monotonic()
+        entry.outcome = outcome
         entry.done.set()
+        self._finished.append((time.monotonic(), request_id))
         self._forget_old()
 
     async def wait(self, request_id: str, timeout_s: float | None = None) -> Outcome | None:
@@ -114,8 +116,8 @@ class FutureTable:
 
     def _forget_old(self) -> None:
         horizon = time.monotonic() - self._keep_s
-        for request_id in [r for r, e in self._entries.items() if e.outcome is not None and e.finished_at < horizon]:
-            del self._entries[request_id]
+        while self._finished and self._finished[0][0] < horizon:
+            self._entries.pop(self._finished.popleft()[1], None)
 
 
 @dataclass

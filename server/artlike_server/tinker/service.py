@@ -64,7 +64,6 @@ class _Session:
     id: str
     created_at: float
     user_metadata: dict[str, str]
-    last_heartbeat: float = field(default_factory=time.time)
     runs: set[str] = field(default_factory=set)
     samplers: set[str] = field(default_factory=set)
 
@@ -115,9 +114,7 @@ class TinkerService:
         return {"session_id": session.id, "type": "create_session"}
 
     def heartbeat(self, session_id: str) -> dict[str, Any]:
-        session = self._sessions.get(session_id)
-        if session is not None:
-            session.last_heartbeat = time.time()
+        """Acknowledged: a run's training session ends by its idle timeout or `finish`, not by heartbeats."""
         return {"type": "session_heartbeat"}
 
     async def finish_session(self, session_id: str) -> dict[str, Any]:
@@ -132,9 +129,7 @@ class TinkerService:
         return {}
 
     def describe_session(self, session_id: str) -> dict[str, Any]:
-        session = self._sessions.get(session_id)
-        if session is None:
-            raise NotFound(f"no session {session_id!r}", param="session_id", code="session_not_found")
+        session = self._session(session_id)
         return {"training_run_ids": sorted(session.runs), "sampler_ids": sorted(session.samplers),
                 "user_metadata": session.user_metadata}
 
@@ -383,7 +378,9 @@ class TinkerService:
     # ---------------------------------------------------------------------------------- REST
 
     def training_run(self, run_id: str) -> dict[str, Any]:
-        run = self._run(run_id)
+        return self._describe(self._run(run_id))
+
+    def _describe(self, run: Run) -> dict[str, Any]:
         checkpoints = self._listed(run)
         last = {kind: next((c for c in reversed(checkpoints) if c["checkpoint_type"] == kind), None)
                 for kind in ("training", "sampler")}
@@ -395,7 +392,7 @@ class TinkerService:
     def training_runs(self, limit: int, offset: int) -> dict[str, Any]:
         runs = self.runs.all()
         page = runs[offset:offset + limit]
-        return {"training_runs": [self.training_run(run.run_id) for run in page],
+        return {"training_runs": [self._describe(run) for run in page],
                 "cursor": {"offset": offset, "limit": limit, "total_count": len(runs)}}
 
     def checkpoints(self, run_id: str) -> dict[str, Any]:

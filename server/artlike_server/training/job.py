@@ -52,7 +52,6 @@ from ..trainer_ipc import protocol
 from ..trainer_ipc.batch_file import write_batch
 from ..trainer_ipc.sequences import TrainSequence
 from ..trainer_ipc.steps import count_gradient_steps, units_of
-from ..trainer_ipc.tinker_loss import TinkerLossConfig
 from .batches import BatchContext, builder_for
 from .tokenizer_service import TokenizerService
 from .trainer_client import TrainerCrashed, TrainerError, TrainerProcess, TrainerTimeout
@@ -288,7 +287,7 @@ class TrainingService:
                                  param="config.reward_model", code="invalid_reward_model")
         return self.store.step_dir(served.model, served.step)
 
-    def reference_step(self, model: str, config: TrainConfig | TinkerLossConfig) -> Path | None:
+    def reference_step(self, model: str, config: protocol.PassConfig) -> Path | None:
         """The adapter directory of the step a DPO config names as its reference; 4xx when it cannot be used."""
         if not isinstance(config, DPOConfig) or config.reference is None:
             return None

@@ -44,7 +44,7 @@ from artlike.session_types import (
     SessionInfo,
     SessionSequence,
 )
-from artlike.types import DPOConfig, TrainConfig
+from artlike.types import DPOConfig
 
 from ..completion_log import CompletionLog, ReadLimitExceeded
 from ..errors import Conflict, InvalidRequest, NotFound, ServiceUnavailable, validation_error
@@ -53,7 +53,6 @@ from ..models.store import ModelStore
 from ..trainer_ipc import protocol
 from ..trainer_ipc.batch_file import write_batch
 from ..trainer_ipc.sequences import UNKNOWN_LOGPROB, TrainSequence, sequences_from_completions
-from ..trainer_ipc.tinker_loss import TinkerLossConfig
 from .job import TrainingService
 from .trainer_client import TrainerCrashed, TrainerError, TrainerProcess, TrainerTimeout
 
@@ -188,7 +187,7 @@ class TrainingSessions:
             return await self._pass(session, sequences, config, reference_dir, backward=backward)
 
     async def run_sequences(self, session_id: str, sequences: list[TrainSequence],
-                            config: TrainConfig | TinkerLossConfig, *, backward: bool) -> PassResult:
+                            config: protocol.PassConfig, *, backward: bool) -> PassResult:
         """A pass over sequences the caller built (a Tinker loss's carry `token_advantages`), checked against
         this server's limits as `forward_backward`'s are."""
         session = self._require(session_id)
@@ -199,7 +198,7 @@ class TrainingSessions:
         async with self._using(session):
             return await self._pass(session, sequences, config, reference_dir, backward=backward)
 
-    async def _pass(self, session: Session, sequences: list[TrainSequence], config: TrainConfig | TinkerLossConfig,
+    async def _pass(self, session: Session, sequences: list[TrainSequence], config: protocol.PassConfig,
                     reference_dir: Path | None, *, backward: bool) -> PassResult:
         """Write the batch, run the worker's pass on it, count it among the pending ones (under the session's lock)."""
         batch_path = await asyncio.to_thread(self._write_batch, sequences)
