@@ -124,11 +124,11 @@ class TrainingSession:
         await self._drain()
         return await self._post("save_state", {"serve": serve}, SavedState)
 
-    async def load_state(self, step: int) -> SessionInfo:
-        """Continue from a saved step (its adapter, and its optimizer state when it has one); drops pending
-        gradients."""
+    async def load_state(self, step: int, *, optimizer: bool = True) -> SessionInfo:
+        """Continue from a saved step: its adapter, and its optimizer state when it has one (`optimizer=False`:
+        a fresh optimizer on those weights); drops pending gradients."""
         await self._drain()
-        self.info = await self._post("load_state", {"step": step}, SessionInfo)
+        self.info = await self._post("load_state", {"step": step, "optimizer": optimizer}, SessionInfo)
         return self.info
 
     async def refresh(self) -> SessionInfo:

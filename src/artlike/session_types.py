@@ -171,6 +171,8 @@ class SavedState(BaseModel):
 
 class LoadStateRequest(_Strict):
     step: int = Field(ge=0)
+    optimizer: bool = True
+    """Continue with the AdamW state saved beside the step; False starts the optimizer afresh on its weights."""
 
 
 class SessionInfo(BaseModel):

@@ -117,6 +117,28 @@ def test_the_quickstart_trains_saves_and_samples_the_new_step(server: ServerProc
     custom = resumed.forward_backward_custom(data, twice_the_nll).result()
     assert custom.metrics["loss:sum"] == pytest.approx(2 * after.metrics["loss:sum"], rel=1e-3)
 
+    # load_state brings a running client back to a checkpoint: its weights, with or without AdamW's state.
+    # One more step from it equals that step in a new client made from the checkpoint the same way.
+    adam = types.AdamParams(learning_rate=5e-3)
+
+    def next_loss(client: tinker.TrainingClient) -> float:
+        client.forward_backward(data, "cross_entropy").result()
+        client.optim_step(adam).result()
+        return float(client.forward(data, "cross_entropy").result().metrics["loss:sum"])
+
+    moved = next_loss(training)
+    with pytest.warns(FutureWarning):
+        training.load_state(saved.path).result()
+    assert training.forward(data, "cross_entropy").result().metrics["loss:sum"] == pytest.approx(
+        after.metrics["loss:sum"], rel=1e-4)
+    fresh = next_loss(training)
+    assert fresh == pytest.approx(next_loss(service.create_training_client_from_state(saved.path).result()), rel=1e-4)
+    with pytest.warns(FutureWarning):
+        training.load_state_with_optimizer(saved.path).result()
+    continued = next_loss(training)
+    assert continued == pytest.approx(moved, rel=1e-4)
+    assert abs(continued - fresh) > 1e-3 * abs(fresh)  # Adam's first step from zero moments is another step
+
     # Deleting a checkpoint forgets its name (the step it names is the model's served one: it stays).
     rest.delete_checkpoint_from_tinker_path(named).result()
     assert {c.checkpoint_id for c in rest.list_checkpoints(run_id).result().checkpoints} == {"weights/after-one-step"}

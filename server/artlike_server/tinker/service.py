@@ -268,8 +268,8 @@ class TinkerService:
     def load_weights(self, body: LoadWeightsBody) -> dict[str, Any]:
         """A new run made from a checkpoint (`create_training_client_from_state[_with_optimizer]`: `session_id`
         + `model_seq_id`), or, with `model_id`, the checkpoint loaded back into its own run (the deprecated
-        `load_state_with_optimizer`). `optimizer`: AdamW continues from the state saved with the checkpoint,
-        else it starts afresh."""
+        `load_state[_with_optimizer]`). `optimizer`: AdamW continues from the state saved with the checkpoint,
+        else it starts afresh on the checkpoint's weights."""
         source, checkpoint = self._checkpoint(body.path)
         if body.model_id is not None:
             return self._load_into(body, source, checkpoint)
@@ -301,12 +301,10 @@ class TinkerService:
         if self._run(body.model_id or "").run_id != run.run_id:
             raise InvalidRequest("load_state takes a checkpoint of the same run; make a new training client from "
                                  "another run's checkpoint", param="path", code="other_run")
-        if not body.optimizer:
-            raise InvalidRequest("loading weights without the optimizer state into a running client is not served: "
-                                 "use create_training_client_from_state", param="optimizer", code="unsupported")
 
         async def work() -> dict[str, Any]:
-            await self.sessions.load_state(self._training_session(run), LoadStateRequest(step=checkpoint.step))
+            request = LoadStateRequest(step=checkpoint.step, optimizer=body.optimizer)
+            await self.sessions.load_state(self._training_session(run), request)
             return {"path": body.path, "model_id": run.run_id, "type": "load_weights"}
 
         return {"request_id": self.queues.submit(run.run_id, body.seq_id or 0, work), "model_id": run.run_id}

@@ -63,13 +63,15 @@ class Sessions:
         adapter_dir = Path(command.adapter_dir)
         slot = self._adapters.load(command.model_name, adapter_dir)
         state = "reused"
+        if command.fresh_optimizer:
+            slot.drop_optimizer()
         if slot.optimizer is None:
             optimizer = slot.start_optimizer(self._adapters.parameters(command.model_name),
                                              learning_rate=command.optimizer.learning_rate,
                                              weight_decay=command.optimizer.weight_decay)  # fmt: skip
             state = "fresh"
             saved = adapter_dir / OPTIMIZER_FILE
-            if saved.is_file():
+            if saved.is_file() and not command.fresh_optimizer:
                 try:
                     optimizer.load_state_dict(torch.load(saved, map_location=self._device, weights_only=True))
                 except (ValueError, KeyError, RuntimeError) as error:

@@ -96,12 +96,14 @@ class Score(_Command):
 
 
 class SessionOpen(_Command):
-    """Start a training session on `model_name` at `adapter_dir` (its `optimizer.pt` too, when there is one)."""
+    """Start a training session on `model_name` at `adapter_dir` (its `optimizer.pt` too, when there is one,
+    unless `fresh_optimizer`)."""
 
     cmd: Literal["session_open"] = "session_open"
     model_name: str
     adapter_dir: str
     optimizer: AdamParams
+    fresh_optimizer: bool = False
 
 
 def _pass_config_kind(value: Any) -> str:

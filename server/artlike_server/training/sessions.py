@@ -255,7 +255,7 @@ class TrainingSessions:
                                code="step_not_found")
             await self._run(session, protocol.SessionOpen(
                 model_name=session.model, adapter_dir=str(self.store.step_dir(session.model, request.step)),
-                optimizer=session.optimizer))
+                optimizer=session.optimizer, fresh_optimizer=not request.optimizer))
             session.step, session.pending_passes = request.step, 0
             return session.info()
 
