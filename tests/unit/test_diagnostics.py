@@ -6,6 +6,9 @@ import math
 
 import pytest
 from artlike_server.training.diagnostics import group_statistics, sample_statistics
+from pydantic import ValidationError
+
+from artlike.types import GRPOConfig
 
 
 def test_groups_split_into_all_wrong_mixed_and_all_right_by_the_threshold() -> None:
@@ -36,3 +39,9 @@ def test_sample_statistics_average_length_per_trajectory_and_surprise_per_token(
     assert stats.sampling_entropy == pytest.approx(1.0)
     assert sample_statistics([]).response_tokens_mean is None
     assert sample_statistics([[], [math.inf]]).sampling_entropy is None
+
+
+def test_the_pass_threshold_is_a_finite_config_field() -> None:
+    assert GRPOConfig().pass_threshold == 0.5 and not GRPOConfig().measure_kl_to_base
+    with pytest.raises(ValidationError):
+        GRPOConfig(pass_threshold=math.nan)
