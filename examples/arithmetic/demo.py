@@ -59,8 +59,12 @@ async def evaluate(base_url: str, model: str, eval_set: list[Problem], api_key: 
 
 
 def _print_row(report: art.PipelineStep) -> None:
+    # entropy falling and zero-var rising: the policy answers each problem the same way, so groups teach nothing
+    entropy = "—" if report.entropy is None else f"{report.entropy:.3f}"
+    zero_variance = "—" if report.zero_variance_fraction is None else f"{report.zero_variance_fraction:.0%}"
     print(f"{report.step:>4} {report.reward_mean:>7.3f} {report.metrics.get('correct', 0.0):>8.1%} "
-          f"{report.metrics.get('formatted', 0.0):>7.1%} {report.loss or 0.0:>8.4f} {report.staleness_mean:>6.2f} "
+          f"{report.metrics.get('formatted', 0.0):>7.1%} {report.loss or 0.0:>8.4f} {entropy:>7} {zero_variance:>8} "
+          f"{report.staleness_mean:>6.2f} "
           f"{report.rollout_seconds:>9.1f} {report.train_seconds:>8.1f} {report.step_seconds:>7.1f}"
           + ("" if report.trained else f"  not trained: {report.reason}"))
 
@@ -82,7 +86,8 @@ async def run(args: argparse.Namespace, base_url: str) -> dict[str, Any]:
         model, lambda problem: rollout(model, problem), train_set, group_size=args.group_size,
         groups_per_step=args.groups, max_steps_off_policy=args.max_steps_off_policy,
         learning_rate=args.learning_rate, on_step=_print_row, progress=False)
-    print(f"\n{'step':>4} {'reward':>7} {'correct':>8} {'format':>7} {'loss':>8} {'stale':>6} {'rollout s':>9} "
+    print(f"\n{'step':>4} {'reward':>7} {'correct':>8} {'format':>7} {'loss':>8} {'entropy':>7} {'zero-var':>8} "
+          f"{'stale':>6} {'rollout s':>9} "
           f"{'train s':>8} {'step s':>7}")
     result = await trainer.run(num_steps=args.steps)
 

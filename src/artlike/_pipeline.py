@@ -80,6 +80,16 @@ class PipelineStep(BaseModel):
     zero_variance_groups: int  # groups whose rewards were all equal (no signal)
     logprob_mismatch: float | None = None  # mean |logπθ − logπ_behaviour| reported by the server
     loss: float | None = None
+    # Why learning slows, as the train call reported it (None where it did not: see `StartEvent`/`StepEvent`)
+    zero_variance_fraction: float | None = None  # zero_variance_groups / groups
+    groups_all_wrong: int | None = None  # by the config's pass_threshold
+    groups_mixed: int | None = None
+    groups_all_right: int | None = None
+    pass_rate: float | None = None  # fraction of the step's trajectories that passed
+    response_tokens_mean: float | None = None  # completion tokens per trajectory
+    sampling_entropy: float | None = None  # mean −logprob of the sampled tokens (the sampling policy's entropy)
+    entropy: float | None = None  # the trained policy's mean token entropy over the step's gradient steps
+    kl_to_base: float | None = None  # mean k3 KL to the base model over the gradient steps, when measured
     rollout_seconds: float  # from the first rollout start to the last rollout end of the step's groups
     wait_seconds: float  # the trainer waited this long for the step's groups
     train_seconds: float
@@ -562,6 +572,8 @@ class _Run(Generic[Scenario]):
         zero_variance = (result.start.groups_skipped if result.start is not None else
                          sum(len({t.reward for t in f.group.trajectories}) <= 1 for f in batch))
         steps = result.metrics
+        start = result.start
+        kl_to_base = [s.kl_to_base for s in steps if s.kl_to_base is not None]
         return PipelineStep(
             index=self.state.steps_done, from_step=from_step, step=result.step, trained=result.trained,
             reason=result.done.reason, groups=len(batch), trajectories=len(trajectories),
@@ -571,6 +583,16 @@ class _Run(Generic[Scenario]):
             zero_variance_groups=zero_variance,
             logprob_mismatch=_mean([s.logprob_mismatch for s in steps]) if steps else None,
             loss=_mean([s.loss for s in steps]) if steps else None,
+            zero_variance_fraction=(start.zero_variance_fraction if start is not None
+                                    else zero_variance / len(batch) if batch else None),
+            groups_all_wrong=start.groups_all_wrong if start else None,
+            groups_mixed=start.groups_mixed if start else None,
+            groups_all_right=start.groups_all_right if start else None,
+            pass_rate=start.pass_rate if start else None,
+            response_tokens_mean=start.response_tokens_mean if start else None,
+            sampling_entropy=start.sampling_entropy if start else None,
+            entropy=_mean([s.entropy for s in steps]) if steps else None,
+            kl_to_base=_mean(kl_to_base) if kl_to_base else None,
             rollout_seconds=max(f.finished for f in batch) - min(f.started for f in batch),
             wait_seconds=waited, train_seconds=train_seconds, step_seconds=time.perf_counter() - since_previous,
             best_step=self.state.best_step)

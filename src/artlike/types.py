@@ -243,6 +243,11 @@ class _PolicyGradientOptions(_TrainOptions):
     kl_beta: float = Field(0.0, ge=0.0, description="Weight of the k3 KL penalty to the base model.")
     scale_rewards: bool = True  # False: advantages not divided by the group std (Dr. GRPO)
     mask_truncated: bool = False  # drop completions that hit max_tokens (finish_reason "length")
+    pass_threshold: FiniteFloat = Field(0.5, description="A trajectory whose reward is at least this passes: the "
+                                  "start event counts groups all-wrong, mixed and all-right by it.")
+    measure_kl_to_base: bool = Field(False, description="Report each step's KL to the base model "
+                                     "(`kl_to_base`) even when kl_beta is 0, at the cost of one forward pass "
+                                     "without gradient over the batch; with kl_beta > 0 it is always reported.")
 
 
 class _TokenLevelOptions(_PolicyGradientOptions):
@@ -662,6 +667,17 @@ class StartEvent(BaseModel):
     trainable_tokens: int
     reward_mean: float | None = None  # None: an SFT job (examples have no reward)
     reward_std: float | None = None
+    # Rewarded groups (None for other jobs): the fraction whose rewards were all equal, and the per-prompt
+    # pass distribution by the config's pass_threshold (groups with a reward model's scores not counted).
+    zero_variance_fraction: float | None = None
+    groups_all_wrong: int | None = None
+    groups_mixed: int | None = None
+    groups_all_right: int | None = None
+    pass_rate: float | None = None  # fraction of trajectories whose reward reached pass_threshold
+    # Recorded trajectories' sampled tokens: completion tokens per trajectory, and the sampling policy's
+    # entropy estimate (mean −logprob of the sampled tokens, from the recorded logprobs).
+    response_tokens_mean: float | None = None
+    sampling_entropy: float | None = None
 
 
 class StatusEvent(BaseModel):
@@ -690,6 +706,9 @@ class StepEvent(BaseModel):
     logprob_mismatch: float = 0.0
     # positions the decoder ran over in this step: shared prompt prefixes count once per micro-batch
     decoder_positions: int = 0
+    # k3 estimate of KL(πθ ‖ base) per trained token, measured before this step's update; None when not
+    # measured (only rewarded-group objectives measure it: with kl_beta > 0 or measure_kl_to_base)
+    kl_to_base: float | None = None
     objective: str = "grpo"
     # the objective's own statistics (client/README.md lists them per objective)
     metrics: dict[str, float] = Field(default_factory=dict)

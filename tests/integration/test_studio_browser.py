@@ -250,12 +250,12 @@ def rollout(server: ServerProcess, model: str, prompt: str, max_tokens: int) -> 
             "finish_reason": completion.choices[0].finish_reason}
 
 
-def train_step(server: ServerProcess, model: str, rewards: list[float]) -> list[dict[str, Any]]:
+def train_step(server: ServerProcess, model: str, rewards: list[float], **config: Any) -> list[dict[str, Any]]:
     """One GRPO step on fresh rollouts with the given (varied) rewards; returns the rollouts."""
     with ThreadPoolExecutor(max_workers=len(rewards)) as pool:
         rollouts = list(pool.map(lambda _: rollout(server, model, "Name a colour.", 8), rewards))
     group = [{"trajectory_id": r["trajectory_id"], "reward": reward} for r, reward in zip(rollouts, rewards, strict=True)]
-    body = {"model": model, "groups": [{"trajectories": group}], "config": {"learning_rate": 1e-4}}
+    body = {"model": model, "groups": [{"trajectories": group}], "config": {"learning_rate": 1e-4, **config}}
     with http_client(server) as client, client.stream("POST", "/_train_model", json=body) as reply:
         assert reply.status_code == 200, reply.read()
         events = [json.loads(line) for line in reply.iter_lines() if line]
@@ -266,14 +266,21 @@ def train_step(server: ServerProcess, model: str, rewards: list[float]) -> list[
 
 def test_dashboard_charts_history_and_the_token_view(studio: Studio, server: ServerProcess, tmp_path: Path) -> None:
     name = register(server, "studio-dash")
-    train_step(server, name, [0.0, 0.5, 1.0, 1.0])
-    rollouts = train_step(server, name, [0.0, 0.0, 0.25, 1.0])
+    train_step(server, name, [0.0, 0.5, 1.0, 1.0], measure_kl_to_base=True)
+    rollouts = train_step(server, name, [0.0, 0.0, 0.25, 1.0], measure_kl_to_base=True)
     with http_client(server) as client:  # a harness's score, recorded as a step evaluation
         evaluation = {"step": 2, "metrics": {"acc": 0.75}, "split": "lm-eval"}
         assert client.post(f"/v1/trainable_models/{name}/evaluations", json=evaluation).status_code == 200
         lines = client.get(f"/v1/trainable_models/{name}/history").json()["data"]
     steps = [line for line in lines if "event" not in line]
     assert [line["step"] for line in steps] == [1, 2], lines
+    # the plateau diagnostics: one mixed group per step (pass_threshold 0.5 passes 3 of 4, then 1 of 4), up to
+    # 8 sampled tokens each; step 1 trains from the base (its LoRA starts at 0), step 2 from a trained step
+    for line, pass_rate in zip(steps, (0.75, 0.25), strict=True):
+        assert (line["zero_variance_fraction"], line["groups_all_wrong"], line["groups_mixed"],
+                line["groups_all_right"], line["pass_rate"]) == (0.0, 0, 1, 0, pass_rate), line
+        assert 0 < line["response_tokens_mean"] <= 8 and line["sampling_entropy"] > 0 and line["entropy"]["mean"] > 0
+    assert steps[0]["kl_to_base"]["mean"] == pytest.approx(0.0, abs=1e-7) and steps[1]["kl_to_base"]["mean"] > 0
 
     page = studio.page
     studio.select_model(name)
@@ -284,7 +291,8 @@ def test_dashboard_charts_history_and_the_token_view(studio: Studio, server: Ser
     assert [step for step, _ in drawn] == [1, 2]
     for (step, value), line in zip(drawn, steps, strict=True):
         assert step == line["step"] and value == pytest.approx(line["reward"]["mean"], abs=1e-6), (drawn, line)
-    for chart in ("loss", "kl", "clip_fraction", "entropy", "tokens_per_s", "groups_skipped"):
+    for chart in ("loss", "kl", "clip_fraction", "entropy", "tokens_per_s", "groups_skipped", "zero_variance_fraction",
+                  "pass_rate", "sampling_entropy", "kl_to_base", "response_tokens"):
         assert page.locator(f"svg[data-chart='{chart}'] circle").count() == 2, chart
     assert page.locator("#steps-table tbody tr").count() == 3  # steps 0, 1, 2
     assert page.inner_text("#steps-table tr[data-step='2'] td.evaluations") == "lm-eval acc 0.75"

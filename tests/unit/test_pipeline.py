@@ -54,10 +54,12 @@ class FakeServer:
             return art.TrainResult(step=self.step, model=done.model, metrics=[], start=None, done=done)
         self.step += 1
         start = StartEvent(model="m", from_step=self.step - 1, num_gradient_steps=1, trajectories=8, groups=len(groups),
-                           groups_skipped=0, sequences=8, trainable_tokens=100)
+                           groups_skipped=0, sequences=8, trainable_tokens=100, zero_variance_fraction=0.5,
+                           groups_all_wrong=1, groups_mixed=1, groups_all_right=0, pass_rate=0.25,
+                           response_tokens_mean=12.0, sampling_entropy=0.8)
         metric = StepEvent(gradient_step=1, num_gradient_steps=1, loss=0.5, policy_loss=0.5, kl=0.0, entropy=1.0,
                            grad_norm=1.0, clip_fraction=0.0, learning_rate=1e-5, tokens=100, seconds=0.01,
-                           logprob_mismatch=0.02)
+                           logprob_mismatch=0.02, kl_to_base=0.01)
         done = DoneEvent(model=f"m@{self.step}", step=self.step, adapter_path="/x", train_seconds=0.05,
                          swap_seconds=0.0)
         return art.TrainResult(step=self.step, model=done.model, metrics=[metric], start=start, done=done)
@@ -147,6 +149,9 @@ def test_a_step_without_signal_is_reported_and_the_loop_goes_on() -> None:
     result = make(server, Rollouts(server), range(100)).run_sync(num_steps=3)
     assert [(s.from_step, s.step, s.trained) for s in result.steps] == [(0, 1, True), (1, 1, False), (1, 2, True)]
     assert result.steps[1].reason == "all groups have equal rewards"
+    unreported = result.steps[1]  # no start event: counted from the groups' rewards
+    assert unreported.zero_variance_fraction == unreported.zero_variance_groups / unreported.groups
+    assert unreported.entropy is None and unreported.pass_rate is None
 
 
 def test_reports_carry_rewards_metrics_mismatch_and_timings() -> None:
@@ -158,6 +163,9 @@ def test_reports_carry_rewards_metrics_mismatch_and_timings() -> None:
     assert report.trajectories == 4 and report.groups == 2
     assert report.reward_mean == pytest.approx(0.5) and report.metrics == {"correct": pytest.approx(0.5)}
     assert report.logprob_mismatch == pytest.approx(0.02) and report.loss == pytest.approx(0.5)
+    assert (report.zero_variance_fraction, report.groups_all_wrong, report.groups_mixed, report.groups_all_right,
+            report.pass_rate, report.response_tokens_mean, report.sampling_entropy) == (0.5, 1, 1, 0, 0.25, 12.0, 0.8)
+    assert report.entropy == pytest.approx(1.0) and report.kl_to_base == pytest.approx(0.01)
     assert report.train_seconds >= 0.05 and report.rollout_seconds > 0 and report.step_seconds >= report.train_seconds
 
 

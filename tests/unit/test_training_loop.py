@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 
 import pytest
 import torch
@@ -245,3 +246,30 @@ def test_gradients_left_by_a_failed_job_do_not_leak_into_the_next_step() -> None
                             pad_token_id=0, on_step=lambda e: None, master=master)  # fmt: skip
         results.append([p.detach().clone() for p in master.parameters])
     assert all(torch.equal(a, b) for a, b in zip(*results, strict=True))
+
+
+def test_kl_to_base_is_the_k3_estimate_against_the_model_with_its_adapter_disabled() -> None:
+    model = tiny_peft_model()  # lora_B non-zero: the policy differs from the base
+    sequences = batch()
+    with torch.no_grad():
+        model.eval()
+        rows = []
+        for context in (nullcontext, model.disable_adapter):  # the policy, then the base
+            with context():
+                rows.append([reference_logprobs(model, torch.tensor([s.token_ids]))[0] for s in sequences])
+        model.train()
+    trained = [torch.tensor(s.trainable[1:]) for s in sequences]
+    diffs = torch.cat([(base - policy)[mask] for policy, base, mask in zip(*rows, trained, strict=True)])
+    expected = float((diffs.exp() - diffs - 1).mean())
+
+    events: list[StepEvent] = []
+    params = [p for p in model.parameters() if p.requires_grad]
+    config = GRPOConfig(learning_rate=0.05, micro_batch_tokens=64, measure_kl_to_base=True)
+    run_optimizer_steps(model, torch.optim.SGD(params, lr=0.05), sequences, config, pad_token_id=0,
+                        reference=model.disable_adapter, on_step=events.append)  # fmt: skip
+    assert expected > 1e-4 and events[0].kl_to_base == pytest.approx(expected, rel=1e-4)
+
+    unmeasured: list[StepEvent] = []
+    run_optimizer_steps(model, torch.optim.SGD(params, lr=0.05), sequences, GRPOConfig(micro_batch_tokens=64),
+                        pad_token_id=0, reference=model.disable_adapter, on_step=unmeasured.append)  # fmt: skip
+    assert unmeasured[0].kl_to_base is None

@@ -17,7 +17,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from artlike.types import StepEvent, TrainConfig
+from artlike.types import (
+    CISPOConfig,
+    GRPOConfig,
+    GSPOConfig,
+    ImportanceSamplingConfig,
+    StepEvent,
+    TrainConfig,
+)
 from artlike_server.torch_worker import distributed
 from artlike_server.torch_worker.distributed import SINGLE, Ranks
 from artlike_server.torch_worker.heads import RewardHead
@@ -36,6 +43,7 @@ from artlike_server.torch_worker.objectives import (
     Preparation,
     build_objective,
 )
+from artlike_server.torch_worker.objectives.tokens import k3_kl
 from artlike_server.torch_worker.packing import (
     MicroBatchPlan,
     pack_families,
@@ -388,6 +396,8 @@ class PassTotals:
     mismatch_sum: float = 0.0
     mismatch_tokens: int = 0
     decoder_positions: int = 0
+    kl_to_base_sum: float = 0.0  # k3 KL to the base model over the trained tokens, when measured
+    kl_to_base_tokens: int = 0
     metric_sums: dict[str, float] = field(default_factory=dict)
     metric_counts: dict[str, float] = field(default_factory=dict)
     sequence_logprobs: dict[int, torch.Tensor] = field(default_factory=dict)  # when asked: index -> [n − 1]
@@ -422,6 +432,8 @@ class PassTotals:
             total.mismatch_sum += part.mismatch_sum
             total.mismatch_tokens += part.mismatch_tokens
             total.decoder_positions += part.decoder_positions
+            total.kl_to_base_sum += part.kl_to_base_sum
+            total.kl_to_base_tokens += part.kl_to_base_tokens
             for name, value in part.metric_sums.items():
                 total.metric_sums[name] = total.metric_sums.get(name, 0.0) + value
             for name, value in part.metric_counts.items():
@@ -447,6 +459,7 @@ def forward_backward(
     on_micro_batch: Callable[[int, int], None] | None = None,
     heads: Mapping[str, nn.Module] | None = None,
     extras: Mapping[str, Sequence[torch.Tensor]] | None = None,
+    base_logprobs: Sequence[torch.Tensor] | None = None,
     ranks: Ranks = SINGLE,
 ) -> PassTotals:
     """One pass over `sequences` as one optimizer step's worth of data: micro-batches (`plan_step`), each
@@ -454,7 +467,8 @@ def forward_backward(
     `master`'s fp32 copies when given) unless `backward` is off. `references`: every sequence's reference
     logprobs (`reference_logprobs`) when the objective needs them; `heads`: the modules of the objective's
     `heads`; `extras`: its `prepare`'s per-sequence tensors. `keep_logprobs` keeps each sequence's
-    target-aligned logprobs ([num_tokens − 1], 0 where not trainable) in the totals.
+    target-aligned logprobs ([num_tokens − 1], 0 where not trainable) in the totals. `base_logprobs`:
+    every sequence's logprobs under the base model (`reference_logprobs`), to measure the KL to it.
 
     Several `ranks` each run their share of the micro-batches (`my_micro_batches`) and divide by the same
     normaliser, that of all the sequences: the sum of the ranks' gradients is the one-rank pass's
@@ -490,6 +504,14 @@ def forward_backward(
         if keep_logprobs:
             for row, (member, start) in enumerate(zip(members, micro_batch.prefixes(), strict=True)):
                 totals.sequence_logprobs[member] = _sequence_logprobs(logprobs[row].detach(), sequences[member], start)
+        if base_logprobs is not None:
+            for row, (member, start) in enumerate(zip(members, micro_batch.prefixes(), strict=True)):
+                current = _sequence_logprobs(logprobs[row].detach(), sequences[member], start)
+                trained = torch.tensor(sequences[member].trainable[1:], dtype=torch.bool)
+                # float64: exp(r) − r − 1 of a small r cancels to rounding noise in float32
+                kl = k3_kl(current[trained].double(), base_logprobs[member][trained].double())
+                totals.kl_to_base_sum += float(kl.sum())
+                totals.kl_to_base_tokens += int(trained.sum())
     return PassTotals.merged(distributed.gather(ranks, totals)) if ranks.distributed else totals
 
 
@@ -599,6 +621,9 @@ def run_optimizer_steps(
         if reference is None:
             raise ValueError(f"the {objective.name} objective (as configured) needs a reference policy")
         references = passes.reference_logprobs()
+    # The reference of the rewarded-group objectives is the base model: with a KL penalty its pass is
+    # already done, otherwise it is one more forward pass without gradient, run when the config asks.
+    base_logprobs = passes.reference_logprobs() if reference is not None and measures_kl_to_base(config) else None
     preparation: Preparation = objective.prepare(passes)
     events: list[StepEvent] = []
     optimizer.zero_grad(set_to_none=True)
@@ -616,7 +641,8 @@ def run_optimizer_steps(
             references=None if references is None else [references[i] for i in indices],
             chunk_tokens=chunk_tokens, master=master,
             on_micro_batch=None if on_micro_batch is None else partial(on_micro_batch, step_index),
-            heads=heads, extras={k: [v[i] for i in indices] for k, v in preparation.extras.items()}, ranks=ranks,
+            heads=heads, extras={k: [v[i] for i in indices] for k, v in preparation.extras.items()},
+            base_logprobs=None if base_logprobs is None else [base_logprobs[i] for i in indices], ranks=ranks,
         )  # fmt: skip
         try:
             grad_norm = optimizer_step(optimizer, config.max_grad_norm, master, ranks)
@@ -636,12 +662,21 @@ def run_optimizer_steps(
             seconds=time.perf_counter() - started,
             logprob_mismatch=totals.mismatch_sum / max(1, totals.mismatch_tokens),
             decoder_positions=totals.decoder_positions,
+            kl_to_base=totals.kl_to_base_sum / max(1, totals.kl_to_base_tokens) if base_logprobs is not None else None,
             objective=objective.name,
             metrics={**preparation.metrics, **totals.metrics()},
         )
         events.append(event)
         on_step(event)
     return JobResult(events, {**(state or {}), **preparation.state})
+
+
+def measures_kl_to_base(config: TrainConfig) -> bool:
+    """Whether a job reports its steps' KL to the base model: the rewarded-group objectives do with a KL
+    penalty (its reference pass is the base model's) or when `measure_kl_to_base` asks."""
+    if not isinstance(config, GRPOConfig | CISPOConfig | ImportanceSamplingConfig | GSPOConfig):
+        return False
+    return config.kl_beta > 0.0 or config.measure_kl_to_base
 
 
 def _job_passes(

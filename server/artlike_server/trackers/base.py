@@ -11,7 +11,10 @@ log = logging.getLogger(__name__)
 
 SCALARS = ("reward.mean", "reward.std", "loss.mean", "kl.mean", "entropy.mean", "grad_norm.mean",
            "clip_fraction.mean", "logprob_mismatch", "groups_skipped", "trainable_tokens", "train_seconds",
-           "swap_seconds")
+           "swap_seconds",
+           # why learning slows (rewarded groups): no-signal groups, pass distribution, length, entropy, drift
+           "zero_variance_fraction", "groups_all_wrong", "groups_mixed", "groups_all_right", "pass_rate",
+           "response_tokens_mean", "sampling_entropy", "kl_to_base.mean")
 
 
 def step_scalars(entry: dict[str, Any]) -> Iterator[tuple[str, float]]:

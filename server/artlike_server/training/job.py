@@ -26,9 +26,13 @@ import httpx
 from pydantic import BaseModel
 
 from artlike.types import (
+    CISPOConfig,
     DoneEvent,
     DPOConfig,
     ErrorEvent,
+    GRPOConfig,
+    GSPOConfig,
+    ImportanceSamplingConfig,
     PPOConfig,
     RecordedExample,
     RecordedPair,
@@ -52,7 +56,8 @@ from ..trainer_ipc import protocol
 from ..trainer_ipc.batch_file import write_batch
 from ..trainer_ipc.sequences import TrainSequence
 from ..trainer_ipc.steps import count_gradient_steps, units_of
-from .batches import BatchContext, builder_for
+from .batches import BatchContext, Records, builder_for
+from .diagnostics import GroupStatistics, SampleStatistics, group_statistics, sample_statistics
 from .tokenizer_service import TokenizerService
 from .trainer_client import TrainerCrashed, TrainerError, TrainerProcess, TrainerTimeout
 
@@ -91,6 +96,8 @@ class PreparedJob:
     promote: bool = True  # move the alias to the new step (False: commit it as name@N only)
     annotations: dict[str, Any] = field(default_factory=dict)  # recorded in the history line
     trajectory_rewards: list[tuple[str, float]] = field(default_factory=list)  # recorded ones, for observers
+    group_stats: GroupStatistics | None = None  # rewarded groups: zero variance, pass distribution
+    sample_stats: SampleStatistics | None = None  # rewarded groups: response length, sampling entropy
 
     @cached_property  # summed once: a large batch has millions of tokens, and the event loop reads this
     def trainable_tokens(self) -> int:
@@ -224,6 +231,7 @@ class TrainingService:
         context = BatchContext(self.tokenizer, self.limits.max_sequence_tokens,
                                reward_objectives=head.num_objectives if head is not None else 1)
         batch = await asyncio.to_thread(builder_for(request), request, records, context)
+        diagnostics = await asyncio.to_thread(_group_diagnostics, request, records)
         sequences, skipped = batch.sequences, batch.groups_skipped
         if request.groups and skipped == len(request.groups):
             raise InvalidRequest(
@@ -251,6 +259,7 @@ class TrainingService:
             reward_model_dir=reward_model_dir, promote=request.promote, annotations=dict(request.annotations),
             trajectory_rewards=[(t.trajectory_id, t.reward) for g in request.groups for t in g.trajectories
                                 if isinstance(t, TrajectoryRef) and t.reward is not None],
+            group_stats=diagnostics[0] if diagnostics else None, sample_stats=diagnostics[1] if diagnostics else None,
         )
 
     def _check_kind(self, model: str, config: TrainConfig) -> None:
@@ -339,6 +348,7 @@ class TrainingService:
                 sequences=len(p.sequences), trainable_tokens=p.trainable_tokens,
                 reward_mean=statistics.fmean(p.rewards) if p.rewards else None,
                 reward_std=statistics.pstdev(p.rewards) if p.rewards else None,
+                **_diagnostic_fields(p),
             ))
             staging = self.store.new_staging_dir(p.model)
             batch_path = staging.with_suffix(".batch")
@@ -420,6 +430,31 @@ def _recorded_keys(request: TrainRequest) -> list[tuple[str, tuple[int, ...] | N
             for g in request.groups for t in g.trajectories if isinstance(t, TrajectoryRef)]
 
 
+def _group_diagnostics(request: TrainRequest, records: Records
+                       ) -> tuple[GroupStatistics, SampleStatistics] | None:
+    """What a rewarded-group job's data says about its signal (`diagnostics.py`); None for other jobs."""
+    config = request.config
+    if not isinstance(config, GRPOConfig | CISPOConfig | ImportanceSamplingConfig | GSPOConfig):
+        return None
+    groups = group_statistics([[t.reward for t in g.trajectories] for g in request.groups], config.pass_threshold)
+    recorded = [t.trajectory_id for g in request.groups for t in g.trajectories if isinstance(t, TrajectoryRef)]
+    samples = sample_statistics([[lp for c in records[tid] for lp in c.logprobs] for tid in recorded])
+    return groups, samples
+
+
+def _diagnostic_fields(p: PreparedJob) -> dict[str, Any]:
+    """The start event's (and history line's) diagnostics of the job's groups; {} for other jobs."""
+    fields: dict[str, Any] = {}
+    if p.group_stats is not None and p.group_stats.groups:
+        g = p.group_stats
+        fields.update(zero_variance_fraction=g.zero_variance_fraction, groups_all_wrong=g.all_wrong,
+                      groups_mixed=g.mixed, groups_all_right=g.all_right, pass_rate=g.pass_rate)
+    if p.sample_stats is not None:
+        fields.update(response_tokens_mean=p.sample_stats.response_tokens_mean,
+                      sampling_entropy=p.sample_stats.sampling_entropy)
+    return {key: value for key, value in fields.items() if value is not None}
+
+
 def _error_code(error: Exception) -> str:
     return {TrainerCrashed: "trainer_crashed", TrainerTimeout: "trainer_timeout"}.get(type(error), "trainer_error")
 
@@ -433,6 +468,7 @@ def _stats(values: list[float]) -> dict[str, float]:
 
 def _history_entry(p: PreparedJob, step: int, steps: list[StepEvent], train_seconds: float,
                    swap_seconds: float) -> dict[str, Any]:
+    kl_to_base = [s.kl_to_base for s in steps if s.kl_to_base is not None]  # measured steps only
     return {
         "step": step,
         "from_step": p.from_step,
@@ -447,6 +483,8 @@ def _history_entry(p: PreparedJob, step: int, steps: list[StepEvent], train_seco
         "loss": _stats([s.loss for s in steps]),
         "kl": _stats([s.kl for s in steps]),
         "entropy": _stats([s.entropy for s in steps]),
+        **({"kl_to_base": _stats(kl_to_base)} if kl_to_base else {}),
+        **_diagnostic_fields(p),
         "grad_norm": _stats([s.grad_norm for s in steps]),
         "clip_fraction": _stats([s.clip_fraction for s in steps]),
         "logprob_mismatch": steps[0].logprob_mismatch if steps else None,

@@ -1316,6 +1316,13 @@
       get: (l) => (l.trainable_tokens && l.train_seconds ? l.trainable_tokens / l.train_seconds : null) },
     { key: 'groups_skipped', title: 'zero-variance groups (skipped)',
       get: (l) => (typeof l.groups_skipped === 'number' ? l.groups_skipped : null) },
+    // Why learning slows: groups without signal, prompts already solved, answers the policy is sure of.
+    { key: 'zero_variance_fraction', title: 'zero-variance fraction of groups', get: (l) => stat(l.zero_variance_fraction) },
+    { key: 'pass_rate', title: 'pass rate (trajectories ≥ pass_threshold)', get: (l) => stat(l.pass_rate) },
+    { key: 'groups_mixed', title: 'groups mixed (neither all-wrong nor all-right)', get: (l) => stat(l.groups_mixed) },
+    { key: 'sampling_entropy', title: 'sampling entropy (−logprob of sampled tokens)', get: (l) => stat(l.sampling_entropy) },
+    { key: 'kl_to_base', title: 'KL to base', get: (l) => stat(l.kl_to_base) },
+    { key: 'response_tokens', title: 'response tokens (mean)', get: (l) => stat(l.response_tokens_mean) },
   ];
 
   function renderCharts(lines) {
