@@ -100,9 +100,14 @@ def tinker_api(result: Result) -> str:
     runs = table(["runs at once", "trained tokens/s", "vs one run"],
                  [(n, f"{row['tokens_per_s']:.1f}", f"{row['tokens_per_s'] / single:.2f}")
                   for n, row in result["concurrency"].items()])
+    batching = result["batching"]
     return "\n\n".join([
         caption("tinker_api.json", result, f", {result['datums']} sequences ({result['tokens_per_step']} trained "
-                f"tokens) per step, median of {result['steps']} steps"), overhead, runs])
+                f"tokens) per step, median of {result['steps']} steps; runs at once: median of "
+                f"{result['rounds']} interleaved rounds"), overhead, runs,
+        f"One run's step on {batching['large_datums']} sequences trains {batching['large_tokens_per_s']:.1f} "
+        f"tokens/s, {batching['ratio']:.2f}× its step on {batching['small_datums']} "
+        f"({batching['small_tokens_per_s']:.1f} tokens/s)."])
 
 
 def policy_engine(result: Result) -> str:

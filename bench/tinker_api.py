@@ -1,12 +1,14 @@
 """The same training steps through the Tinker SDK and through artlike's own training sessions, and several
 Tinker runs at once, on one server in one run.
 
-    python -m bench.tinker_api [--steps N] [--datums D]
+    python -m bench.tinker_api [--steps N] [--datums D] [--rounds R]
 
 Overhead: a `forward_backward` + `optim_step` of the same D sequences, alternating paths step by step (the
 native `/v1/training_sessions` route with its `cross_entropy` / `importance_sampling` loss, and the SDK with
 Tinker's loss of that name), median seconds per step of each and their ratio. Concurrency: N = 1, 2, 4 SDK
-runs, each taking `steps` steps at once; aggregate trained tokens per second. Prints a table, writes JSON.
+runs, each taking `steps` steps at once, in interleaved rounds; the median aggregate trained tokens per
+second. Batching: one run's step on 4×D sequences against its step on D, the most that training several
+runs' sequences in one pass could gain. Prints a table, writes JSON.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from tinker import types
 from bench.machine import machine
 
 KEY = "bench-key"
+RUNS = (1, 2, 4)
 LOSSES = ("cross_entropy", "importance_sampling")
 
 
@@ -77,10 +80,28 @@ def tinker_step(run: tinker.TrainingClient, batch: list[list[int]], loss: str) -
     return time.perf_counter() - began
 
 
+def batching_bound(service: tinker.ServiceClient, server: ServerProcess, small: list[list[int]], datums: int,
+                   steps: int) -> dict[str, Any]:
+    """What batching several runs' sequences into one trainer pass could gain at most: one run's step on
+    `datums` sequences against its step on the `small` batch, trained tokens per second of each (median of
+    `steps`, alternating). A pass over several runs' adapters at once costs at least the larger pass."""
+    large = sequences(server, datums)
+    run = service.create_lora_training_client(base_model=server.model_id, rank=8).result()
+    tinker_step(run, small, "cross_entropy"), tinker_step(run, large, "cross_entropy")  # warm-up
+    rates: dict[str, list[float]] = {"small": [], "large": []}
+    for _ in range(steps):
+        for key, batch in (("small", small), ("large", large)):
+            rates[key].append(sum(len(t) - 1 for t in batch) / tinker_step(run, batch, "cross_entropy"))
+    small_rate, large_rate = (statistics.median(rates[key]) for key in ("small", "large"))
+    return {"small_datums": len(small), "large_datums": datums, "small_tokens_per_s": small_rate,
+            "large_tokens_per_s": large_rate, "ratio": large_rate / small_rate}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--datums", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of 1, 2, 4 runs; median")
     parser.add_argument("--out", default="bench/results/tinker_api.json")
     args = parser.parse_args()
     with ServerProcess(Path(tempfile.mkdtemp(prefix="bench-tinker-")), api_key=KEY) as server:
@@ -99,20 +120,26 @@ def main() -> None:
             medians = {path: statistics.median(values) for path, values in times.items()}
             overhead[loss] = {**{f"{path}_seconds": value for path, value in medians.items()},
                               "ratio": medians["tinker"] / medians["native"]}
-        concurrency: dict[str, Any] = {}
-        for n in (1, 2, 4):
-            runs = [service.create_lora_training_client(base_model=server.model_id, rank=8).result() for _ in range(n)]
-            for run in runs:
-                tinker_step(run, batch, "cross_entropy")  # warm-up
-            began = time.perf_counter()
-            with ThreadPoolExecutor(max_workers=n) as pool:
-                list(pool.map(lambda run: [tinker_step(run, batch, "cross_entropy") for _ in range(args.steps)], runs))
-            wall = time.perf_counter() - began
-            concurrency[str(n)] = {"seconds": wall, "tokens_per_s": n * args.steps * tokens / wall}
+        # Rounds of 1, 2, 4 runs, interleaved so that a drift of the machine's speed meets every N alike.
+        rounds: dict[str, list[float]] = {str(n): [] for n in RUNS}
+        for _ in range(args.rounds):
+            for n in RUNS:
+                runs = [service.create_lora_training_client(base_model=server.model_id, rank=8).result()
+                        for _ in range(n)]
+                for run in runs:
+                    tinker_step(run, batch, "cross_entropy")  # warm-up
+                began = time.perf_counter()
+                with ThreadPoolExecutor(max_workers=n) as pool:
+                    list(pool.map(lambda run: [tinker_step(run, batch, "cross_entropy") for _ in range(args.steps)],
+                                  runs))
+                rounds[str(n)].append(n * args.steps * tokens / (time.perf_counter() - began))
+        concurrency = {n: {"tokens_per_s": statistics.median(values), "rounds": values} for n, values in rounds.items()}
+        batching = batching_bound(service, server, batch, args.datums * max(RUNS), args.steps)
     single = concurrency["1"]["tokens_per_s"]
     result = {"machine": machine(), "steps": args.steps, "datums": args.datums, "tokens_per_step": tokens,
-              "overhead": overhead, "concurrency": concurrency,
-              "aggregate_ratios": {n: c["tokens_per_s"] / single for n, c in concurrency.items()}}
+              "rounds": args.rounds, "overhead": overhead, "concurrency": concurrency,
+              "aggregate_ratios": {n: c["tokens_per_s"] / single for n, c in concurrency.items()},
+              "batching": batching}
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     print(f"{'loss':<22}{'native s/step':>15}{'tinker s/step':>15}{'ratio':>8}")
     for loss, row in overhead.items():
@@ -120,6 +147,8 @@ def main() -> None:
     print(f"{'runs':<6}{'tokens/s':>10}{'vs one run':>12}")
     for n, row in concurrency.items():
         print(f"{n:<6}{row['tokens_per_s']:>10.1f}{row['tokens_per_s'] / single:>12.2f}")
+    print(f"one pass of {batching['large_datums']} sequences: {batching['ratio']:.2f}x the tokens/s of "
+          f"{batching['small_datums']}")
 
 
 if __name__ == "__main__":
