@@ -307,6 +307,19 @@ class PipelineTrainer(Generic[Scenario]):
         self.dynamic_sampling, self.curriculum, self.scenario_key = dynamic_sampling, curriculum, scenario_key
         self.temperature, self.group_size_schedule = temperature, group_size_schedule
         self.learning_rate_schedule = learning_rate_schedule
+        self._sampler: CurriculumSampler | None = None  # built on the first run, kept over the next ones
+
+    def curriculum_sampler(self) -> CurriculumSampler | None:
+        """The curriculum's sampler (its pass rates), shared by every `run` of this trainer; None without one."""
+        if self.curriculum is None:
+            return None
+        if self._sampler is None:
+            pool = self.scenarios
+            assert isinstance(pool, Sequence)
+            key = self.scenario_key
+            self._sampler = CurriculumSampler([key(s) for s in pool] if key else list(range(len(pool))),
+                                              self.curriculum)
+        return self._sampler
 
     # ------------------------------------------------------------------------------------ public
 
@@ -353,7 +366,7 @@ class _Run(Generic[Scenario]):
         self.dropped_stale = 0
         self.dropped_failed = 0
         self.dropped_zero_variance = 0  # since the previous step: without reward variance (dynamic sampling)
-        self.sampler = self._sampler()
+        self.sampler = trainer.curriculum_sampler()
         self.engine, self.trainer = _Activity(), _Activity()
         self.limit = asyncio.Semaphore(trainer.rollout_concurrency) if trainer.rollout_concurrency else None
         self.tasks: set[asyncio.Task[None]] = set()
@@ -434,14 +447,6 @@ class _Run(Generic[Scenario]):
             _write_atomically(self.t.state_path, self.state.dump())
 
     # ---------------------------------------------------------------------------------- producer
-
-    def _sampler(self) -> CurriculumSampler | None:
-        if self.t.curriculum is None:
-            return None
-        pool = self.t.scenarios
-        assert isinstance(pool, Sequence)
-        key = self.t.scenario_key
-        return CurriculumSampler([key(s) for s in pool] if key else list(range(len(pool))), self.t.curriculum)
 
     async def _produce(self) -> None:
         iterator: Iterator[Scenario] = iter(self.t.scenarios)
