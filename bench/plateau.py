@@ -149,17 +149,23 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit(f"unknown configs {sorted(unknown)}")
     pool, eval_set = training_pool(args.pool_size), held_out(args.eval_size)
     runs: dict[str, dict[str, Any]] = {}
+    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    report = {"settings": settings, "configs": {r.name: {"pipeline": {k: repr(v) for k, v in r.pipeline.items()},
+                                                         "train": r.train} for r in chosen},
+              "ceiling_greedy": ceiling(), "runs": runs, "machine": machine()}
     with tempfile.TemporaryDirectory() as data_dir, \
             ServerProcess(Path(data_dir), args=["--dtype", "auto", "--trainer-dtype", "auto"], api_key=KEY) as server:
         for remedy in chosen:
             runs[remedy.name] = await train_one(remedy, args, server.base_url, server.model_id, pool, eval_set,
                                                 Path(data_dir) / "pipeline-state")
-    top = ceiling()
-    print(table(runs, args.checkpoints, top))
-    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
-    return {"settings": settings, "configs": {r.name: {"pipeline": {k: repr(v) for k, v in r.pipeline.items()},
-                                                       "train": r.train} for r in chosen},
-            "ceiling_greedy": top, "runs": runs, "machine": machine()}
+            write(args.output, report)  # after every config: a long run stopped midway keeps what it measured
+    print(table(runs, args.checkpoints, report["ceiling_greedy"]))
+    return report
+
+
+def write(path: Path, report: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2, default=str) + "\n")
 
 
 def main() -> None:
@@ -178,9 +184,7 @@ def main() -> None:
         parser.error("--checkpoints must be increasing")
     if args.max_steps_off_policy is None:
         args.max_steps_off_policy = 1 if detect_device() == "cuda" else 0
-    report = asyncio.run(run(args))
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    write(args.output, asyncio.run(run(args)))
     print(f"wrote {args.output}")
 
 
