@@ -42,6 +42,7 @@ from ._jobs import Jobs
 from ._judge import Judge, judge_group, judge_group_sync, judge_groups, judge_groups_sync
 from ._model import TrainableModel
 from ._pipeline import PipelineResult, PipelineStep, PipelineTrainer
+from ._remedies import CurriculumSampler, DynamicSampling, PassRateCurriculum, Schedule, rollout_temperature
 from ._score import score, score_sync
 from ._session import TrainingSession
 from ._sft import best_of_groups
@@ -89,8 +90,10 @@ __all__ = [
     "CISPOConfig",
     "Checkpoint",
     "ConflictError",
+    "CurriculumSampler",
     "DPOConfig",
     "DoneEvent",
+    "DynamicSampling",
     "ErrorEvent",
     "GRPOConfig",
     "GSPOConfig",
@@ -107,6 +110,7 @@ __all__ = [
     "NotFoundError",
     "OptimStepResult",
     "PPOConfig",
+    "PassRateCurriculum",
     "PassResult",
     "PayloadTooLargeError",
     "PipelineResult",
@@ -118,6 +122,7 @@ __all__ = [
     "RewardScore",
     "SFTConfig",
     "SavedState",
+    "Schedule",
     "ScoredExample",
     "ServiceUnavailableError",
     "SessionInfo",
@@ -148,6 +153,7 @@ __all__ = [
     "judge_groups_sync",
     "parse_event",
     "preference_pairs",
+    "rollout_temperature",
     "score",
     "score_sync",
 ]

@@ -23,6 +23,12 @@ the server (`POST .../evaluations`), tracks the best step, and with `keep_last` 
 the best evaluated step and the newest ones. With `state_path` the loop's own state (steps done, which
 scenarios were used, the best step, the step reports) is written after every step, so a crashed run resumes
 where it stopped: `run(num_steps)` counts steps over all runs.
+
+Against a flattening curve (`_remedies.py`): `dynamic_sampling` drops groups without reward variance and
+waits for more (bounded); `curriculum` draws scenarios from the pool by their recent pass rate (preferring
+those strictly between 0 and 1); `temperature`, `group_size_schedule` and `learning_rate_schedule` vary the
+sampling temperature (read in the rollout with `art.rollout_temperature()`), the group size and the step's
+learning rate over the run's steps.
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ import statistics
 import time
 import warnings
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
@@ -44,6 +50,14 @@ from pydantic import BaseModel, Field
 from tqdm.auto import tqdm
 
 from ._gather import exception_budget
+from ._remedies import (
+    CurriculumSampler,
+    DynamicSampling,
+    PassRateCurriculum,
+    Schedule,
+    has_signal,
+    set_rollout_temperature,
+)
 from ._tasks import bounded
 from ._train import NoSignalWarning, TrainResult
 from ._trajectory import Trajectory, TrajectoryGroup
@@ -222,6 +236,14 @@ class PipelineTrainer(Generic[Scenario]):
     `rollout_concurrency` caps the trajectories in flight (None: all of the allowed groups');
     `max_exceptions` is the failed-rollout budget over the run (a count, or a fraction of the rollouts
     started; past it the failure is raised).
+
+    Against a plateau (each off by default): `dynamic_sampling=art.DynamicSampling()` trains only groups
+    with reward variance, sampling more (bounded) to fill a step; `curriculum=art.PassRateCurriculum()`
+    draws from `scenarios` (then a sequence, the pool, drawn from again and again; `scenario_key` names a
+    scenario, default its position) the ones whose recent pass rate is strictly between 0 and 1;
+    `temperature`, `group_size_schedule` and `learning_rate_schedule` are `art.Schedule`s over the steps
+    done (the rollout reads its temperature with `art.rollout_temperature()`; the learning rate replaces
+    the config's for each step).
     """
 
     def __init__(
@@ -247,6 +269,12 @@ class PipelineTrainer(Generic[Scenario]):
         progress: bool = True,
         on_step: Callable[[PipelineStep], None] | None = None,
         config: TrainConfig | None = None,
+        dynamic_sampling: DynamicSampling | None = None,
+        curriculum: PassRateCurriculum | None = None,
+        scenario_key: Callable[[Scenario], Hashable] | None = None,
+        temperature: Schedule | None = None,
+        group_size_schedule: Schedule | None = None,
+        learning_rate_schedule: Schedule | None = None,
         **train_options: Any,
     ) -> None:
         for name, value, low in (("group_size", group_size, 1), ("groups_per_step", groups_per_step, 1),
@@ -264,6 +292,15 @@ class PipelineTrainer(Generic[Scenario]):
             raise ValueError(f"keep_last must be >= 1, got {keep_last}")
         if config is not None and train_options:
             raise TypeError("pass either config= or training options as keywords, not both")
+        if curriculum is not None and not isinstance(scenarios, Sequence):
+            raise TypeError("a curriculum draws from a pool: pass the scenarios as a sequence (e.g. a list)")
+        if scenario_key is not None and curriculum is None:
+            raise ValueError("scenario_key names scenarios for a curriculum; pass curriculum= too")
+        for name, schedule in (("temperature", temperature), ("learning_rate_schedule", learning_rate_schedule)):
+            if schedule is not None and min(schedule.start, schedule.end) <= 0:
+                raise ValueError(f"{name} must stay > 0, got start={schedule.start}, end={schedule.end}")
+        if group_size_schedule is not None and min(group_size_schedule.start, group_size_schedule.end) < 1:
+            raise ValueError("group_size_schedule must stay >= 1")
         self.model = model
         self.rollout = rollout
         self.scenarios = scenarios
@@ -277,6 +314,22 @@ class PipelineTrainer(Generic[Scenario]):
         self.state_path = Path(state_path) if state_path is not None else None
         self.progress, self.on_step = progress, on_step
         self.config = config if config is not None else train_config(**train_options)  # validated now
+        self.dynamic_sampling, self.curriculum, self.scenario_key = dynamic_sampling, curriculum, scenario_key
+        self.temperature, self.group_size_schedule = temperature, group_size_schedule
+        self.learning_rate_schedule = learning_rate_schedule
+        self._sampler: CurriculumSampler | None = None  # built on the first run, kept over the next ones
+
+    def curriculum_sampler(self) -> CurriculumSampler | None:
+        """The curriculum's sampler (its pass rates), shared by every `run` of this trainer; None without one."""
+        if self.curriculum is None:
+            return None
+        if self._sampler is None:
+            pool = self.scenarios
+            assert isinstance(pool, Sequence)
+            key = self.scenario_key
+            self._sampler = CurriculumSampler([key(s) for s in pool] if key else list(range(len(pool))),
+                                              self.curriculum)
+        return self._sampler
 
     # ------------------------------------------------------------------------------------ public
 
@@ -322,6 +375,8 @@ class _Run(Generic[Scenario]):
         self.rollouts_failed = 0
         self.dropped_stale = 0
         self.dropped_failed = 0
+        self.dropped_zero_variance = 0  # since the previous step: without reward variance (dynamic sampling)
+        self.sampler = trainer.curriculum_sampler()
         self.engine, self.trainer = _Activity(), _Activity()
         self.limit = asyncio.Semaphore(trainer.rollout_concurrency) if trainer.rollout_concurrency else None
         self.tasks: set[asyncio.Task[None]] = set()
@@ -412,7 +467,11 @@ class _Run(Generic[Scenario]):
                                                                       and self.useful < self._groups_needed()))
                 if self.stopping or (self.deadline is not None and time.perf_counter() >= self.deadline):
                     return
-                while True:
+                if self.sampler is not None:  # a pool: drawn again and again, never exhausted
+                    assert isinstance(self.t.scenarios, Sequence)
+                    index = self.sampler.draw()
+                    scenario = self.t.scenarios[index]
+                while self.sampler is None:
                     try:
                         scenario = next(iterator)
                     except StopIteration:
@@ -437,9 +496,13 @@ class _Run(Generic[Scenario]):
 
     async def _rollout_group(self, index: int, scenario: Scenario) -> None:
         policy_step, started = self.state.served_step, time.perf_counter()
+        done = self.state.steps_done
+        group_size = self.t.group_size_schedule.at_int(done) if self.t.group_size_schedule else self.t.group_size
+        if self.t.temperature is not None:  # this task's context: its rollouts copy it
+            set_rollout_temperature(self.t.temperature.at(done))
         try:
             rollouts = [asyncio.ensure_future(self._rollout_one(scenario, policy_step))
-                        for _ in range(self.t.group_size)]
+                        for _ in range(group_size)]
             try:
                 outcomes = await asyncio.gather(*rollouts)
             finally:  # one raised (past the failure budget) or this group was cancelled: stop its siblings
@@ -462,6 +525,8 @@ class _Run(Generic[Scenario]):
         async with self.changed:
             self.in_flight -= 1
             if usable and group is not None:
+                if self.sampler is not None:
+                    self.sampler.record(index, [t.reward for t in group.trajectories])
                 self.ready.append(_FinishedGroup(index, group, policy_step, started, time.perf_counter()))
             else:
                 self.dropped_failed += 1
@@ -502,8 +567,12 @@ class _Run(Generic[Scenario]):
     async def _next_batch(self) -> list[_FinishedGroup] | None:
         """The next step's groups (stale ones dropped), or None when no more will come."""
         batch: list[_FinishedGroup] = []
+        dynamic = self.t.dynamic_sampling
+        wanted = dynamic.signal_groups_wanted(self.t.groups_per_step) if dynamic else self.t.groups_per_step
+        budget = dynamic.max_groups_examined(self.t.groups_per_step) if dynamic else 0
+        examined = 0
         async with self.changed:
-            while len(batch) < self.t.groups_per_step:
+            while len(batch) < wanted:
                 try:
                     async with asyncio.timeout_at(self._deadline_loop_time()):
                         await self.changed.wait_for(lambda: self.failure is not None or bool(self.ready)
@@ -524,6 +593,17 @@ class _Run(Generic[Scenario]):
                     self.state.mark_used(finished.index)
                     self.changed.notify_all()
                     continue
+                examined += 1
+                if dynamic is not None and not has_signal([t.reward for t in finished.group.trajectories]):
+                    if examined < budget:  # no signal: sample another in its place
+                        self.dropped_zero_variance += 1
+                        self.outstanding -= 1
+                        self.useful -= 1
+                        self.state.mark_used(finished.index)
+                        self.changed.notify_all()
+                        continue
+                    batch.append(finished)  # past the bound: train what there is
+                    break
                 batch.append(finished)
         return batch or None
 
@@ -540,7 +620,7 @@ class _Run(Generic[Scenario]):
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", NoSignalWarning)  # reported in the step's row instead
-                result = await self.t.model.train(groups, config=self.t.config, progress=False)
+                result = await self.t.model.train(groups, config=self._step_config(), progress=False)
         finally:
             self.trainer.exit()
         train_seconds = time.perf_counter() - started
@@ -553,7 +633,7 @@ class _Run(Generic[Scenario]):
             self.changed.notify_all()
         self.state.steps_done += 1
         report = self._report(batch, result, from_step, waited, train_seconds, since_previous)
-        self.dropped_stale = self.dropped_failed = 0
+        self.dropped_stale = self.dropped_failed = self.dropped_zero_variance = 0
         if not result.trained:
             logger.info("artlike: pipeline step %d trained nothing: %s", report.index, result.done.reason)
         if self.t.evaluate is not None and self.t.eval_every and self.state.steps_done % self.t.eval_every == 0:
@@ -562,6 +642,13 @@ class _Run(Generic[Scenario]):
         self._save_state()
         return report
 
+    def _step_config(self) -> TrainConfig:
+        """The train config of the next step: the run's learning-rate schedule, when set, gives its rate."""
+        schedule = self.t.learning_rate_schedule
+        if schedule is None:
+            return self.t.config
+        return self.t.config.model_copy(update={"learning_rate": schedule.at(self.state.steps_done)})
+
     def _report(self, batch: list[_FinishedGroup], result: TrainResult, from_step: int, waited: float,
                 train_seconds: float, since_previous: float) -> PipelineStep:
         trajectories = [t for finished in batch for t in finished.group.trajectories]
@@ -569,8 +656,9 @@ class _Run(Generic[Scenario]):
         ages = [staleness(from_step, [f.policy_step]) for f in batch]
         keys = sorted({key for t in trajectories for key in t.metrics})
         metrics = {key: _mean([t.metrics[key] for t in trajectories if key in t.metrics]) for key in keys}
-        zero_variance = (result.start.groups_skipped if result.start is not None else
-                         sum(len({t.reward for t in f.group.trajectories}) <= 1 for f in batch))
+        zero_variance = self.dropped_zero_variance + (
+            result.start.groups_skipped if result.start is not None else
+            sum(len({t.reward for t in f.group.trajectories}) <= 1 for f in batch))
         steps = result.metrics
         start = result.start
         kl_to_base = [s.kl_to_base for s in steps if s.kl_to_base is not None]

@@ -256,6 +256,9 @@ class _TokenLevelOptions(_PolicyGradientOptions):
     loss_aggregation: Literal["token", "sequence", "constant"] = "token"
     loss_normalizer: int | None = Field(None, ge=1, description="The constant of loss_aggregation 'constant' "
                                         "(e.g. the rollouts' max_tokens).")
+    entropy_coef: float = Field(0.0, ge=0.0, description="Entropy bonus: the loss minus entropy_coef × the "
+                                "sampled tokens' mean entropy (aggregated as the loss), against a policy "
+                                "collapsing onto one answer per prompt. 0: off.")
 
     @model_validator(mode="after")
     def _constant_needs_its_normalizer(self) -> _TokenLevelOptions:

@@ -46,7 +46,8 @@ class ImportanceSampling(TokenLevel):
 
     def loss(self, batch: PolicyBatch, normalizer: float) -> LossOutput:
         c = self.config
-        return importance_sampling_loss(
+        out = importance_sampling_loss(
             batch.logprobs, batch.behaviour_logprobs, batch.advantages, batch.mask, aggregation=c.loss_aggregation,
             ref_logprobs=batch.ref_logprobs, kl_beta=c.kl_beta, normalizer=normalizer,
         )  # fmt: skip
+        return self.with_entropy_bonus(out, batch, normalizer)

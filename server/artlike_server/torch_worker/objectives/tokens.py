@@ -49,6 +49,18 @@ def token_weights(mask: torch.Tensor, aggregation: Aggregation) -> torch.Tensor:
     return mask
 
 
+def entropy_bonus(entropy: torch.Tensor, mask: torch.Tensor, aggregation: Aggregation, normalizer: float) -> torch.Tensor:
+    """The step's mean entropy of the sampled tokens' distributions, aggregated as the policy loss is (so an
+    `entropy_coef` weighs against it on one scale); subtracted from the loss as `entropy_coef` × this. []
+
+    >>> entropy, mask = torch.tensor([[1.0, 3.0], [2.0, 0.0]]), torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    >>> float(entropy_bonus(entropy, mask, "token", 3)), float(entropy_bonus(entropy, mask, "sequence", 2))
+    (2.0, 2.0)
+    """
+    weights = token_weights(mask.to(entropy.dtype), aggregation)  # [B, T]
+    return (entropy * weights).sum() / max(float(normalizer), 1.0)
+
+
 def step_normalizer(trainable_tokens_per_sequence: Sequence[int], aggregation: Aggregation,
                     constant: int | None = None) -> float:
     """The divisor of a step's summed weighted loss (see the module docstring).

@@ -1,0 +1,48 @@
+"""What bench/ceiling.py and bench/plateau.py share: the demo task's training pool and held-out set, and the
+held-out accuracy of a served model, greedy and sampled at temperature 1."""
+
+from __future__ import annotations
+
+import asyncio
+
+from openai import AsyncOpenAI
+
+from examples.arithmetic.demo import MAX_TOKENS
+from examples.arithmetic.task import Problem, problems, reward
+
+EVAL_SEED = 10_000  # the demo's held-out problems
+POOL_SEED = 0  # the demo's training problems (its --seed default)
+LORA_RANK = 8  # the demo's
+
+
+def training_pool(size: int) -> list[Problem]:
+    return problems(seed=POOL_SEED, count=size)
+
+
+def held_out(size: int) -> list[Problem]:
+    return problems(seed=EVAL_SEED, count=size)
+
+
+async def accuracy(base_url: str, api_key: str, model: str, eval_set: list[Problem], *, temperature: float,
+                   seed: int = 0) -> float:
+    """The share of `eval_set` the served `model` answers right (one sample per problem)."""
+    client = AsyncOpenAI(base_url=f"{base_url}/v1", api_key=api_key)
+    limit = asyncio.Semaphore(16)
+
+    async def one(index: int, problem: Problem) -> float:
+        async with limit:
+            completion = await client.chat.completions.create(
+                model=model, messages=problem.messages(), max_tokens=MAX_TOKENS,  # type: ignore[arg-type]
+                temperature=temperature, seed=seed + index)
+        return reward(problem, completion.choices[0].message.content or "")[1]["correct"]
+
+    try:
+        results = await asyncio.gather(*(one(i, p) for i, p in enumerate(eval_set)))
+    finally:
+        await client.close()
+    return sum(results) / len(results)
+
+
+async def greedy_and_sampled(base_url: str, api_key: str, model: str, eval_set: list[Problem]) -> dict[str, float]:
+    return {"greedy": await accuracy(base_url, api_key, model, eval_set, temperature=0.0),
+            "sampled": await accuracy(base_url, api_key, model, eval_set, temperature=1.0)}

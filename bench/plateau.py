@@ -1,0 +1,192 @@
+"""What lifts GRPO past its plateau on the demo task: each of `art.PipelineTrainer`'s remedies alone and
+combined, the same wall-clock budget and the same seeds, against the SFT ceiling (bench/ceiling.py).
+
+Starts its own `artlike serve` (default model). For each named config it registers a fresh model (the demo's
+LoRA budget), evaluates held-out problems (the demo's; greedy, and one sample at temperature 1), then trains
+with `art.PipelineTrainer` on the demo's training pool (the demo's rollout, reward and group shape) and
+evaluates again at each checkpoint (`--checkpoints`, minutes of training; evaluations are not counted).
+Configs (`--configs` picks some): baseline (the demo's settings), dynamic_sampling, curriculum, entropy_bonus,
+clip_higher (a wider `epsilon_high`), temperature (a schedule from hot to 1), group_size (a growing group),
+lr_schedule (a cosine over the run's steps), combined (all of them). Schedules span `--schedule-steps` steps.
+
+    python -m bench.plateau [--checkpoints 15 30] [--configs baseline combined]
+
+Prints a table (with the ceiling from bench/results/ceiling.json when present) and writes
+`bench/results/plateau.json` (`--output` to choose).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from artlike_server.engine.launch import detect_device
+from artlike_server.launcher import ServerProcess
+
+import artlike as art
+from bench.arithmetic import LORA_RANK, greedy_and_sampled, held_out, training_pool
+from bench.ceiling import RESULTS as CEILING
+from bench.machine import machine
+from examples.arithmetic.demo import MAX_TOKENS
+from examples.arithmetic.task import Problem, reward
+
+RESULTS = Path(__file__).resolve().parent / "results" / "plateau.json"
+KEY = "bench"
+GROUP_SIZE, GROUPS_PER_STEP, LEARNING_RATE = 8, 8, 2e-4  # the demo's
+
+
+@dataclass(frozen=True)
+class Remedy:
+    """A named config: `PipelineTrainer` keywords and training options on top of the baseline's."""
+
+    name: str
+    pipeline: dict[str, Any] = field(default_factory=dict)
+    train: dict[str, Any] = field(default_factory=dict)
+
+
+def remedies(schedule_steps: int) -> list[Remedy]:
+    dynamic = {"dynamic_sampling": art.DynamicSampling(max_resample_factor=3.0)}
+    curriculum = {"curriculum": art.PassRateCurriculum(pass_threshold=1.0)}
+    entropy = {"entropy_coef": 3e-3}
+    temperature = {"temperature": art.Schedule(start=1.3, end=1.0, steps=schedule_steps)}
+    group_size = {"group_size_schedule": art.Schedule(start=GROUP_SIZE, end=2 * GROUP_SIZE, steps=schedule_steps)}
+    lr = {"learning_rate_schedule": art.Schedule(start=LEARNING_RATE, end=LEARNING_RATE / 4, steps=schedule_steps,
+                                                 shape="cosine", warmup_steps=3)}
+    return [
+        Remedy("baseline"),
+        Remedy("dynamic_sampling", dynamic),
+        Remedy("curriculum", curriculum),
+        Remedy("entropy_bonus", train=entropy),
+        Remedy("clip_higher", train={"epsilon_high": 0.4}),
+        Remedy("temperature", temperature),
+        Remedy("group_size", group_size),
+        Remedy("lr_schedule", lr),
+        Remedy("combined", {**dynamic, **curriculum, **temperature, **group_size, **lr},
+               {**entropy, "epsilon_high": 0.4}),
+    ]
+
+
+def rollout_of(model: art.TrainableModel) -> Callable[[Problem], Any]:
+    async def rollout(problem: Problem) -> art.Trajectory:
+        async with model.trajectory() as t:
+            client = t.async_openai_client()
+            completion = await client.chat.completions.create(
+                model=model.name, messages=problem.messages(), max_tokens=MAX_TOKENS,  # type: ignore[arg-type]
+                temperature=art.rollout_temperature(1.0))
+            t.reward, t.metrics = reward(problem, completion.choices[0].message.content or "")
+        return t
+    return rollout
+
+
+async def train_one(remedy: Remedy, args: argparse.Namespace, base_url: str, base_model: str,
+                    pool: list[Problem], eval_set: list[Problem], state_dir: Path) -> dict[str, Any]:
+    model = art.TrainableModel(name=f"plateau-{remedy.name.replace('_', '-')}", base_model=base_model,
+                               server=base_url, api_key=KEY, lora=art.LoraConfig(rank=LORA_RANK, alpha=2 * LORA_RANK))
+    await model.register()
+    # The curriculum draws from the pool; otherwise the pool is walked once, in the same order for every config.
+    scenarios = pool if "curriculum" in remedy.pipeline else pool * 4
+    trainer = art.PipelineTrainer(
+        model, rollout_of(model), scenarios, group_size=GROUP_SIZE, groups_per_step=GROUPS_PER_STEP,
+        max_steps_off_policy=args.max_steps_off_policy, state_path=state_dir / f"{remedy.name}.json", progress=False,
+        learning_rate=LEARNING_RATE, **remedy.train, **remedy.pipeline)
+    before = await greedy_and_sampled(base_url, KEY, model.name, eval_set)
+    print(f"{remedy.name}: before: greedy {before['greedy']:.1%}, T=1 {before['sampled']:.1%}")
+    checkpoints: list[dict[str, Any]] = []
+    steps: list[art.PipelineStep] = []
+    trained_seconds = 0.0
+    for minutes in args.checkpoints:
+        began = time.perf_counter()
+        result = await trainer.run(max_seconds=max(0.0, minutes * 60 - trained_seconds))
+        trained_seconds += time.perf_counter() - began
+        steps = result.steps  # every run's reports (the state file carries them over)
+        scores = await greedy_and_sampled(base_url, KEY, model.name, eval_set)
+        checkpoints.append({"minutes": minutes, "train_seconds": round(trained_seconds, 1), "steps": len(steps),
+                            "groups_trained": sum(s.groups for s in steps),
+                            "zero_variance_groups": sum(s.zero_variance_groups for s in steps), **scores})
+        print(f"{remedy.name}: {minutes:g} min: {len(steps)} steps, greedy {scores['greedy']:.1%}, "
+              f"T=1 {scores['sampled']:.1%}")
+    await model.aclose()
+    return {"before": before, "checkpoints": checkpoints,
+            "steps": [{"step": s.step, "reward_mean": s.reward_mean, "correct": s.metrics.get("correct"),
+                       "zero_variance_groups": s.zero_variance_groups, "groups": s.groups} for s in steps]}
+
+
+def ceiling() -> float | None:
+    if not CEILING.exists():
+        return None
+    return float(json.loads(CEILING.read_text())["ceiling_greedy"])
+
+
+def table(runs: dict[str, dict[str, Any]], checkpoints: list[float], top: float | None) -> str:
+    head = f"{'config':<17} {'before':>7}" + "".join(f" {f'{m:g}m greedy':>11} {f'{m:g}m T=1':>8}"
+                                                    for m in checkpoints) + f" {'steps':>6}"
+    lines = [head + ("" if top is None else f" {'vs ceiling':>10}")]
+    for name, run in runs.items():
+        row = f"{name:<17} {run['before']['greedy']:>7.1%}"
+        for point in run["checkpoints"]:
+            row += f" {point['greedy']:>11.1%} {point['sampled']:>8.1%}"
+        last = run["checkpoints"][-1]
+        row += f" {last['steps']:>6}"
+        if top is not None:
+            row += f" {(last['greedy'] - top) * 100:>+9.1f}p"
+        lines.append(row)
+    if top is not None:
+        lines.append(f"SFT ceiling (bench/ceiling.py): {top:.1%} held-out greedy")
+    return "\n".join(lines)
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    chosen = [r for r in remedies(args.schedule_steps) if not args.configs or r.name in args.configs]
+    unknown = set(args.configs or []) - {r.name for r in remedies(args.schedule_steps)}
+    if unknown:
+        raise SystemExit(f"unknown configs {sorted(unknown)}")
+    pool, eval_set = training_pool(args.pool_size), held_out(args.eval_size)
+    runs: dict[str, dict[str, Any]] = {}
+    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    report = {"settings": settings, "configs": {r.name: {"pipeline": {k: repr(v) for k, v in r.pipeline.items()},
+                                                         "train": r.train} for r in chosen},
+              "ceiling_greedy": ceiling(), "runs": runs, "machine": machine()}
+    with tempfile.TemporaryDirectory() as data_dir, \
+            ServerProcess(Path(data_dir), args=["--dtype", "auto", "--trainer-dtype", "auto"], api_key=KEY) as server:
+        for remedy in chosen:
+            runs[remedy.name] = await train_one(remedy, args, server.base_url, server.model_id, pool, eval_set,
+                                                Path(data_dir) / "pipeline-state")
+            write(args.output, report)  # after every config: a long run stopped midway keeps what it measured
+    print(table(runs, args.checkpoints, report["ceiling_greedy"]))
+    return report
+
+
+def write(path: Path, report: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2, default=str) + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--checkpoints", type=float, nargs="+", default=[15.0, 30.0],
+                        help="minutes of training at which to evaluate (the last ends the run)")
+    parser.add_argument("--configs", nargs="+", help="the named configs to run (default: all)")
+    parser.add_argument("--schedule-steps", type=int, default=200, help="steps the schedules span")
+    parser.add_argument("--pool-size", type=int, default=1024, help="training problems (the demo's seed)")
+    parser.add_argument("--eval-size", type=int, default=200, help="held-out problems (the demo's)")
+    parser.add_argument("--max-steps-off-policy", type=int, default=None,
+                        help="default: 1 on a GPU, 0 on a CPU (the demo's)")
+    parser.add_argument("--output", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    if sorted(args.checkpoints) != args.checkpoints:
+        parser.error("--checkpoints must be increasing")
+    if args.max_steps_off_policy is None:
+        args.max_steps_off_policy = 1 if detect_device() == "cuda" else 0
+    write(args.output, asyncio.run(run(args)))
+    print(f"wrote {args.output}")
+
+
+if __name__ == "__main__":
+    main()

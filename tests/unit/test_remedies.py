@@ -1,0 +1,224 @@
+"""The pipeline's options against a plateau: schedules, dynamic sampling, the pass-rate curriculum (worked
+examples of their pure math), the pipeline applying them (on test_pipeline's in-process server), and the
+GRPO family's entropy bonus."""
+
+from __future__ import annotations
+
+import doctest
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import torch
+from artlike_server.torch_worker.objectives import PolicyBatch, build_objective
+from artlike_server.torch_worker.objectives import tokens as token_math
+from pydantic import ValidationError
+
+import artlike as art
+from artlike import _remedies
+from artlike.types import CISPOConfig, GRPOConfig, GSPOConfig, ImportanceSamplingConfig, train_config
+
+from .test_pipeline import FakeServer, make
+
+
+def test_doctests() -> None:
+    assert doctest.testmod(_remedies, raise_on_error=True).attempted >= 8
+    assert doctest.testmod(token_math, raise_on_error=True).attempted >= 2
+
+
+# ----------------------------------------------------------------------------------------------- schedules
+
+
+def test_a_linear_schedule_goes_from_start_to_end_and_stays() -> None:
+    temperature = art.Schedule(start=1.3, end=0.7, steps=6)
+    assert [round(temperature.at(s), 3) for s in range(8)] == [1.3, 1.2, 1.1, 1.0, 0.9, 0.8, 0.7, 0.7]
+
+
+def test_a_cosine_schedule_with_warmup_is_a_run_level_learning_rate() -> None:
+    # warmup 2: 1e-5·1/3, 1e-5·2/3; then cosine from 1e-5 to 1e-6 over 4 steps: ½(1 − cos(π·k/4)) of the way
+    lr = art.Schedule(start=1e-5, end=1e-6, steps=4, shape="cosine", warmup_steps=2)
+    expected = [1e-5 / 3, 2e-5 / 3, 1e-5, 1e-5 - 9e-6 * 0.1464466, 5.5e-6, 1e-6 + 9e-6 * 0.1464466, 1e-6, 1e-6]
+    assert [lr.at(s) for s in range(8)] == pytest.approx(expected, rel=1e-6)
+    with pytest.raises(ValueError, match="step"):
+        lr.at(-1)
+
+
+def test_a_group_size_schedule_rounds_and_never_drops_below_one() -> None:
+    assert [art.Schedule(start=2, end=8, steps=3).at_int(s) for s in range(4)] == [2, 4, 6, 8]
+    assert art.Schedule(start=0.2, end=0.1, steps=1).at_int(0) == 1
+    with pytest.raises(ValidationError):
+        art.Schedule(start=1, end=2, steps=0)
+
+
+# -------------------------------------------------------------------------------------- dynamic sampling
+
+
+def test_dynamic_sampling_bounds() -> None:
+    assert art.DynamicSampling().signal_groups_wanted(8) == 8
+    assert art.DynamicSampling(min_signal_groups=3).signal_groups_wanted(8) == 3
+    assert art.DynamicSampling(max_resample_factor=1.5).max_groups_examined(4) == 6
+    assert art.DynamicSampling(max_resample_factor=1.0).max_groups_examined(4) == 4
+    with pytest.raises(ValidationError):
+        art.DynamicSampling(max_resample_factor=0.5)
+
+
+def test_has_signal_ignores_unscored_rollouts() -> None:
+    assert _remedies.has_signal([None, 1.0, 0.0])
+    assert not _remedies.has_signal([None, 1.0, 1.0])
+
+
+# ------------------------------------------------------------------------------------------- curriculum
+
+
+def test_the_curriculum_explores_unseen_scenarios_first_then_prefers_mixed_ones() -> None:
+    sampler = art.CurriculumSampler(["easy", "mixed", "hard", "new"], art.PassRateCurriculum(explore=0.0))
+    assert sorted(sampler.draw() for _ in range(4)) == [0, 1, 2, 3]
+    sampler.record(0, [1.0, 1.0, 1.0])
+    sampler.record(1, [1.0, 0.1, 0.1, 1.0])
+    sampler.record(2, [0.1, 0.0])
+    assert [sampler.pass_rate(k) for k in ("easy", "mixed", "hard", "new")] == [1.0, 0.5, 0.0, None]
+    assert {sampler.draw() for _ in range(20)} == {1}
+    assert sampler.distribution() == {"unseen": 1, "all_wrong": 1, "mixed": 1, "all_right": 1}
+
+
+def test_the_pass_rate_is_recent_and_uses_the_threshold() -> None:
+    sampler = art.CurriculumSampler([0], art.PassRateCurriculum(window=4, pass_threshold=0.5))
+    sampler.record(0, [0.0, 0.0, 0.0, 0.0])
+    sampler.record(0, [0.6, 0.5, None])  # two passes push two failures out of the window
+    assert sampler.pass_rate(0) == 0.5
+
+
+def test_without_mixed_scenarios_the_curriculum_draws_from_the_whole_pool() -> None:
+    sampler = art.CurriculumSampler(["a", "b"], art.PassRateCurriculum(explore=0.0, seed=3))
+    sampler.draw(), sampler.draw()
+    sampler.record(0, [1.0]), sampler.record(1, [0.0])
+    assert {sampler.draw() for _ in range(40)} == {0, 1}
+    with pytest.raises(ValueError, match="at least one"):
+        art.CurriculumSampler([], art.PassRateCurriculum())
+
+
+# ---------------------------------------------------------------------------------- the pipeline applies them
+
+
+@dataclass
+class RecordingServer(FakeServer):
+    configs: list[Any] = field(default_factory=list)
+
+    def train(self, groups: Any, *, config: Any, progress: bool) -> Any:
+        self.configs.append(config)
+        return super().train(groups, config=config, progress=progress)
+
+
+@dataclass
+class ScriptedRollouts:
+    """Scenario s: reward 1 on every rollout when s is in `solved`, else alternating 1, 0 within its group."""
+
+    solved: set[int] = field(default_factory=set)
+    calls: dict[int, int] = field(default_factory=dict)
+    temperatures: list[float] = field(default_factory=list)
+
+    async def __call__(self, scenario: int) -> art.Trajectory:
+        self.calls[scenario] = self.calls.get(scenario, 0) + 1
+        self.temperatures.append(art.rollout_temperature(default=-1.0))
+        reward = 1.0 if scenario in self.solved else float(self.calls[scenario] % 2)
+        return art.Trajectory([{"role": "user", "content": str(scenario)}], reward=reward)
+
+
+def scenarios_of(batches: list[list[art.TrajectoryGroup]]) -> list[list[int]]:
+    return [[int(g.trajectories[0].messages()[0]["content"]) for g in batch] for batch in batches]
+
+
+def test_dynamic_sampling_trains_only_groups_with_variance_and_counts_the_dropped() -> None:
+    server = RecordingServer()
+    rollouts = ScriptedRollouts(solved={0, 2, 3})
+    result = make(server, rollouts, range(100), max_steps_off_policy=0,  # type: ignore[arg-type]
+                  dynamic_sampling=art.DynamicSampling()).run_sync(num_steps=2)
+    assert scenarios_of(server.trained_batches) == [[1, 4], [5, 6]]
+    assert [s.zero_variance_groups for s in result.steps] == [3, 0]
+
+
+def test_dynamic_sampling_stops_looking_at_its_bound() -> None:
+    server = RecordingServer()
+    rollouts = ScriptedRollouts(solved=set(range(100)))  # never any signal
+    result = make(server, rollouts, range(100), max_steps_off_policy=0,  # type: ignore[arg-type]
+                  dynamic_sampling=art.DynamicSampling(max_resample_factor=1.5)).run_sync(num_steps=2)
+    # 2 groups a step, bound 3: two dropped, the third trained (without signal) so the loop goes on
+    assert [len(batch) for batch in server.trained_batches] == [1, 1]
+    assert [s.zero_variance_groups for s in result.steps] == [2, 2]
+
+
+def test_the_curriculum_draws_again_from_the_pool_and_prefers_mixed_scenarios() -> None:
+    server = RecordingServer()
+    rollouts = ScriptedRollouts(solved={0, 1})
+    pool = [0, 1, 2]
+    result = make(server, rollouts, pool, max_steps_off_policy=0,  # type: ignore[arg-type]
+                  curriculum=art.PassRateCurriculum(explore=0.0), scenario_key=str).run_sync(num_steps=4)
+    assert result.stopped == "num_steps"  # a pool is never exhausted
+    drawn = [s for batch in scenarios_of(server.trained_batches) for s in batch]
+    # every scenario first (the 4th draw may precede the 3rd's outcome), then only the mixed one
+    assert set(drawn[:4]) == {0, 1, 2} and drawn[4:] == [2] * 4
+
+
+def test_schedules_reach_the_rollouts_and_the_train_calls() -> None:
+    server = RecordingServer()
+    rollouts = ScriptedRollouts()
+    make(server, rollouts, range(100), max_steps_off_policy=0,  # type: ignore[arg-type]
+         temperature=art.Schedule(start=1.2, end=0.8, steps=2),
+         group_size_schedule=art.Schedule(start=2, end=4, steps=2),
+         learning_rate_schedule=art.Schedule(start=1e-5, end=5e-6, steps=2),
+         learning_rate=3e-5).run_sync(num_steps=3)
+    assert [len(g) for batch in server.trained_batches for g in batch] == [2, 2, 3, 3, 4, 4]
+    assert rollouts.temperatures == pytest.approx([1.2] * 4 + [1.0] * 6 + [0.8] * 8)
+    assert [c.learning_rate for c in server.configs] == pytest.approx([1e-5, 7.5e-6, 5e-6])
+    assert all(c.objective == "grpo" for c in server.configs)
+
+
+def test_without_a_temperature_schedule_the_rollout_gets_its_default() -> None:
+    server = RecordingServer()
+    rollouts = ScriptedRollouts()
+    make(server, rollouts, range(100)).run_sync(num_steps=1)  # type: ignore[arg-type]
+    assert set(rollouts.temperatures) == {-1.0}
+
+
+def test_bad_remedy_options_fail_before_anything_runs() -> None:
+    server = RecordingServer()
+    rollouts = ScriptedRollouts()
+    with pytest.raises(TypeError, match="sequence"):
+        make(server, rollouts, iter(range(5)), curriculum=art.PassRateCurriculum())  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="curriculum"):
+        make(server, rollouts, range(5), scenario_key=str)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="temperature"):
+        make(server, rollouts, range(5), temperature=art.Schedule(start=1.0, end=0.0, steps=3))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="group_size"):
+        make(server, rollouts, range(5), group_size_schedule=art.Schedule(start=0, end=4, steps=3))  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------------------------------ entropy bonus
+
+
+def test_the_grpo_family_takes_an_entropy_bonus() -> None:
+    for config in (GRPOConfig, CISPOConfig, ImportanceSamplingConfig):
+        assert not build_objective(config()).entropy_gradient
+        assert build_objective(config(entropy_coef=0.01)).entropy_gradient
+    assert "entropy_coef" not in GSPOConfig.model_fields  # a sequence-level objective: not offered
+    with pytest.raises(ValidationError):
+        train_config(entropy_coef=-0.1)
+
+
+def test_the_entropy_bonus_subtracts_the_aggregated_entropy_and_pushes_it_up() -> None:
+    logprobs = torch.tensor([[-1.0, -1.0, 0.0]], dtype=torch.float64, requires_grad=True)
+    mask = torch.tensor([[True, True, False]])
+    entropy = torch.tensor([[0.5, 1.5, 9.0]], dtype=torch.float64, requires_grad=True)  # masked 9.0 ignored
+    batch = PolicyBatch(logprobs, mask, logprobs.detach().clone(), torch.tensor([1.0], dtype=torch.float64),
+                        entropy=entropy)
+    base = build_objective(GRPOConfig()).loss(batch, 2.0)
+    out = build_objective(GRPOConfig(entropy_coef=0.1)).loss(batch, 2.0)
+    # −0.1 · (0.5 + 1.5) / 2 = −0.1
+    assert float(out.loss.detach() - base.loss.detach()) == pytest.approx(-0.1, abs=1e-12)
+    assert float(out.policy_loss) == pytest.approx(float(base.policy_loss), abs=1e-12)  # reported apart
+    out.loss.backward()
+    assert entropy.grad is not None and entropy.grad.tolist()[0] == pytest.approx([-0.05, -0.05, 0.0])
+    sequence = build_objective(train_config(objective="cispo", entropy_coef=0.2, loss_aggregation="sequence"))
+    # "sequence": the one sequence's mean entropy 1.0, over 1 sequence: −0.2
+    assert float(sequence.loss(batch, 1.0).loss.detach() - build_objective(CISPOConfig(
+        loss_aggregation="sequence")).loss(batch, 1.0).loss.detach()) == pytest.approx(-0.2, abs=1e-12)
