@@ -58,6 +58,11 @@ async def evaluate(base_url: str, model: str, eval_set: list[Problem], api_key: 
     return {key: sum(r[key] for r in results) / len(results) for key in ("correct", "formatted")}
 
 
+def print_header() -> None:
+    print(f"\n{'step':>4} {'reward':>7} {'correct':>8} {'format':>7} {'loss':>8} {'entropy':>7} {'zero-var':>8} "
+          f"{'stale':>6} {'rollout s':>9} {'train s':>8} {'step s':>7}")
+
+
 def _print_row(report: art.PipelineStep) -> None:
     # entropy falling and zero-var rising: the policy answers each problem the same way, so groups teach nothing
     entropy = "—" if report.entropy is None else f"{report.entropy:.3f}"
@@ -86,9 +91,7 @@ async def run(args: argparse.Namespace, base_url: str) -> dict[str, Any]:
         model, lambda problem: rollout(model, problem), train_set, group_size=args.group_size,
         groups_per_step=args.groups, max_steps_off_policy=args.max_steps_off_policy,
         learning_rate=args.learning_rate, on_step=_print_row, progress=False)
-    print(f"\n{'step':>4} {'reward':>7} {'correct':>8} {'format':>7} {'loss':>8} {'entropy':>7} {'zero-var':>8} "
-          f"{'stale':>6} {'rollout s':>9} "
-          f"{'train s':>8} {'step s':>7}")
+    print_header()
     result = await trainer.run(num_steps=args.steps)
 
     after = await evaluate(base_url, model.name, eval_set, None)
