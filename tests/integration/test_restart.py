@@ -33,6 +33,7 @@ import orjson
 import psutil
 import pytest
 import tinker
+from artlike_server.jobs.service import STOP_WAIT_S
 from artlike_server.launcher import ServerProcess
 from tinker import types
 
@@ -138,10 +139,16 @@ def cancel_during_step(server: ServerProcess, job_id: str) -> PendingCancel:
     with http_client(server, timeout=120) as http:
         target = http.get(f"/v1/fine_tuning/jobs/{job_id}").json()["artlike"]["target_model"]
         deadline = time.monotonic() + 120
-        while target not in health(server)["training"]:
-            assert time.monotonic() < deadline, "the job never began a training step"
-            time.sleep(0.2)  # polling another process: nothing to await instead
-        step = latest_step(server, target)
+        while True:
+            while target not in health(server)["training"]:
+                assert time.monotonic() < deadline, "the job never began a training step"
+                time.sleep(0.2)  # polling another process: nothing to await instead
+            step = latest_step(server, target)
+            # A step that had trained before INTERRUPTED took the trainer may only be committing: it ends
+            # within the cancel's wait. One still training, its step not committed, waits for the trainer.
+            time.sleep(STOP_WAIT_S + 1)
+            if target in health(server)["training"] and latest_step(server, target) == step:
+                break
         answer = http.post(f"/v1/fine_tuning/jobs/{job_id}/cancel")
         assert answer.status_code == 200, answer.text
     return PendingCancel(job_id, target, step, answer.json())
