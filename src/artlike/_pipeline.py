@@ -588,24 +588,25 @@ class _Run(Generic[Scenario]):
                 age = staleness(self.state.served_step, [finished.policy_step])
                 if age > self.t.max_steps_off_policy and self.t.stale == "drop":
                     self.dropped_stale += 1
-                    self.outstanding -= 1
-                    self.useful -= 1
-                    self.state.mark_used(finished.index)
-                    self.changed.notify_all()
+                    self._discard(finished)
                     continue
                 examined += 1
                 if dynamic is not None and not has_signal([t.reward for t in finished.group.trajectories]):
                     if examined < budget:  # no signal: sample another in its place
                         self.dropped_zero_variance += 1
-                        self.outstanding -= 1
-                        self.useful -= 1
-                        self.state.mark_used(finished.index)
-                        self.changed.notify_all()
+                        self._discard(finished)
                         continue
                     batch.append(finished)  # past the bound: train what there is
                     break
                 batch.append(finished)
         return batch or None
+
+    def _discard(self, finished: _FinishedGroup) -> None:
+        """A finished group that will not train: its scenario is used, and another group is sampled instead."""
+        self.outstanding -= 1
+        self.useful -= 1
+        self.state.mark_used(finished.index)
+        self.changed.notify_all()
 
     def _deadline_loop_time(self) -> float | None:
         if self.deadline is None:
