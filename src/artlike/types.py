@@ -394,6 +394,9 @@ def _objective_of(value: Any) -> str:
     return str(getattr(value, "objective", "grpo"))
 
 
+# The objectives trained on rewarded groups: they take pass_threshold and report the groups' diagnostics.
+GroupObjectiveConfig = GRPOConfig | CISPOConfig | GSPOConfig | ImportanceSamplingConfig
+
 TrainConfig = Annotated[
     Annotated[GRPOConfig, Tag("grpo")]
     | Annotated[CISPOConfig, Tag("cispo")]

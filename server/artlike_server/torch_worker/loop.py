@@ -17,14 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from artlike.types import (
-    CISPOConfig,
-    GRPOConfig,
-    GSPOConfig,
-    ImportanceSamplingConfig,
-    StepEvent,
-    TrainConfig,
-)
+from artlike.types import GroupObjectiveConfig, StepEvent, TrainConfig
 from artlike_server.torch_worker import distributed
 from artlike_server.torch_worker.distributed import SINGLE, Ranks
 from artlike_server.torch_worker.heads import RewardHead
@@ -674,7 +667,7 @@ def run_optimizer_steps(
 def measures_kl_to_base(config: TrainConfig) -> bool:
     """Whether a job reports its steps' KL to the base model: the rewarded-group objectives do with a KL
     penalty (its reference pass is the base model's) or when `measure_kl_to_base` asks."""
-    if not isinstance(config, GRPOConfig | CISPOConfig | ImportanceSamplingConfig | GSPOConfig):
+    if not isinstance(config, GroupObjectiveConfig):
         return False
     return config.kl_beta > 0.0 or config.measure_kl_to_base
 

@@ -26,13 +26,10 @@ import httpx
 from pydantic import BaseModel
 
 from artlike.types import (
-    CISPOConfig,
     DoneEvent,
     DPOConfig,
     ErrorEvent,
-    GRPOConfig,
-    GSPOConfig,
-    ImportanceSamplingConfig,
+    GroupObjectiveConfig,
     PPOConfig,
     RecordedExample,
     RecordedPair,
@@ -434,7 +431,7 @@ def _group_diagnostics(request: TrainRequest, records: Records
                        ) -> tuple[GroupStatistics, SampleStatistics] | None:
     """What a rewarded-group job's data says about its signal (`diagnostics.py`); None for other jobs."""
     config = request.config
-    if not isinstance(config, GRPOConfig | CISPOConfig | ImportanceSamplingConfig | GSPOConfig):
+    if not isinstance(config, GroupObjectiveConfig):
         return None
     groups = group_statistics([[t.reward for t in g.trajectories] for g in request.groups], config.pass_threshold)
     recorded = [t.trajectory_id for g in request.groups for t in g.trajectories if isinstance(t, TrajectoryRef)]
