@@ -398,6 +398,19 @@ def rl_step(result: Result) -> str:
         f"{result['pipeline_over_sequential_step_time']:.2f}×."])
 
 
+def ceiling(result: Result) -> str:
+    settings, before = result["settings"], result["before"]
+    rows = [(0, 0, "0", "", percent(before["greedy"]), percent(before["sampled"]))]
+    rows += [(p["pass"], p["steps"], f"{p['train_seconds']:.0f}", f"{p['loss']:.4f}", percent(p["greedy"]),
+              percent(p["sampled"])) for p in result["passes"]]
+    return "\n\n".join([
+        caption("ceiling.json", result, f", {settings['pool_size']} training problems in batches of "
+                f"{settings['batch_size']}, lr {settings['learning_rate']:g}, {settings['eval_size']} held-out problems"),
+        table(["pass", "steps", "training s", "mean loss", "held-out greedy", "held-out T=1"], rows),
+        f"The ceiling (best held-out greedy accuracy): **{percent(result['ceiling_greedy'])}**, from "
+        f"{percent(before['greedy'])} before training."])
+
+
 TABLES: dict[str, tuple[str, Callable[[Result], str]]] = {
     "proxy_overhead": ("proxy_overhead.json", proxy_overhead),
     "proxy_cpu": ("proxy_cpu.json", proxy_cpu),
@@ -415,6 +428,7 @@ TABLES: dict[str, tuple[str, Callable[[Result], str]]] = {
     "job_learning": ("job_learning.json", job_learning),
     "rl_step": ("rl_step.json", rl_step),
     "rl_step_core_split": ("rl_step.json", rl_step_core_split),
+    "ceiling": ("ceiling.json", ceiling),
 }
 
 

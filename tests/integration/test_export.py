@@ -46,12 +46,17 @@ async def merged_dir(server: ServerProcess, trained: str, tmp_path_factory: pyte
     return out
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module", autouse=True)
 def merged_server(merged_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """A second server on the merged export as its base model. Started before the module's first test and
+    waited for by the test that uses it: its engine boots while the HTTP export runs."""
     args = [*SERVER_ARGS, "--model", str(merged_dir), "--served-model-name", MERGED_NAME]
-    with ServerProcess(tmp_path_factory.mktemp("merged-server"), args=args, api_key=TEST_API_KEY,
-                       model_id=MERGED_NAME) as running:
+    running = ServerProcess(tmp_path_factory.mktemp("merged-server"), args=args, api_key=TEST_API_KEY,
+                            model_id=MERGED_NAME).start(wait=False)
+    try:
         yield running
+    finally:
+        running.stop()
 
 
 def files_of(directory: Path) -> dict[str, bytes]:
@@ -80,4 +85,5 @@ def test_the_merged_export_served_as_a_base_model_says_what_the_step_says(
         server: ServerProcess, trained: str, merged_server: ServerProcess) -> None:
     step_text = greedy(server, f"{trained}@1")
     assert step_text.startswith("The password"), step_text  # the step learned something to compare
+    merged_server.wait_healthy(merged_server.start_timeout_s)
     assert greedy(merged_server, MERGED_NAME) == step_text
