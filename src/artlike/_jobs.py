@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 import httpx
 import orjson
+from pydantic import BaseModel
 
 from ._backend import Backend
 from ._errors import APIConnectionError
@@ -63,7 +64,8 @@ def reinforcement_body(*, model: str, training_file: str, validation_file: str |
                        seed: int | None, metadata: Mapping[str, str] | None,
                        hyperparameters: Mapping[str, Any]) -> dict[str, Any]:
     """The `POST /v1/fine_tuning/jobs` body: OpenAI's, with artlike's hyperparameters in the same dict."""
-    chosen = {k: v for k, v in hyperparameters.items() if v is not None}
+    chosen = {k: v.model_dump() if isinstance(v, BaseModel) else v  # art.Schedule, art.DynamicSampling
+              for k, v in hyperparameters.items() if v is not None}
     body: dict[str, Any] = {"model": model, "training_file": training_file}
     body |= {k: v for k, v in {"validation_file": validation_file, "suffix": suffix, "seed": seed,
                                "metadata": dict(metadata) if metadata else None}.items() if v is not None}
@@ -129,7 +131,10 @@ class Jobs:
                     metadata: Mapping[str, str] | None = None, **hyperparameters: Any) -> Job:
         """Start a job. `data`/`validation_data`: a file id ("file-..."), a JSONL path, or rows. Hyperparameters:
         OpenAI's (`n_epochs`, `batch_size`, `learning_rate_multiplier`, `eval_interval`) and artlike's
-        (`iterations`, `group_size`, `learning_rate`, `max_tokens`, `temperature`, `max_turns`, `multi_step`)."""
+        (`iterations`, `group_size`, `learning_rate`, `max_tokens`, `temperature`, `max_turns`, `multi_step`),
+        and against a flattening curve `dynamic_sampling` (True or an `art.DynamicSampling`), `entropy_coef`,
+        `epsilon_high`, `temperature_schedule`, `group_size_schedule`, `learning_rate_schedule` (`art.Schedule`s
+        over iterations)."""
         options: dict[str, Any] = {"reward": reward, "grader": grader, "model": model, "method": method, "suffix": suffix,
                    "seed": seed, "metadata": metadata, "hyperparameters": hyperparameters}
         reinforcement_body(model="check", training_file="check", validation_file=None,  # fail before uploading

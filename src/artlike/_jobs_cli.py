@@ -16,6 +16,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+import orjson
 from tqdm import tqdm
 
 from ._errors import APIError, ArtlikeError
@@ -45,8 +46,14 @@ def add_parser(commands: Any) -> None:
     start.add_argument("--model", help="the server's base model or a trainable model (default: the base model)")
     start.add_argument("--method", choices=["reinforcement", "supervised", "dpo"], default="reinforcement")
     for name, kind in (("iterations", int), ("batch-size", int), ("group-size", int), ("learning-rate", float),
-                       ("max-tokens", int), ("n-epochs", int), ("eval-interval", int), ("seed", int)):
+                       ("max-tokens", int), ("n-epochs", int), ("eval-interval", int), ("seed", int),
+                       ("entropy-coef", float), ("epsilon-high", float)):
         start.add_argument(f"--{name}", type=kind)
+    start.add_argument("--dynamic-sampling", action="store_true", default=None,
+                       help="roll out more rows when too few groups' rewards differ")
+    start.add_argument("--hyperparameter", "-H", action="append", default=[], type=_hyperparameter,
+                       metavar="NAME=JSON", help="any other hyperparameter, e.g. "
+                       "temperature_schedule='{\"start\": 1.2, \"end\": 1.0, \"steps\": 50}' (repeatable)")
     start.add_argument("--suffix")
     start.add_argument("-f", "--follow", action="store_true", help="follow the job until it ends")
     actions.add_parser("list", help="the latest jobs")
@@ -97,12 +104,25 @@ def _show(event: JobEvent, bar: tqdm[Any] | None, out: Any) -> tqdm[Any] | None:
     return bar
 
 
+def _hyperparameter(text: str) -> tuple[str, Any]:
+    """`NAME=JSON` (a bare word that is not JSON is a string)."""
+    name, separator, value = text.partition("=")
+    if not separator or not name:
+        raise argparse.ArgumentTypeError(f"expected NAME=JSON, got {text!r}")
+    try:
+        return name, orjson.loads(value)
+    except orjson.JSONDecodeError:
+        return name, value
+
+
 def run(arguments: argparse.Namespace, out: Any = sys.stdout, *, jobs: Jobs | None = None) -> int:
     jobs = jobs or Jobs(arguments.base_url, arguments.api_key)
     try:
         if arguments.action == "start":
             hyper = {k: getattr(arguments, k) for k in ("iterations", "batch_size", "group_size", "learning_rate",
-                                                        "max_tokens", "n_epochs", "eval_interval")}
+                                                        "max_tokens", "n_epochs", "eval_interval", "entropy_coef",
+                                                        "epsilon_high", "dynamic_sampling")}
+            hyper |= dict(arguments.hyperparameter)
             job = jobs.start_sync(data=arguments.data, validation_data=arguments.validation_data,
                                   reward=arguments.reward, grader=arguments.grader,
                                   model=arguments.model or jobs.base_model_sync(), method=arguments.method,

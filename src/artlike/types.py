@@ -385,6 +385,9 @@ class PPOConfig(_TrainOptions):
     adaptive_kl: bool = True
     whiten_advantages: bool = True
     mask_truncated: bool = False
+    pass_threshold: FiniteFloat = Field(0.5, description="A trajectory whose reward is at least this passes: the "
+                                  "start event counts groups all-wrong, mixed and all-right by it (groups whose "
+                                  "rewards the reward model gives are not counted).")
 
 
 def _objective_of(value: Any) -> str:

@@ -265,6 +265,39 @@ async def test_reward_errors_are_reported_and_a_job_whose_rewards_all_fail_stops
     assert ("ZeroDivisionError" in text and "line 3" in text) or "timeout" in text, text
 
 
+async def test_a_job_against_a_flat_curve_samples_more_rows_and_follows_its_schedules(
+        async_http: httpx.AsyncClient, server: ServerProcess) -> None:
+    # A row with a fixed reward never carries signal; the other row's reward follows the answer's length.
+    source = ("def reward_fn(completion, **kwargs):\n"
+              "    if 'fixed' in kwargs:\n"
+              "        return kwargs['fixed']\n"
+              "    return len(completion[0].get('content', '')) / 100\n")
+    started = await async_http.post("/api/training/start", json={
+        "model": server.model_id, "iterations": 2, "batchSize": 2, "rewardFunction": source, "maxTokens": 8,
+        "learningRate": 1e-4, "trainingData": [{"prompt": "Say something.", "fixed": 0.5},
+                                               {"prompt": "Tell me a story."}],
+        "dynamicSampling": {"max_resample_factor": 2}, "entropyCoef": 0.001, "epsilonHigh": 0.4,
+        "temperatureSchedule": {"start": 1.2, "end": 1.0, "steps": 1},
+        "groupSizeSchedule": {"start": 3, "end": 4, "steps": 1},
+        "learningRateSchedule": {"start": 1e-4, "end": 5e-5, "steps": 1}})
+    assert started.status_code == 200, started.text
+    job_id = started.json()["job_id"]
+    job = await wait_for(async_http, job_id, finished)
+    assert job["status"] == "succeeded", job["error"]
+    metrics = [e["data"] for e in await events_of(async_http, job_id) if e["type"] == "metrics"]
+    assert [(m["temperature"], m["group_size"]) for m in metrics] == [(1.2, 3), (1.0, 4)]
+    assert [m["learning_rate"] for m in metrics] == pytest.approx([1e-4, 5e-5], rel=1e-9)
+    for m in metrics:
+        # Every batch holds the fixed row, so each iteration drew more rows: until two groups differed, or
+        # it had looked at twice the batch (the bound).
+        assert 2 < m["groups"] <= 4 and m["rollouts"] == m["groups"] * m["group_size"], m
+        assert m["groups_trained"] == 2 or m["groups"] == 4, m
+        assert m["zero_variance_groups"] == m["groups"] - m["groups_trained"] >= 1, m
+        assert m["groups_all_wrong"] + m["groups_mixed"] + m["groups_all_right"] == m["groups"]
+        assert m["zero_variance_fraction"] == pytest.approx(m["zero_variance_groups"] / m["groups"])
+        assert m["entropy"] > 0 and m["sampling_entropy"] > 0 and 1 <= m["response_tokens_mean"] <= 8, m
+
+
 @pytest.mark.parametrize(("payload", "param", "fragment"), [
     ({"rewardFunction": "def reward_fn(completion, **kwargs):\n    return (\n"}, "rewardFunction", "line 2"),
     ({"rewardFunction": "def a(completion):\n    return 1.0\n\ndef b(x):\n    return x\n"}, "rewardFunction",

@@ -302,6 +302,11 @@ def test_ppo_against_the_reward_model_adapts_the_kl_coefficient_and_saves_its_st
     for job in jobs:  # toward the target: down while KL is below it, up above it
         assert (job["next_kl_coef"] > job["kl_coef"]) == (job["kl_old_ref"] > 0.01), job
     assert first["next_kl_coef"] < first["kl_coef"]
+    # The plateau diagnostics of what was sampled; no pass distribution, as the reward model gives the rewards.
+    lines = [line for line in http.get(f"/v1/trainable_models/{policy}/history").json()["data"] if "event" not in line]
+    assert len(lines) == len(jobs)
+    for line in lines:
+        assert line["response_tokens_mean"] > 0 and line["sampling_entropy"] > 0 and "pass_rate" not in line, line
     step_dir = server.data_dir / "models" / policy / "steps" / str(len(jobs))
     assert (step_dir / "value_head.safetensors").is_file()
     assert json.loads((step_dir / "trainer_state.json").read_text())["kl_coef"] == pytest.approx(jobs[-1]["next_kl_coef"])

@@ -79,7 +79,8 @@ async def test_start_uploads_rows_and_posts_a_python_grader(fake: FakeServer, tm
     reward = tmp_path / "reward.py"
     reward.write_text("def reward_fn(completion, **kwargs):\n    return 1.0\n")
     job = await jobs_for(fake).start(data=[{"prompt": "hi"}], reward=reward, model="base", iterations=3,
-                                     group_size=4, validation_data="file-9")
+                                     group_size=4, validation_data="file-9", dynamic_sampling=True,
+                                     temperature_schedule=art.Schedule(start=1.2, end=1.0, steps=3))
     assert job.id == "ftjob-1"
     upload, create = fake.requests
     assert b'name="purpose"' in upload.content and b'{"prompt":"hi"}\n' in upload.content
@@ -88,7 +89,9 @@ async def test_start_uploads_rows_and_posts_a_python_grader(fake: FakeServer, tm
     method = body["method"]
     assert method["type"] == "reinforcement"
     assert method["reinforcement"]["grader"] == {"type": "python", "name": "reward", "source": reward.read_text()}
-    assert method["reinforcement"]["hyperparameters"] == {"iterations": 3, "group_size": 4}
+    assert method["reinforcement"]["hyperparameters"] == {
+        "iterations": 3, "group_size": 4, "dynamic_sampling": True,
+        "temperature_schedule": {"start": 1.2, "end": 1.0, "steps": 3, "shape": "linear", "warmup_steps": 0}}
 
 
 def test_reward_xor_grader_is_checked_before_anything_is_sent(fake: FakeServer) -> None:
@@ -131,10 +134,14 @@ def test_cli_exit_codes(fake: FakeServer, tmp_path: Path,
     rows = tmp_path / "rows.jsonl"
     rows.write_text('{"prompt": "hi"}\n')
     code, out = cli(fake, "start", "--data", str(rows), "--grader", json.dumps({"type": "math_accuracy"}),
-                    "--iterations", "2", "-f")
+                    "--iterations", "2", "--dynamic-sampling", "--entropy-coef", "0.003", "-H",
+                    'temperature_schedule={"start": 1.2, "end": 1.0, "steps": 50}', "-f")
     assert code == 0 and "started ftjob-1" in out and "iteration 2: reward 0.500" in out
-    created = next(r for r in fake.requests if r.url.path == "/v1/fine_tuning/jobs")
-    assert json.loads(created.content)["model"] == "base"  # asked /v1/models for the base model
+    created = json.loads(next(r for r in fake.requests if r.url.path == "/v1/fine_tuning/jobs").content)
+    assert created["model"] == "base"  # asked /v1/models for the base model
+    assert created["method"]["reinforcement"]["hyperparameters"] == {
+        "iterations": 2, "entropy_coef": 0.003, "dynamic_sampling": True,
+        "temperature_schedule": {"start": 1.2, "end": 1.0, "steps": 50}}
     fake.final_status = "failed"
     code, _ = cli(fake, "logs", "-f", "ftjob-1")
     assert code == 1

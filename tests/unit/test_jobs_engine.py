@@ -5,6 +5,7 @@ next_turn) against a scripted chat endpoint with the real sandbox running the us
 from __future__ import annotations
 
 import asyncio
+import doctest
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -21,9 +22,10 @@ from artlike_server.jobs.rewards import JobReward, reward_value, sample_of
 from artlike_server.jobs.runner import StopFlag, Stopped, batch_rows
 from artlike_server.jobs.sandbox import Sandbox, SandboxLimits
 from artlike_server.jobs.service import JobService
-from artlike_server.jobs.spec import JobSpec, RolloutSettings
+from artlike_server.jobs.spec import JobSpec, RemedySettings, RolloutSettings
 from artlike_server.jobs.store import JobStore
 
+from artlike import DynamicSampling, Schedule
 from tests.openapi_schema import assert_valid
 
 MOTTERL_PAYLOAD = {
@@ -216,6 +218,60 @@ def test_motterl_example_payload_becomes_a_spec(tmp_path: Path) -> None:
     with pytest.raises(InvalidRequest) as error:
         motterl.parse_start({**MOTTERL_PAYLOAD, "iterations": "many"})
     assert error.value.param == "iterations"
+
+
+def test_remedies_from_both_doors_reach_the_spec_and_survive_the_store(tmp_path: Path) -> None:
+    from artlike_server.models.store import ModelStore
+
+    schedule = {"start": 1.2, "end": 1.0, "steps": 10}
+    hyperparameters = openai_jobs.Hyperparameters.model_validate({
+        "dynamic_sampling": True, "entropy_coef": 0.003, "epsilon_high": 0.4, "temperature_schedule": schedule,
+        "group_size_schedule": {"start": 4, "end": 8, "steps": 4},
+        "learning_rate_schedule": {"start": 1e-4, "end": 2e-5, "steps": 10, "shape": "cosine", "warmup_steps": 2}})
+    remedies = hyperparameters.remedies()
+    assert remedies.dynamic_sampling == DynamicSampling() and remedies.train_options() == {
+        "entropy_coef": 0.003, "epsilon_high": 0.4}
+    assert remedies.temperature_schedule == Schedule(start=1.2, end=1.0, steps=10)
+    assert openai_jobs.Hyperparameters().remedies() == RemedySettings()  # each off unless asked for
+    assert openai_jobs.Hyperparameters(dynamic_sampling=False).remedies().dynamic_sampling is None
+
+    start = motterl.parse_start({**MOTTERL_PAYLOAD, "dynamicSampling": {"max_resample_factor": 2},
+                                 "temperatureSchedule": schedule, "entropyCoef": 0.01})
+    new = motterl.new_job(start, models=ModelStore(tmp_path), served_base="base-model")
+    assert new.spec.remedies == RemedySettings(dynamic_sampling=DynamicSampling(max_resample_factor=2),
+                                               temperature_schedule=Schedule(**schedule), entropy_coef=0.01)
+    assert [new.spec.iteration_settings(i).temperature for i in (0, 5, 10, 50)] == [1.2, 1.1, 1.0, 1.0]
+
+    store = JobStore(tmp_path / "jobs")
+    store.create("ftjob-r", new.spec, training_file=None, validation_file=None, suffix=None, metadata=None,
+                 train_rows=new.train_rows, validation_rows=[])
+    store.close()
+    assert JobStore(tmp_path / "jobs").get("ftjob-r").spec == new.spec
+
+
+def test_a_bad_remedy_is_a_400_naming_it_as_the_request_spelled_it(tmp_path: Path) -> None:
+    from artlike_server.models.store import ModelStore
+
+    too_hot = {"start": 3.0, "end": 1.0, "steps": 10}
+    with pytest.raises(InvalidRequest) as error:
+        openai_jobs.Hyperparameters(temperature_schedule=too_hot).remedies()  # type: ignore[arg-type]
+    assert error.value.param == "method.reinforcement.hyperparameters.temperature_schedule"
+    assert "within [0, 2]" in str(error.value)
+    start = motterl.parse_start({**MOTTERL_PAYLOAD, "groupSizeSchedule": {"start": 1, "end": 8, "steps": 4}})
+    with pytest.raises(InvalidRequest) as error:
+        motterl.new_job(start, models=ModelStore(tmp_path), served_base="base-model")
+    assert error.value.param == "groupSizeSchedule" and "within [2, 64]" in str(error.value)
+    with pytest.raises(InvalidRequest) as error:
+        motterl.parse_start({**MOTTERL_PAYLOAD, "temperatureSchedule": {"start": 1.0, "end": 0.5}})
+    assert error.value.param == "temperatureSchedule.steps"
+
+
+def test_the_job_modules_doctests() -> None:
+    from artlike_server.jobs import runner
+    from artlike_server.jobs import spec as spec_module
+
+    for module in (runner, spec_module):
+        assert doctest.testmod(module, raise_on_error=True).attempted >= 2
 
 
 def test_job_objects_validate_against_the_openai_schema(tmp_path: Path) -> None:

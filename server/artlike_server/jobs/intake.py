@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from artlike import DynamicSampling
 from artlike.graders import (
     AnyGrader,
     MultiGrader,
@@ -29,7 +30,7 @@ from ..errors import InvalidRequest, validation_error
 from ..models.store import ModelStore
 from .datasets import DatasetError, PromptRow, parse_prompt_rows
 from .sandbox import CodeError, check_program
-from .spec import GraderReward, PythonReward
+from .spec import GraderReward, PythonReward, RemedySettings
 
 REWARD_ENTRIES = ("reward_fn", "grade")
 MAX_TRAIN_ROWS = 100_000
@@ -99,6 +100,29 @@ def grader_reward(grader: Mapping[str, Any], *, param: str) -> PythonReward | Gr
                                  code="invalid_reward_code") from error
     threshold = getattr(parsed, "pass_threshold", None)
     return GraderReward(grader=dict(grader), pass_threshold=threshold if isinstance(threshold, float) else None)
+
+
+REMEDY_FIELDS = tuple(RemedySettings.model_fields)  # the request fields of a job's remedies, in both doors
+
+
+def remedy_settings(fields: Mapping[str, Any], *, param: str | None,
+                    wire_names: Mapping[str, str] | None = None) -> RemedySettings:
+    """A job's remedies from the request's fields (None: not given; `dynamic_sampling` true: its defaults). A
+    bad value is a 400 naming its field as the request spelled it (`wire_names`: field → the request's name),
+    under `param`."""
+    given = {name: value for name, value in fields.items() if value is not None and value is not False}
+    if given.get("dynamic_sampling") is True:
+        given["dynamic_sampling"] = DynamicSampling()
+    try:
+        return RemedySettings.model_validate(given)
+    except ValidationError as error:
+        first = error.errors()[0]
+        loc = [str(part) for part in first.get("loc", ())]
+        if loc and wire_names:
+            loc[0] = wire_names.get(loc[0], loc[0])
+        name = ".".join([param, *loc] if param else loc) or None
+        message = str(first.get("msg"))
+        raise InvalidRequest(f"{name}: {message}" if name else message, param=name, code="invalid_value") from error
 
 
 def check_episode_functions(rows: Sequence[PromptRow], reward: PythonReward | GraderReward, *, multi_step: bool,

@@ -5,7 +5,10 @@
 
 MotteRL's model names ("qwen-2.5-7b") name its own cloud's models: a name this server does not serve
 trains this server's base model, and the job's events say so. `iterations` may be a string ("100").
-Extensions: `groupSize`, `maxTokens`, `temperature`, `maxTurns`, `validationData`, `evalInterval`, `seed`.
+Extensions: `groupSize`, `maxTokens`, `temperature`, `maxTurns`, `validationData`, `evalInterval`, `seed`,
+and against a flattening curve `dynamicSampling` (true, or `{"min_signal_groups", "max_resample_factor"}`),
+`entropyCoef`, `epsilonHigh`, `temperatureSchedule`, `groupSizeSchedule`, `learningRateSchedule` (each
+`{"start", "end", "steps", "shape", "warmup_steps"}` over iterations).
 """
 
 from __future__ import annotations
@@ -14,10 +17,19 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from artlike import DynamicSampling, Schedule
+
 from ..errors import InvalidRequest
 from ..http_body import validate
 from ..models.store import ModelStore
-from .intake import check_episode_functions, prompt_rows, python_reward, resolve_target
+from .intake import (
+    REMEDY_FIELDS,
+    check_episode_functions,
+    prompt_rows,
+    python_reward,
+    remedy_settings,
+    resolve_target,
+)
 from .service import NewJob
 from .spec import DEFAULT_BATCH_SIZE, DEFAULT_LEARNING_RATE, EvalSettings, JobSpec, RolloutSettings
 from .store import JobRecord
@@ -43,6 +55,12 @@ class StartTraining(BaseModel):
     max_turns: int | None = Field(None, alias="maxTurns", ge=1, le=64)
     eval_interval: int | None = Field(None, alias="evalInterval", ge=1)
     seed: int = 0
+    dynamic_sampling: bool | DynamicSampling | None = Field(None, alias="dynamicSampling")
+    entropy_coef: float | None = Field(None, alias="entropyCoef")
+    epsilon_high: float | None = Field(None, alias="epsilonHigh")
+    temperature_schedule: Schedule | None = Field(None, alias="temperatureSchedule")
+    group_size_schedule: Schedule | None = Field(None, alias="groupSizeSchedule")
+    learning_rate_schedule: Schedule | None = Field(None, alias="learningRateSchedule")
 
 
 def parse_start(body: Any) -> StartTraining:
@@ -67,10 +85,13 @@ def new_job(request: StartTraining, *, models: ModelStore, served_base: str) -> 
     rollout = RolloutSettings(**{k: v for k, v in {
         "group_size": request.group_size, "max_tokens": request.max_tokens, "temperature": request.temperature,
         "max_turns": max_turns, "multi_step": multi_step}.items() if v is not None})
+    wire_names = {name: StartTraining.model_fields[name].alias or name for name in REMEDY_FIELDS}
+    remedies = remedy_settings({name: getattr(request, name) for name in REMEDY_FIELDS}, param=None,
+                               wire_names=wire_names)
     spec = JobSpec(api="motterl", method="reinforcement", base_model=target.base_model,
                    target_model=target.target_model, create_target=target.create, reward=reward,
                    iterations=request.iterations, batch_size=min(request.batch_size, len(rows)),
-                   learning_rate=request.learning_rate, seed=request.seed, rollout=rollout,
+                   learning_rate=request.learning_rate, seed=request.seed, rollout=rollout, remedies=remedies,
                    eval=EvalSettings(interval=request.eval_interval), train_rows=len(rows),
                    validation_rows=len(validation),
                    hyperparameters={"learningRate": request.learning_rate, "iterations": request.iterations,

@@ -3,8 +3,11 @@ objects as `openai-openapi.yaml` shapes them.
 
 artlike's extensions ride in `method.reinforcement.hyperparameters` (the SDK's `extra_body` or a plain dict):
 `iterations`, `group_size`, `learning_rate` (absolute), `max_tokens`, `temperature`, `max_turns`,
-`multi_step`. `fine_tuned_model` is the trainable model's name on this server: chat with it, or with a
-checkpoint's `name@N`.
+`multi_step`, and against a flattening curve `dynamic_sampling` (true, or `{"min_signal_groups",
+"max_resample_factor"}`), `entropy_coef`, `epsilon_high`, `temperature_schedule`, `group_size_schedule`,
+`learning_rate_schedule` (each `{"start", "end", "steps", "shape", "warmup_steps"}` over iterations).
+`fine_tuned_model` is the trainable model's name on this server: chat with it, or with a checkpoint's
+`name@N`.
 """
 
 from __future__ import annotations
@@ -15,13 +18,29 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
+from artlike import DynamicSampling, Schedule
+
 from ..errors import InvalidRequest
 from ..models.store import ModelStore
 from .datasets import DatasetError, parse_chat_examples, parse_preference_rows
 from .files import FileStore
-from .intake import check_episode_functions, grader_reward, prompt_rows, resolve_target
+from .intake import (
+    REMEDY_FIELDS,
+    check_episode_functions,
+    grader_reward,
+    prompt_rows,
+    remedy_settings,
+    resolve_target,
+)
 from .service import NewJob
-from .spec import DEFAULT_BATCH_SIZE, DEFAULT_LEARNING_RATE, EvalSettings, JobSpec, RolloutSettings
+from .spec import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_LEARNING_RATE,
+    EvalSettings,
+    JobSpec,
+    RemedySettings,
+    RolloutSettings,
+)
 from .store import CheckpointRecord, EventRecord, JobRecord
 
 Auto = Literal["auto"]
@@ -48,6 +67,16 @@ class Hyperparameters(_Open):
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     max_turns: int | None = Field(None, ge=1, le=64)
     multi_step: bool | None = None
+    dynamic_sampling: bool | DynamicSampling | None = None
+    entropy_coef: float | None = None  # these five are checked by RemedySettings
+    epsilon_high: float | None = None
+    temperature_schedule: Schedule | None = None
+    group_size_schedule: Schedule | None = None
+    learning_rate_schedule: Schedule | None = None
+
+    def remedies(self) -> RemedySettings:
+        return remedy_settings({name: getattr(self, name) for name in REMEDY_FIELDS},
+                               param="method.reinforcement.hyperparameters")
 
 
 class Reinforcement(_Open):
@@ -109,10 +138,10 @@ def new_job(request: CreateJobRequest, *, files: FileStore, models: ModelStore, 
         eval_interval = _value(h.eval_interval, None)
         spec = JobSpec(**common, method="reinforcement", reward=reward, iterations=iterations, batch_size=batch_size,
                        learning_rate=h.learning_rate or DEFAULT_LEARNING_RATE * _value(h.learning_rate_multiplier, 1.0),
-                       rollout=rollout, eval=EvalSettings(interval=eval_interval,
+                       rollout=rollout, remedies=h.remedies(), eval=EvalSettings(interval=eval_interval,
                                                           samples=_value(h.eval_samples, 1)),
                        train_rows=len(rows), validation_rows=len(validation_rows),
-                       hyperparameters=h.model_dump(exclude_none=True))
+                       hyperparameters=h.model_dump(mode="json", exclude_none=True))
         return NewJob(spec, [r.item for r in rows], [r.item for r in validation_rows],
                       training_file=request.training_file, validation_file=request.validation_file,
                       suffix=request.suffix, metadata=request.metadata)

@@ -4,7 +4,11 @@ Reinforcement, per iteration: take `batch_size` rows (a seeded shuffle per epoch
 rows it would have seen), roll out `group_size` episodes per row through the server's own trajectory URLs
 (so every rollout is recorded and browsable like any agent's), score them (sandbox or graders), train one
 GRPO step through `/_train_model` (which hot-swaps it) and record a checkpoint. Validation rows are scored
-before the first iteration, every `eval.interval` iterations and after the last.
+before the first iteration, every `eval.interval` iterations and after the last. The spec's `remedies`
+(against a flattening curve) add rows to an iteration whose groups carry too little signal (dynamic
+sampling), schedule the temperature, group size and learning rate over iterations, and set the step's
+entropy bonus and clip; each iteration's metrics say how many groups had no signal and how the rows' pass
+rates spread.
 
 Supervised and DPO jobs are one `/_train_model` call over the whole dataset (`iterations` = epochs).
 
@@ -29,10 +33,11 @@ import openai
 
 import artlike as art
 
+from ..training.diagnostics import group_statistics
 from .datasets import PromptRow, parse_chat_examples, parse_preference_rows, parse_prompt_rows
 from .episodes import run_episode
 from .rewards import JobReward
-from .spec import JobSpec
+from .spec import IterationSettings, JobSpec
 from .store import JobRecord, JobStore
 
 log = logging.getLogger(__name__)
@@ -114,6 +119,43 @@ def batch_rows(rows: list[PromptRow], *, iteration: int, batch_size: int, seed: 
     return chosen
 
 
+def resample_rows(rows: list[PromptRow], *, iteration: int, start: int, count: int, seed: int) -> list[PromptRow]:
+    """Rows that dynamic sampling adds to an iteration: positions `start`… of a seeded permutation of its own
+    (cycling), so a resumed iteration draws the same rows again.
+
+    >>> rows = [PromptRow(line=i, messages=[], tools=None, item={}) for i in range(1, 4)]
+    >>> first = [r.line for r in resample_rows(rows, iteration=2, start=0, count=2, seed=0)]
+    >>> later = [r.line for r in resample_rows(rows, iteration=2, start=2, count=4, seed=0)]
+    >>> first + later[:1] == [r.line for r in resample_rows(rows, iteration=2, start=0, count=3, seed=0)]
+    True
+    >>> sorted(first + later[:1]), later[1:] == first + later[:1]
+    ([1, 2, 3], True)
+    """
+    order = list(range(len(rows)))
+    random.Random(f"{seed}:resample:{iteration}").shuffle(order)
+    return [rows[order[position % len(rows)]] for position in range(start, start + count)]
+
+
+def _has_signal(group: art.TrajectoryGroup) -> bool:
+    """Whether the group's rewards differ: GRPO learns only from such groups."""
+    return len({t.reward for t in group.trajectories}) > 1
+
+
+def _step_metrics(result: art.TrainResult) -> dict[str, float]:
+    """The trainer's side of a step: the policy's entropy and, when measured, the KL to the base model."""
+    metrics: dict[str, float] = {}
+    if result.metrics:
+        metrics["entropy"] = statistics.fmean(s.entropy for s in result.metrics)
+        kl = [s.kl_to_base for s in result.metrics if s.kl_to_base is not None]
+        if kl:
+            metrics["kl_to_base"] = statistics.fmean(kl)
+    if result.start is not None:
+        optional = {"sampling_entropy": result.start.sampling_entropy,
+                    "response_tokens_mean": result.start.response_tokens_mean}
+        metrics |= {name: value for name, value in optional.items() if value is not None}
+    return metrics
+
+
 class JobRunner:
     def __init__(self, store: JobStore, job_id: str, server: ServerAccess, reward: JobReward | None,
                  stop: StopFlag) -> None:
@@ -167,8 +209,9 @@ class JobRunner:
         for iteration in range(first, spec.iterations):
             self.stop.check()
             started = time.monotonic()
+            settings = spec.iteration_settings(iteration)
             batch = batch_rows(rows, iteration=iteration, batch_size=spec.batch_size, seed=spec.seed)
-            groups = await self.stop.interruptible(self._rollouts(model, batch))
+            groups = await self.stop.interruptible(self._sample_groups(model, rows, batch, iteration, settings))
             rollout_seconds = time.monotonic() - started
             rewards = [t.reward or 0.0 for g in groups for t in g.trajectories]
             errors = [t.metadata["reward_error"] for g in groups for t in g.trajectories
@@ -181,16 +224,19 @@ class JobRunner:
                 "step": iteration + 1, "iteration": iteration + 1, "total_iterations": spec.iterations,
                 "reward_mean": statistics.fmean(rewards) if rewards else 0.0,
                 "reward_std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
-                "reward_errors": len(errors), "rollouts": len(rewards), "rollout_seconds": round(rollout_seconds, 3)}
-            informative = [g for g in groups if len({t.reward for t in g.trajectories}) > 1]
+                "reward_errors": len(errors), "rollouts": len(rewards), "rollout_seconds": round(rollout_seconds, 3),
+                "temperature": settings.temperature, "group_size": settings.group_size,
+                "learning_rate": settings.learning_rate, **self._group_metrics(groups)}
+            informative = [g for g in groups if _has_signal(g)]
             checkpoint: str | None = None
             if informative:
-                result = await self._train(partial(model.train, informative, learning_rate=spec.learning_rate,
-                                                   progress=False))
+                options: dict[str, Any] = {"learning_rate": settings.learning_rate,
+                                           "pass_threshold": self._pass_threshold(), **spec.remedies.train_options()}
+                result = await self._train(partial(model.train, informative, progress=False, **options))
                 checkpoint = result.model
                 metrics |= {"loss": result.metrics[-1].loss if result.metrics else 0.0, "model_step": result.step,
                             "trained_tokens": result.start.trainable_tokens if result.start else 0,
-                            "groups_trained": len(informative)}
+                            "groups_trained": len(informative), **_step_metrics(result)}
             else:
                 metrics |= {"loss": 0.0, "groups_trained": 0}
                 self.event(f"iteration {iteration + 1}: every group's rewards were equal, so there is nothing to "
@@ -203,7 +249,41 @@ class JobRunner:
                                                 model_name=checkpoint or spec.target_model)
             self._commit_iteration(iteration, metrics, checkpoint)
 
-    async def _rollouts(self, model: art.TrainableModel, batch: list[PromptRow]) -> list[art.TrajectoryGroup]:
+    async def _sample_groups(self, model: art.TrainableModel, rows: list[PromptRow], batch: list[PromptRow],
+                             iteration: int, settings: IterationSettings) -> list[art.TrajectoryGroup]:
+        """The iteration's groups: one per row of `batch`; with dynamic sampling, more rows (`resample_rows`)
+        until enough groups' rewards differ or the bound on groups examined is reached."""
+        groups = await self._rollouts(model, batch, settings)
+        dynamic = self.spec.remedies.dynamic_sampling
+        if dynamic is None:
+            return groups
+        wanted = dynamic.signal_groups_wanted(len(batch))
+        bound = dynamic.max_groups_examined(len(batch))
+        drawn = 0
+        while (missing := wanted - sum(map(_has_signal, groups))) > 0 and len(groups) < bound:
+            extra = resample_rows(rows, iteration=iteration, start=drawn, count=min(missing, bound - len(groups)),
+                                  seed=self.spec.seed)
+            drawn += len(extra)
+            groups += await self._rollouts(model, extra, settings)
+        return groups
+
+    def _pass_threshold(self) -> float:
+        assert self.reward is not None
+        threshold = self.reward.reward.pass_threshold
+        return self.spec.eval.pass_threshold if threshold is None else threshold
+
+    def _group_metrics(self, groups: list[art.TrajectoryGroup]) -> dict[str, float | int]:
+        """Why an iteration may carry little signal: the groups without reward variance and the rows' pass
+        rates (all-wrong / mixed / all-right) over every group rolled out."""
+        stats = group_statistics([[t.reward for t in g.trajectories] for g in groups], self._pass_threshold())
+        counts: dict[str, float | int] = {
+            "groups": len(groups), "zero_variance_groups": stats.zero_variance, "groups_all_wrong": stats.all_wrong,
+            "groups_mixed": stats.mixed, "groups_all_right": stats.all_right}
+        optional = {"zero_variance_fraction": stats.zero_variance_fraction, "pass_rate": stats.pass_rate}
+        return counts | {name: value for name, value in optional.items() if value is not None}
+
+    async def _rollouts(self, model: art.TrainableModel, batch: list[PromptRow],
+                        settings: IterationSettings) -> list[art.TrajectoryGroup]:
         spec = self.spec
         reward = self.reward
         assert reward is not None
@@ -211,13 +291,14 @@ class JobRunner:
         async def rollout(row: PromptRow) -> art.Trajectory:
             async with model.trajectory() as t:
                 client = t.async_openai_client()
-                episode = await run_episode(client, t.model, row, reward, spec.rollout)
+                episode = await run_episode(client, t.model, row, reward, spec.rollout,
+                                            temperature=settings.temperature)
                 assert episode.score is not None
                 t.reward = episode.score.value
                 t.metadata["reward_error"] = episode.score.error
             return t
 
-        groups = (art.TrajectoryGroup(rollout(row) for _ in range(spec.rollout.group_size)) for row in batch)
+        groups = (art.TrajectoryGroup(rollout(row) for _ in range(settings.group_size)) for row in batch)
         try:
             return await art.gather_trajectory_groups(groups, max_exceptions=ROLLOUT_FAILURE_BUDGET, progress=False)
         except art.ArtlikeError as error:

@@ -8,9 +8,13 @@ value is accepted and warned about (`learning_rate_warning`).
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from artlike import DynamicSampling, Schedule
 
 DEFAULT_LEARNING_RATE = 1e-5
 DEFAULT_GROUP_SIZE = 8
@@ -66,6 +70,52 @@ class EvalSettings(_Frozen):
     pass_threshold: float = 0.5  # a sample passes when its reward >= this
 
 
+def _within(schedule: Schedule | None, low: float, high: float) -> Schedule | None:
+    if schedule is not None and not (low <= min(schedule.start, schedule.end)
+                                     and max(schedule.start, schedule.end) <= high):
+        raise ValueError(f"the schedule must stay within [{low:g}, {high:g}]")
+    return schedule
+
+
+class RemedySettings(_Frozen):
+    """What a reinforcement job does against a flattening curve (each off by default; the client's
+    `PipelineTrainer` has the same options, `artlike._remedies` their math). Schedules run over iterations."""
+
+    dynamic_sampling: DynamicSampling | None = None  # an iteration rolls out more rows until enough groups differ
+    entropy_coef: float | None = Field(None, ge=0.0)  # the GRPO step's entropy bonus
+    epsilon_high: float | None = Field(None, ge=0.0, le=10.0)  # the GRPO clip's upper bound (clip-higher)
+    temperature_schedule: Schedule | None = None  # the rollouts' temperature (replaces rollout.temperature)
+    group_size_schedule: Schedule | None = None  # rollouts per row (replaces rollout.group_size)
+    learning_rate_schedule: Schedule | None = None  # each step's learning rate (replaces learning_rate)
+
+    @field_validator("temperature_schedule")
+    @classmethod
+    def _temperature_in_range(cls, schedule: Schedule | None) -> Schedule | None:
+        return _within(schedule, 0.0, 2.0)
+
+    @field_validator("group_size_schedule")
+    @classmethod
+    def _group_size_in_range(cls, schedule: Schedule | None) -> Schedule | None:
+        return _within(schedule, 2, 64)
+
+    @field_validator("learning_rate_schedule")
+    @classmethod
+    def _learning_rate_positive(cls, schedule: Schedule | None) -> Schedule | None:
+        return _within(schedule, 0.0, math.inf)
+
+    def train_options(self) -> dict[str, float]:
+        """The step's GRPO options that these settings set."""
+        options = {"entropy_coef": self.entropy_coef, "epsilon_high": self.epsilon_high}
+        return {name: value for name, value in options.items() if value is not None}
+
+
+@dataclass(frozen=True)
+class IterationSettings:
+    temperature: float
+    group_size: int
+    learning_rate: float
+
+
 class JobSpec(_Frozen):
     api: Literal["openai", "motterl"]
     method: Literal["reinforcement", "supervised", "dpo"]
@@ -79,9 +129,31 @@ class JobSpec(_Frozen):
     seed: int = 0
     rollout: RolloutSettings = RolloutSettings()
     eval: EvalSettings = EvalSettings()
+    remedies: RemedySettings = RemedySettings()
     train_rows: int = Field(ge=1)
     validation_rows: int = 0
     hyperparameters: dict[str, Any] = Field(default_factory=dict)  # as the request gave them, for the job object
+
+    def iteration_settings(self, iteration: int) -> IterationSettings:
+        """The temperature, group size and learning rate of iteration `iteration` (0-based), schedules applied.
+
+        >>> spec = JobSpec(api="openai", method="reinforcement", base_model="b", target_model="t",
+        ...                create_target=True, iterations=4, train_rows=1, learning_rate=1e-4,
+        ...                remedies=RemedySettings(temperature_schedule=Schedule(start=1.2, end=1.0, steps=2),
+        ...                                        group_size_schedule=Schedule(start=4, end=8, steps=2)))
+        >>> [spec.iteration_settings(i) for i in (0, 1, 3)]  # doctest: +NORMALIZE_WHITESPACE
+        [IterationSettings(temperature=1.2, group_size=4, learning_rate=0.0001),
+         IterationSettings(temperature=1.1, group_size=6, learning_rate=0.0001),
+         IterationSettings(temperature=1.0, group_size=8, learning_rate=0.0001)]
+        """
+        remedies = self.remedies
+        return IterationSettings(
+            temperature=(self.rollout.temperature if remedies.temperature_schedule is None
+                         else round(remedies.temperature_schedule.at(iteration), 6)),
+            group_size=(self.rollout.group_size if remedies.group_size_schedule is None
+                        else remedies.group_size_schedule.at_int(iteration)),
+            learning_rate=(self.learning_rate if remedies.learning_rate_schedule is None
+                           else remedies.learning_rate_schedule.at(iteration)))
 
     def learning_rate_warning(self) -> str | None:
         low, high = LEARNING_RATES_SEEN_WORKING

@@ -429,9 +429,9 @@ def _recorded_keys(request: TrainRequest) -> list[tuple[str, tuple[int, ...] | N
 
 def _group_diagnostics(request: TrainRequest, records: Records
                        ) -> tuple[GroupStatistics, SampleStatistics] | None:
-    """What a rewarded-group job's data says about its signal (`diagnostics.py`); None for other jobs."""
+    """What a rewarded-group or PPO job's data says about its signal (`diagnostics.py`); None for other jobs."""
     config = request.config
-    if not isinstance(config, GroupObjectiveConfig):
+    if not isinstance(config, GroupObjectiveConfig | PPOConfig):
         return None
     groups = group_statistics([[t.reward for t in g.trajectories] for g in request.groups], config.pass_threshold)
     recorded = [t.trajectory_id for g in request.groups for t in g.trajectories if isinstance(t, TrajectoryRef)]
