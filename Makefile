@@ -45,6 +45,7 @@ bench: setup
 	$(PY) -m bench.lora_serving
 	$(PY) -m bench.policy_engine
 	$(PY) -m bench.ceiling
+	$(PY) -m bench.plateau --configs baseline combined
 	$(PY) -m pytest -q -ra -m learning
 
 # The CPU run whose results examples/email_agent/README.md reports (GRPO on subject questions, shaped

@@ -411,6 +411,32 @@ def ceiling(result: Result) -> str:
         f"{percent(before['greedy'])} before training."])
 
 
+def plateau(result: Result) -> str:
+    """Each remedy's held-out accuracy at each checkpoint, against the ceiling; a run stopped early shows
+    "—" for the checkpoints it did not reach."""
+    settings, top = result["settings"], result["ceiling_greedy"]
+    checkpoints = settings["checkpoints"]
+    header = ["config", "before: greedy / T=1"] + [f"{m:g} min: greedy / T=1" for m in checkpoints]
+    header += ["steps", "groups trained", "zero-variance groups"] + ([] if top is None else ["last vs ceiling"])
+    rows = []
+    for name, run in result["runs"].items():
+        points = run["checkpoints"]
+        last = points[-1]
+        row = [f"`{name}`", f"{percent(run['before']['greedy'])} / {percent(run['before']['sampled'])}"]
+        row += [f"{percent(p['greedy'])} / {percent(p['sampled'])}" for p in points]
+        row += ["—"] * (len(checkpoints) - len(points))
+        row += [last["steps"], last.get("groups_trained", "—"), last.get("zero_variance_groups", "—")]
+        if top is not None:
+            row.append(f"{(last['greedy'] - top) * 100:+.1f} points")
+        rows.append(row)
+    parts = [caption("plateau.json", result, f", {settings['pool_size']} training problems, {settings['eval_size']} "
+                     "held-out problems, the same seeds and wall-clock budget per config"), table(header, rows)]
+    stopped = [f"`{name}` stopped {run['stopped']}." for name, run in result["runs"].items() if "stopped" in run]
+    if top is not None:
+        parts.append(" ".join([f"The SFT ceiling (`bench/ceiling.py`): {percent(top)} held-out greedy.", *stopped]))
+    return "\n\n".join(parts)
+
+
 TABLES: dict[str, tuple[str, Callable[[Result], str]]] = {
     "proxy_overhead": ("proxy_overhead.json", proxy_overhead),
     "proxy_cpu": ("proxy_cpu.json", proxy_cpu),
@@ -429,6 +455,7 @@ TABLES: dict[str, tuple[str, Callable[[Result], str]]] = {
     "rl_step": ("rl_step.json", rl_step),
     "rl_step_core_split": ("rl_step.json", rl_step_core_split),
     "ceiling": ("ceiling.json", ceiling),
+    "plateau": ("plateau.json", plateau),
 }
 
 
