@@ -33,6 +33,7 @@ import openai
 
 import artlike as art
 
+from ..training.advantages import is_zero_variance
 from ..training.diagnostics import group_statistics
 from .datasets import PromptRow, parse_chat_examples, parse_preference_rows, parse_prompt_rows
 from .episodes import run_episode
@@ -138,7 +139,7 @@ def resample_rows(rows: list[PromptRow], *, iteration: int, start: int, count: i
 
 def _has_signal(group: art.TrajectoryGroup) -> bool:
     """Whether the group's rewards differ: GRPO learns only from such groups."""
-    return len({t.reward for t in group.trajectories}) > 1
+    return not is_zero_variance([t.reward for t in group.trajectories if t.reward is not None])
 
 
 def _step_metrics(result: art.TrainResult) -> dict[str, float]:
