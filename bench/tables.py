@@ -96,10 +96,12 @@ def tinker_api(result: Result) -> str:
     overhead = table(["loss", "native s/step", "Tinker SDK s/step", "ratio"],
                      [(f"`{loss}`", f"{row['native_seconds']:.2f}", f"{row['tinker_seconds']:.2f}",
                        f"{row['ratio']:.3f}") for loss, row in result["overhead"].items()])
-    single = result["concurrency"]["1"]["tokens_per_s"]
-    runs = table(["runs at once", "trained tokens/s", "vs one run"],
-                 [(n, f"{row['tokens_per_s']:.1f}", f"{row['tokens_per_s'] / single:.2f}")
-                  for n, row in result["concurrency"].items()])
+    fused, separate = result["concurrency"]["fused"], result["concurrency"]["separate"]
+    runs = table(["runs at once", "fused: tokens/s", "vs one run", "passes fused", "one by one: tokens/s",
+                  "vs one run"],
+                 [(n, f"{row['tokens_per_s']:.1f}", f"{row['vs_one_run']:.2f}", f"{row['fused_share']:.0%}",
+                   f"{separate[n]['tokens_per_s']:.1f}", f"{separate[n]['vs_one_run']:.2f}")
+                  for n, row in fused.items()])
     batching = result["batching"]
     return "\n\n".join([
         caption("tinker_api.json", result, f", {result['datums']} sequences ({result['tokens_per_step']} trained "

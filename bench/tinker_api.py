@@ -7,8 +7,9 @@ Overhead: a `forward_backward` + `optim_step` of the same D sequences, alternati
 native `/v1/training_sessions` route with its `cross_entropy` / `importance_sampling` loss, and the SDK with
 Tinker's loss of that name), median seconds per step of each and their ratio. Concurrency: N = 1, 2, 4 SDK
 runs, each taking `steps` steps at once, in interleaved rounds; the median aggregate trained tokens per
-second. Batching: one run's step on 4×D sequences against its step on D, the most that training several
-runs' sequences in one pass could gain. Prints a table, writes JSON.
+second, on a server that fuses the passes of runs that wait at once (the default) and on one started with
+`--no-fuse-passes` (both up, their rounds interleaved), with the share of passes that ran fused. Batching: one run's step on 4×D sequences
+against its step on D, what one wider pass gains with a single adapter. Prints a table, writes JSON.
 """
 
 from __future__ import annotations
@@ -104,7 +105,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of 1, 2, 4 runs; median")
     parser.add_argument("--out", default="bench/results/tinker_api.json")
     args = parser.parse_args()
-    with ServerProcess(Path(tempfile.mkdtemp(prefix="bench-tinker-")), api_key=KEY) as server:
+    with (ServerProcess(Path(tempfile.mkdtemp(prefix="bench-tinker-")), api_key=KEY) as server,
+          ServerProcess(Path(tempfile.mkdtemp(prefix="bench-tinker-")), api_key=KEY,
+                        args=["--no-fuse-passes"]) as unfused):  # fmt: skip
         batch = sequences(server, args.datums)
         tokens = sum(len(t) - 1 for t in batch)
         service = tinker.ServiceClient(base_url=server.base_url, api_key=f"tml-{KEY}")
@@ -120,36 +123,59 @@ def main() -> None:
             medians = {path: statistics.median(values) for path, values in times.items()}
             overhead[loss] = {**{f"{path}_seconds": value for path, value in medians.items()},
                               "ratio": medians["tinker"] / medians["native"]}
-        # Rounds of 1, 2, 4 runs, interleaved so that a drift of the machine's speed meets every N alike.
-        rounds: dict[str, list[float]] = {str(n): [] for n in RUNS}
+        # Both servers are up (the idle one computes nothing); their rounds interleave, so that a drift of
+        # the machine's speed meets every mode and N alike.
+        targets = {"fused": (server, service),
+                   "separate": (unfused, tinker.ServiceClient(base_url=unfused.base_url, api_key=f"tml-{KEY}"))}
+        rates: dict[str, dict[str, list[float]]] = {mode: {str(n): [] for n in RUNS} for mode in targets}
+        shares: dict[str, dict[str, list[float]]] = {mode: {str(n): [] for n in RUNS} for mode in targets}
         for _ in range(args.rounds):
-            for n in RUNS:
-                runs = [service.create_lora_training_client(base_model=server.model_id, rank=8).result()
-                        for _ in range(n)]
-                for run in runs:
-                    tinker_step(run, batch, "cross_entropy")  # warm-up
-                began = time.perf_counter()
-                with ThreadPoolExecutor(max_workers=n) as pool:
-                    list(pool.map(lambda run: [tinker_step(run, batch, "cross_entropy") for _ in range(args.steps)],
-                                  runs))
-                rounds[str(n)].append(n * args.steps * tokens / (time.perf_counter() - began))
-        concurrency = {n: {"tokens_per_s": statistics.median(values), "rounds": values} for n, values in rounds.items()}
+            for mode, (target, client) in targets.items():
+                for n in RUNS:
+                    rate, share = runs_at_once(client, target, batch, n, args.steps)
+                    rates[mode][str(n)].append(rate)
+                    shares[mode][str(n)].append(share)
+        concurrency = {mode: {n: {"tokens_per_s": statistics.median(values),
+                                  "vs_one_run": statistics.median(values) / statistics.median(rates[mode]["1"]),
+                                  "rounds": values, "fused_share": statistics.median(shares[mode][n])}
+                              for n, values in per_n.items()} for mode, per_n in rates.items()}  # fmt: skip
         batching = batching_bound(service, server, batch, args.datums * max(RUNS), args.steps)
-    single = concurrency["1"]["tokens_per_s"]
     result = {"machine": machine(), "steps": args.steps, "datums": args.datums, "tokens_per_step": tokens,
-              "rounds": args.rounds, "overhead": overhead, "concurrency": concurrency,
-              "aggregate_ratios": {n: c["tokens_per_s"] / single for n, c in concurrency.items()},
-              "batching": batching}
+              "rounds": args.rounds, "overhead": overhead, "concurrency": concurrency, "batching": batching}
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     print(f"{'loss':<22}{'native s/step':>15}{'tinker s/step':>15}{'ratio':>8}")
     for loss, row in overhead.items():
         print(f"{loss:<22}{row['native_seconds']:>15.2f}{row['tinker_seconds']:>15.2f}{row['ratio']:>8.3f}")
-    print(f"{'runs':<6}{'tokens/s':>10}{'vs one run':>12}")
-    for n, row in concurrency.items():
-        print(f"{n:<6}{row['tokens_per_s']:>10.1f}{row['tokens_per_s'] / single:>12.2f}")
+    print(f"{'passes':<10}{'runs':<6}{'tokens/s':>10}{'vs one run':>12}{'fused':>8}")
+    for mode, rows in concurrency.items():
+        for n, row in rows.items():
+            print(f"{mode:<10}{n:<6}{row['tokens_per_s']:>10.1f}{row['vs_one_run']:>12.2f}{row['fused_share']:>8.2f}")
     print(f"one pass of {batching['large_datums']} sequences: {batching['ratio']:.2f}x the tokens/s of "
           f"{batching['small_datums']}")
 
+
+def trainer_passes(server: ServerProcess) -> tuple[float, float]:
+    """The trainer's session passes so far, and how many of them ran fused with other runs' passes."""
+    text = httpx.get(f"{server.base_url}/metrics", headers=server.headers, timeout=60).text
+    values = {line.split()[0]: float(line.split()[1]) for line in text.splitlines() if line.startswith("artlike_trainer_")}
+    return values["artlike_trainer_session_passes"], values["artlike_trainer_fused_passes"]
+
+
+def runs_at_once(service: tinker.ServiceClient, server: ServerProcess, batch: list[list[int]], n: int,
+                 steps: int) -> tuple[float, float]:
+    """`n` fresh runs taking `steps` steps each at once: the aggregate trained tokens/s, and the share of
+    their passes that ran fused."""
+    tokens = sum(len(t) - 1 for t in batch)
+    runs = [service.create_lora_training_client(base_model=server.model_id, rank=8).result() for _ in range(n)]
+    for run in runs:
+        tinker_step(run, batch, "cross_entropy")  # warm-up
+    passes_before, fused_before = trainer_passes(server)
+    began = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=n) as pool:
+        list(pool.map(lambda run: [tinker_step(run, batch, "cross_entropy") for _ in range(steps)], runs))
+    rate = n * steps * tokens / (time.perf_counter() - began)
+    passes_after, fused_after = trainer_passes(server)
+    return rate, (fused_after - fused_before) / max(1.0, passes_after - passes_before)
 
 if __name__ == "__main__":
     main()

@@ -76,6 +76,11 @@ class _Log(Protocol):
     def pending(self) -> int: ...
 
 
+class _Passes(Protocol):
+    passes: int
+    fused: int
+
+
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -133,6 +138,10 @@ class Metrics:
             "artlike_engine_ready", "1 when the engine serves requests, else 0.", registry=r
         )
         self.training_steps = Counter("artlike_training_steps", "Optimizer steps completed.", registry=r)
+        self.session_passes = Gauge("artlike_trainer_session_passes",
+                                    "Training-session passes (forward_backward, forward) the trainer ran.", registry=r)
+        self.fused_passes = Gauge("artlike_trainer_fused_passes",
+                                  "Of those, the passes that ran as one pass with other sessions' passes.", registry=r)
         self.training_tokens = Counter("artlike_training_tokens", "Trainable tokens trained on.", registry=r)
         self.training_step_seconds = Histogram(
             "artlike_training_step_seconds",
@@ -159,6 +168,12 @@ class Metrics:
     def set_engine_restarts(self, restarts: int) -> None:
         """For callers that push the count instead (after each engine start); `track_engine` replaces it."""
         self.engine_restarts.set(restarts)
+
+    def track_trainer_passes(self, passes: _Passes) -> None:
+        """The training sessions' passes the trainer ran, and how many of them ran fused with another
+        session's (`training/pass_batching.py`), read at scrape time."""
+        self.session_passes.set_function(lambda: float(passes.passes))
+        self.fused_passes.set_function(lambda: float(passes.fused))
 
     def track_completion_log(self, log: _Log) -> None:
         self.log_pending.set_function(lambda: float(log.pending))

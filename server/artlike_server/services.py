@@ -136,12 +136,13 @@ async def build_services(settings: ServerSettings, *, metrics: Metrics | None = 
         trainer = TrainerProcess(
             settings.model_path, dtype=settings.trainer.dtype,  # type: ignore[arg-type]  # resolved by the CLI
             gradient_checkpointing=settings.trainer.gradient_checkpointing, cpus=settings.trainer.cpus,
-            gpus=settings.trainer.gpus,
+            gpus=settings.trainer.gpus, fuse_passes=settings.trainer.fuse_passes,
             own_cores=trainer_owns_its_cores(settings.engine.cpus, settings.trainer.cpus,
                                              settings.scale_out.local_engines),
             log_path=settings.log_dir / "trainer.log", log_max_bytes=retention.log_file_max_bytes,
             log_backups=retention.log_file_backups)
         stack.push_async_callback(trainer.stop)
+        metrics.track_trainer_passes(trainer.passes)
 
         chat_template = _chat_template_text(settings)
         limits = TrainingLimits(max_records=settings.limits.max_train_records,

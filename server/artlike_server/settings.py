@@ -192,6 +192,9 @@ class TrainerSettings(_Section):
                                 "trainer's GEMMs).", flag="--trainer-dtype")
     dtype_source: Source = option("explicit", "How the dtype was chosen: explicit, probe, flags or cuda.", cli=False)
     gradient_checkpointing: bool = option(False, "Recompute activations in the backward pass (less memory).")
+    fuse_passes: bool = option(
+        True, "Run the passes of several training sessions that wait at once as one pass, each sequence through its "
+              "own session's adapter (docs/tinker.md).")
     cpus: tuple[int, ...] | None = option(
         None, "CPU only: the cores the trainer runs on, e.g. 1 or 6-7 (default: all). Disjoint from --engine-cpus, "
               "the trainer's threads spin-wait between parallel regions (faster steps) instead of sleeping.",

@@ -157,6 +157,14 @@ def test_bad_requests_raise_the_sdks_errors(server: ServerProcess, service: tink
         training.forward_backward([datum([1, 2], [3])], "stable_reinforce").result()
 
 
+def trainer_passes(server: ServerProcess) -> tuple[float, float]:
+    """The trainer's session passes so far, and how many of them ran fused with another session's."""
+    exposition = httpx.get(f"{server.base_url}/metrics", headers=server.headers, timeout=30).text
+    values = {line.split()[0]: float(line.split()[1]) for line in exposition.splitlines()
+              if line.startswith("artlike_trainer_")}  # fmt: skip
+    return values["artlike_trainer_session_passes"], values["artlike_trainer_fused_passes"]
+
+
 def test_concurrent_runs_train_apart_while_another_run_samples(server: ServerProcess,
                                                                           service: tinker.ServiceClient) -> None:
     prompt = tokens_of(server, PROMPT, special=True)
@@ -178,6 +186,7 @@ def test_concurrent_runs_train_apart_while_another_run_samples(server: ServerPro
             run.optim_step(types.AdamParams(learning_rate=5e-3))
         run.forward(batch, "cross_entropy").result()
 
+    passes_before, fused_before = trainer_passes(server)
     with ThreadPoolExecutor(max_workers=4) as pool:
         passes = [pool.submit(train, run, batch) for run, batch in zip(trained, data, strict=True)]
         # Samples of another run go to the engine while the passes queue at the trainer (that they never wait
@@ -187,6 +196,9 @@ def test_concurrent_runs_train_apart_while_another_run_samples(server: ServerPro
         for p in passes:
             p.result()
     assert len(sampled.sequences) == 2
+    passes_after, fused_after = trainer_passes(server)
+    assert passes_after - passes_before == 9  # three runs' two forward_backward and one forward each
+    assert fused_after > fused_before  # passes of several runs that waited at once ran as one
     after = losses()
     assert all(a < b for a, b in zip(after, before, strict=True)), (before, after)
     # The run that only sampled is as it was: other runs' steps never touched its weights.

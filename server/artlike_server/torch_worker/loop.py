@@ -234,7 +234,7 @@ def _plan_pairs(sequences: Sequence[TrainSequence], token_budget: int, *, share_
     return plans
 
 
-def _sequence_logprobs(row: torch.Tensor, sequence: TrainSequence, prefix_length: int) -> torch.Tensor:
+def whole_sequence_logprobs(row: torch.Tensor, sequence: TrainSequence, prefix_length: int) -> torch.Tensor:
     """One micro-batch row's logprobs as the whole sequence's, target-aligned ([num_tokens − 1], float32 on
     the CPU): the shared prefix's targets (never trainable) are 0."""
     full = torch.zeros(max(0, sequence.num_tokens - 1))
@@ -297,8 +297,8 @@ def policy_outputs(
                 values = None if value_head is None else value_head(hidden) * batch.mask  # [B, T-1]
                 for row, (index, start) in enumerate(zip(plan.members, plan.prefixes(), strict=True)):
                     computed[index] = (
-                        _sequence_logprobs(logprobs[row], sequences[index], start),
-                        None if values is None else _sequence_logprobs(values[row], sequences[index], start),
+                        whole_sequence_logprobs(logprobs[row], sequences[index], start),
+                        None if values is None else whole_sequence_logprobs(values[row], sequences[index], start),
                     )
     finally:
         model.train(was_training)
@@ -496,10 +496,10 @@ def forward_backward(
         totals.add(out, float((entropy.detach() * batch.mask).sum()) if entropy is not None else 0.0)
         if keep_logprobs:
             for row, (member, start) in enumerate(zip(members, micro_batch.prefixes(), strict=True)):
-                totals.sequence_logprobs[member] = _sequence_logprobs(logprobs[row].detach(), sequences[member], start)
+                totals.sequence_logprobs[member] = whole_sequence_logprobs(logprobs[row].detach(), sequences[member], start)
         if base_logprobs is not None:
             for row, (member, start) in enumerate(zip(members, micro_batch.prefixes(), strict=True)):
-                current = _sequence_logprobs(logprobs[row].detach(), sequences[member], start)
+                current = whole_sequence_logprobs(logprobs[row].detach(), sequences[member], start)
                 trained = torch.tensor(sequences[member].trainable[1:], dtype=torch.bool)
                 # float64: exp(r) − r − 1 of a small r cancels to rounding noise in float32
                 kl = k3_kl(current[trained].double(), base_logprobs[member][trained].double())

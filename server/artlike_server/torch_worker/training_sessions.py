@@ -6,7 +6,8 @@ coefficients hand them to the objective, which Tinker's losses need), `optim_ste
 them (`loop.optimizer_step`), `save_state` writes the adapter with the AdamW state beside it
 (`optimizer.pt`), which `session_open` reads back. Between a session's commands the worker may run other
 models' jobs: each command makes its model's adapter the active one again, and other adapters' steps never
-touch this one's gradients.
+touch this one's gradients. `passes` runs several models' passes at once, as one pass where their objectives
+allow (`fused_passes.py`), each answered as if it had run alone.
 
 With several ranks (`distributed.py`) every rank runs every session command: a pass splits its micro-batches
 among them (each rank keeps its own part of the gradients), `optim_step` sums the gradients first, and only
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -24,15 +26,23 @@ import torch
 from artlike.session_types import AdamParams
 from artlike_server.torch_worker.adapters import OPTIMIZER_FILE, AdapterError, AdapterSlots
 from artlike_server.torch_worker.distributed import SINGLE, Ranks
+from artlike_server.torch_worker.fused_passes import (
+    FusedPart,
+    can_fuse,
+    fusable_adapter,
+    fused_forward_backward,
+)
 from artlike_server.torch_worker.logprobs import supports_prefix_sharing
 from artlike_server.torch_worker.loop import (
     BatchError,
+    PassTotals,
     forward_backward,
     optimizer_step,
+    plan_step,
     reference_logprobs,
     validate_batch,
 )
-from artlike_server.torch_worker.objectives import build_objective
+from artlike_server.torch_worker.objectives import Objective, build_objective
 from artlike_server.torch_worker.objectives.tinker import COEFFICIENTS
 from artlike_server.trainer_ipc import protocol
 from artlike_server.trainer_ipc.batch_file import read_batch
@@ -82,47 +92,106 @@ class Sessions:
         return protocol.SessionReady(id=command.id, optimizer_state=state)
 
     def run_pass(self, command: protocol.Pass) -> protocol.PassDone:
-        started = time.perf_counter()
-        self._require(command.model_name)
-        sequences = read_batch(Path(command.batch_path))
-        validate_batch(sequences, self._vocab_size)
-        extras = _token_coefficients(sequences, command.config)
+        return self._run_alone(self._prepare(command), time.perf_counter())
+
+    def _run_alone(self, prepared: _Prepared, started: float) -> protocol.PassDone:
+        command = prepared.command
         self._adapters.activate(command.model_name)
         model = self._adapters.model
         slot = self._adapters.slot(command.model_name)
-        objective = build_objective(command.config)
         share_prefixes = command.config.share_prefixes and supports_prefix_sharing(model)
         references = None
-        if objective.needs_reference:
+        if prepared.objective.needs_reference:
             reference = self._adapters.reference_policy(
                 command.model_name,
                 None if command.reference_adapter_dir is None else Path(command.reference_adapter_dir))
-            references = reference_logprobs(model, sequences, reference, pad_token_id=self._pad_token_id,
+            references = reference_logprobs(model, prepared.sequences, reference, pad_token_id=self._pad_token_id,
                                             token_budget=command.config.micro_batch_tokens, device=self._device,
                                             share_prefixes=share_prefixes, ranks=self._ranks)  # fmt: skip
         model.train()
         try:
             totals = forward_backward(
-                model, sequences, objective, pad_token_id=self._pad_token_id,
+                model, prepared.sequences, prepared.objective, pad_token_id=self._pad_token_id,
                 token_budget=command.config.micro_batch_tokens, share_prefixes=share_prefixes, device=self._device,
                 references=references, master=slot.master if command.backward else None,
-                backward=command.backward, keep_logprobs=True, extras=extras, ranks=self._ranks,
+                backward=command.backward, keep_logprobs=True, extras=prepared.extras, ranks=self._ranks,
             )  # fmt: skip
         finally:
             model.eval()
-        logprobs: list[list[float | None]] = []
-        for index, sequence in enumerate(sequences):
-            values = totals.sequence_logprobs.get(index)  # absent: nothing trainable in it
-            scored: list[float | None] = [None]  # the first token has no context
-            scored.extend(float(values[t - 1]) if values is not None and sequence.trainable[t] else None
-                          for t in range(1, sequence.num_tokens))
-            logprobs.append(scored)
-        tokens = max(1, totals.tokens)
-        metrics = {"policy_loss": totals.policy_loss, "kl": totals.kl, "entropy": totals.entropy_sum / tokens,
-                   "clip_fraction": totals.clipped / tokens,
-                   "logprob_mismatch": totals.mismatch_sum / max(1, totals.mismatch_tokens), **totals.metrics()}
-        return protocol.PassDone(id=command.id, loss=totals.loss, tokens=totals.tokens, objective=objective.name,
-                                 metrics=metrics, logprobs=logprobs, seconds=time.perf_counter() - started)
+        return _pass_done(prepared, totals, time.perf_counter() - started)
+
+    def run_passes(self, command: protocol.Passes) -> protocol.PassesDone:
+        """Each pass's answer, as if it had run alone; passes that may share micro-batches (`can_fuse`, the same
+        `backward` and micro-batch budget, one rank) run as one fused pass."""
+        results: dict[int, protocol.PassDone | protocol.Failed] = {}
+        groups: dict[tuple[bool, int], list[_Prepared]] = {}
+        alone: list[_Prepared] = []
+        for sub in command.passes:
+            try:
+                prepared = self._prepare(sub)
+            except Exception as error:  # reported in its place, as a pass of its own would be
+                logger.exception("pass %s failed", sub.id)
+                results[sub.id] = _failed(sub, error)
+                continue
+            if (self._ranks.distributed or not can_fuse(prepared.objective, prepared.sequences)
+                    or self._shares_prefixes(prepared)
+                    or not fusable_adapter(self._adapters.model, self._adapters.slot(sub.model_name).key)):
+                alone.append(prepared)
+            else:
+                groups.setdefault((sub.backward, sub.config.micro_batch_tokens), []).append(prepared)
+        for group in groups.values():
+            if len(group) == 1:
+                alone.extend(group)
+                continue
+            try:
+                results.update((p.command.id, done) for p, done in zip(group, self._fused(group), strict=True))
+            except Exception as error:
+                logger.exception("a fused pass failed")
+                results.update((p.command.id, _failed(p.command, error)) for p in group)
+        for prepared in alone:
+            try:
+                results[prepared.command.id] = self._run_alone(prepared, time.perf_counter())
+            except Exception as error:
+                logger.exception("pass %s failed", prepared.command.id)
+                results[prepared.command.id] = _failed(prepared.command, error)
+        return protocol.PassesDone(id=command.id, results=[results[sub.id] for sub in command.passes])
+
+    def _fused(self, group: list[_Prepared]) -> list[protocol.PassDone]:
+        started = time.perf_counter()
+        model = self._adapters.model
+        parts = []
+        for prepared in group:
+            slot = self._adapters.slot(prepared.command.model_name)
+            parts.append(FusedPart(slot.key, prepared.sequences, prepared.objective, prepared.extras,
+                                   slot.master if prepared.command.backward else None))
+        first = group[0].command
+        model.train()
+        try:
+            totals = fused_forward_backward(model, parts, pad_token_id=self._pad_token_id,
+                                            token_budget=first.config.micro_batch_tokens, device=self._device,
+                                            backward=first.backward)  # fmt: skip
+        finally:
+            model.eval()
+        seconds = time.perf_counter() - started
+        return [_pass_done(prepared, part, seconds, fused=len(group)) for prepared, part in zip(group, totals,
+                                                                                                strict=True)]
+
+    def _shares_prefixes(self, prepared: _Prepared) -> bool:
+        """Whether the pass alone would run shared prompts once (prefix families): a fused pass runs every
+        sequence whole, which would cost more than it gains."""
+        config = prepared.command.config
+        if not (config.share_prefixes and prepared.objective.shares_prefixes
+                and supports_prefix_sharing(self._adapters.model)):  # fmt: skip
+            return False
+        return any(plan.families for plan in plan_step(prepared.sequences, config.micro_batch_tokens,
+                                                        share_prefixes=True))  # fmt: skip
+
+    def _prepare(self, command: protocol.Pass) -> _Prepared:
+        self._require(command.model_name)
+        sequences = read_batch(Path(command.batch_path))
+        validate_batch(sequences, self._vocab_size)
+        return _Prepared(command, sequences, build_objective(command.config),
+                         _token_coefficients(sequences, command.config))
 
     def optim_step(self, command: protocol.OptimStep) -> protocol.Optimized:
         started = time.perf_counter()
@@ -157,6 +226,37 @@ class Sessions:
             slot.master.zero_grads()
         if slot.optimizer is not None:
             slot.optimizer.zero_grad(set_to_none=True)
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """A pass whose batch was read and checked."""
+
+    command: protocol.Pass
+    sequences: list[TrainSequence]
+    objective: Objective
+    extras: dict[str, list[torch.Tensor]] | None
+
+
+def _pass_done(prepared: _Prepared, totals: PassTotals, seconds: float, *, fused: int = 1) -> protocol.PassDone:
+    logprobs: list[list[float | None]] = []
+    for index, sequence in enumerate(prepared.sequences):
+        values = totals.sequence_logprobs.get(index)  # absent: nothing trainable in it
+        scored: list[float | None] = [None]  # the first token has no context
+        scored.extend(float(values[t - 1]) if values is not None and sequence.trainable[t] else None
+                      for t in range(1, sequence.num_tokens))
+        logprobs.append(scored)
+    tokens = max(1, totals.tokens)
+    metrics = {"policy_loss": totals.policy_loss, "kl": totals.kl, "entropy": totals.entropy_sum / tokens,
+               "clip_fraction": totals.clipped / tokens,
+               "logprob_mismatch": totals.mismatch_sum / max(1, totals.mismatch_tokens), **totals.metrics()}
+    return protocol.PassDone(id=prepared.command.id, loss=totals.loss, tokens=totals.tokens,
+                             objective=prepared.objective.name, metrics=metrics, logprobs=logprobs, seconds=seconds,
+                             fused=fused)
+
+
+def _failed(command: protocol.Pass, error: Exception) -> protocol.Failed:
+    return protocol.Failed(id=command.id, kind=type(error).__name__, message=str(error) or repr(error))
 
 
 def _token_coefficients(sequences: list[TrainSequence], config: protocol.PassConfig

@@ -206,6 +206,8 @@ class Worker:
             self._events.emit(self._sessions.open(command))
         elif isinstance(command, protocol.Pass):
             self._events.emit(self._sessions.run_pass(command))
+        elif isinstance(command, protocol.Passes):
+            self._events.emit(self._sessions.run_passes(command))
         elif isinstance(command, protocol.OptimStep):
             self._events.emit(self._sessions.optim_step(command))
         elif isinstance(command, protocol.SaveState):

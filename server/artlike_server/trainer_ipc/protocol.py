@@ -27,6 +27,7 @@ command it stopped waiting for. Commands run one at a time, in order.
     {"cmd": "session_open", "model_name", "adapter_dir", "optimizer": {AdamParams}}  -> session_ready
     {"cmd": "pass", "model_name", "batch_path", "config": {TrainConfig | TinkerLossConfig}, "backward": true,
      "reference_adapter_dir": null}                                                   -> pass_done (loss, logprobs)
+    {"cmd": "passes", "passes": [{pass}, ...]}  (one per model)   -> passes_done (each pass's pass_done or error)
     {"cmd": "optim_step", "model_name", "optimizer": {AdamParams}}                    -> optimized (grad_norm)
     {"cmd": "save_state", "model_name", "out_dir"}                                    -> saved
     {"cmd": "session_close", "model_name"}                                            -> closed
@@ -45,7 +46,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter, model_validator
 
 from artlike.session_types import AdamParams
 from artlike.types import LoraConfig, RewardHeadConfig, StepEvent, TrainConfig
@@ -129,6 +130,22 @@ class Pass(_Command):
     reference_adapter_dir: str | None = None
 
 
+class Passes(_Command):
+    """Several sessions' passes (one per model) run together: where their objectives allow, as one pass whose
+    rows each go through their own session's adapter (`torch_worker/fused_passes.py`); answered by one
+    `passes_done` with each pass's own answer."""
+
+    cmd: Literal["passes"] = "passes"
+    passes: list[Pass] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _one_per_model(self) -> Passes:
+        models = [command.model_name for command in self.passes]
+        if len(set(models)) != len(models):
+            raise ValueError("each model may have one pass in a `passes` command")
+        return self
+
+
 class OptimStep(_Command):
     cmd: Literal["optim_step"] = "optim_step"
     model_name: str
@@ -151,7 +168,8 @@ class SessionClose(_Command):
 
 
 Command = Annotated[
-    Ping | Shutdown | InitAdapter | Train | Score | SessionOpen | Pass | OptimStep | SaveState | SessionClose,
+    Ping | Shutdown | InitAdapter | Train | Score | SessionOpen | Pass | Passes | OptimStep | SaveState
+    | SessionClose,
     Field(discriminator="cmd"),
 ]
 
@@ -236,6 +254,7 @@ class PassDone(_Event):
     metrics: dict[str, float]
     logprobs: list[list[float | None]]  # per sequence of the batch file, aligned to its token ids
     seconds: float
+    fused: int = 1  # how many sessions' passes ran as this one pass (`Passes`)
 
 
 class Optimized(_Event):
@@ -256,6 +275,13 @@ class Failed(_Event):
     message: str
 
 
+class PassesDone(_Event):
+    """The answers of a `passes` command, in its order: each pass's `pass_done` or `error` (its own id)."""
+
+    event: Literal["passes_done"] = "passes_done"
+    results: list[Annotated[PassDone | Failed, Field(discriminator="event")]]
+
+
 class Bye(_Event):
     event: Literal["bye"] = "bye"
 
@@ -273,7 +299,7 @@ class Heartbeat(_Event):
 
 WorkerEvent = Annotated[
     Ready | Pong | AdapterReady | TrainStarted | Progress | Step | Saved | Failed | Bye | SessionReady | PassDone
-    | Optimized | Closed | Scores,
+    | PassesDone | Optimized | Closed | Scores,
     Field(discriminator="event"),
 ]
 WORKER_EVENT: TypeAdapter[WorkerEvent] = TypeAdapter(WorkerEvent)
@@ -281,5 +307,6 @@ WORKER_EVENT: TypeAdapter[WorkerEvent] = TypeAdapter(WorkerEvent)
 TrainEvent = TrainStarted | Progress | Step | Saved | Heartbeat
 """What `TrainerProcess.train` yields."""
 
-TERMINAL_EVENTS = (Pong, AdapterReady, Saved, Failed, Bye, SessionReady, PassDone, Optimized, Closed, Scores)
+TERMINAL_EVENTS = (Pong, AdapterReady, Saved, Failed, Bye, SessionReady, PassDone, PassesDone, Optimized, Closed,
+                   Scores)
 """The last event of a command: after it the worker reads the next command."""

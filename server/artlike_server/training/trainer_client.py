@@ -30,7 +30,7 @@ import os
 import sys
 import time
 from collections import deque
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -40,6 +40,7 @@ from artlike.types import LoraConfig, RewardHeadConfig, TrainConfig
 from artlike_server.child_env import without_secrets
 from artlike_server.logfiles import RotatingLog
 from artlike_server.trainer_ipc import protocol
+from artlike_server.training.pass_batching import PassBatcher
 
 logger = logging.getLogger("artlike.trainer_client")
 
@@ -119,6 +120,7 @@ class TrainerProcess:
         command_timeout: float = 120.0,
         heartbeat_interval: float = 10.0,
         idle_timeout: float = 900.0,
+        fuse_passes: bool = True,
     ) -> None:
         """`cpus`: the cores the worker runs on (its affinity; threads default to their count; several ranks
         split them). `gpus`: the CUDA devices it trains on (CUDA_VISIBLE_DEVICES); with more than one, one
@@ -129,7 +131,8 @@ class TrainerProcess:
         `device="cpu"`: the multi-rank path without GPUs, for tests.
         Limits, in seconds: `start_timeout` for loading the base model; `command_timeout` for ping,
         init_adapter and shutdown; `idle_timeout` for the worker's silence during training (it reports every
-        micro-batch) before it is declared hung and killed."""
+        micro-batch) before it is declared hung and killed. `fuse_passes`: several models' waiting session passes
+        go to the worker as one command (`pass_batching.py`); off, each pass runs alone."""
         self._argv = [
             python, *launcher_args(gpus, ranks, device), "-m", "artlike_server.torch_worker.worker",
             "--base-model", str(base_model), "--dtype", dtype, "--device", device,
@@ -160,6 +163,7 @@ class TrainerProcess:
         self._idle_timeout = idle_timeout
         self._lock = asyncio.Lock()
         self._score_lock = asyncio.Lock()
+        self.passes = PassBatcher(self._lock, self._run_passes, max_passes=8 if fuse_passes else 1)
         self._proc: asyncio.subprocess.Process | None = None
         self._waiters: dict[int, asyncio.Queue[protocol.WorkerEvent | None]] = {}  # command id -> its events
         self._eof = False
@@ -207,7 +211,10 @@ class TrainerProcess:
 
     async def session_command(self, command: SessionCommand) -> protocol.WorkerEvent:
         """Run one training-session command (`torch_worker/training_sessions.py`) and return its answer; `command.id` is
-        assigned here. Returns with the worker's pid unchanged, or raises: a new worker has no session."""
+        assigned here. Returns with the worker's pid unchanged, or raises: a new worker has no session. A pass
+        may run together with other models' (`pass_batching.py`)."""
+        if isinstance(command, protocol.Pass):
+            return await self.passes.submit(command)
         async with self._lock:
             await self._ensure_started()
             command.id = self._take_id()
@@ -217,6 +224,33 @@ class TrainerProcess:
             except (asyncio.CancelledError, GeneratorExit):
                 self._abandon()
                 raise
+
+    async def _run_passes(self, commands: Sequence[protocol.Pass]) -> list[protocol.PassDone | BaseException]:
+        """Passes as one worker command (the lock is held): one `pass`, or one `passes` for several."""
+        await self._ensure_started()
+        for command in commands:
+            command.id = self._take_id()
+        sent: protocol.Pass | protocol.Passes = (
+            commands[0] if len(commands) == 1 else protocol.Passes(id=self._take_id(), passes=list(commands)))
+        try:
+            await self._send(sent)
+            # The worker is silent until the command ends: n passes as one may take n passes' time.
+            answer = await self._wait_for(sent.id, self._idle_timeout * len(commands))
+        except TrainerError as error:  # the worker refused the command itself
+            return [error] * len(commands)
+        except (asyncio.CancelledError, GeneratorExit):
+            self._abandon()
+            raise
+        events = answer.results if isinstance(answer, protocol.PassesDone) else [answer]
+        results: list[protocol.PassDone | BaseException] = []
+        for event in events:
+            if isinstance(event, protocol.PassDone):
+                results.append(event)
+            elif isinstance(event, protocol.Failed):
+                results.append(TrainerError(event.kind, event.message))
+            else:
+                results.append(TrainerError("ProtocolError", f"unexpected answer to a pass: {event!r}"))
+        return results
 
     async def train(
         self, model_name: str, adapter_dir: Path, out_dir: Path, batch_path: Path, config: TrainConfig,
