@@ -1,7 +1,8 @@
 """The engine layer against a real vLLM engine: start, serve, adapters, mixed LoRA batches, tool calls, seeds, stop.
 
 One engine (the default model, float32, two LoRA slots) serves the whole module: starting one is the slow
-part, so the mixed-batch check shares it. The tests run in file order
+part, so the mixed-batch check shares it. It starts booting before the first test, which needs no engine
+and runs meanwhile (a start that fails). The tests run in file order
 and the last one stops it. A killed engine's restart (and that its EngineCore dies with it) is
 tested through the proxy, in test_swap_and_recovery.py.
 """
@@ -9,6 +10,7 @@ tested through the proxy, in test_swap_and_recovery.py.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 from collections.abc import AsyncIterator
@@ -58,17 +60,31 @@ def engine_config(model_dir: Path, log_path: Path, **overrides: Any) -> EngineCo
     )
 
 
-@pytest_asyncio.fixture(scope="module")
-async def engine(
+@pytest_asyncio.fixture(scope="module", autouse=True)
+async def engine_boot(
     tmp_path_factory: pytest.TempPathFactory, model_dir: Path
-) -> AsyncIterator[EngineSupervisor]:
+) -> AsyncIterator[tuple[EngineSupervisor, asyncio.Task[None]]]:
+    """The module's engine and its start, under way in the background from the module's first test on."""
     log_path = tmp_path_factory.mktemp("engine") / "engine.log"
     # Two slots, so the mixed-batch check fills every slot and the last one holds an adapter.
     config = engine_config(model_dir, log_path, chat_template="tool-chatml", tool_call_parser="hermes", max_loras=2)
     supervisor = EngineSupervisor(config, policy=POLICY)
-    await supervisor.start()
-    yield supervisor
-    await supervisor.stop()
+    starting = asyncio.create_task(supervisor.start(), name="test-engine-start")
+    try:
+        yield supervisor, starting
+    finally:
+        starting.cancel()  # nothing if it is ready; a start still under way is ended
+        with contextlib.suppress(asyncio.CancelledError, EngineStartError):
+            await starting
+        await supervisor.stop()
+
+
+@pytest_asyncio.fixture(scope="module")
+async def engine(engine_boot: tuple[EngineSupervisor, asyncio.Task[None]]) -> EngineSupervisor:
+    """The module's engine, ready (raises its EngineStartError if it could not start)."""
+    supervisor, starting = engine_boot
+    await starting
+    return supervisor
 
 
 async def chat(
@@ -87,6 +103,7 @@ async def chat(
 
 
 async def test_a_start_that_fails_raises_with_the_engine_log_tail(tmp_path: Path) -> None:
+    # Runs while the module's engine boots (another process, its own port and log).
     missing_model = tmp_path / "no-such-model"
     supervisor = EngineSupervisor(engine_config(missing_model, tmp_path / "engine.log"), policy=POLICY)
     with pytest.raises(EngineStartError) as caught:
@@ -267,7 +284,8 @@ async def greedy(engine: EngineSupervisor, model: str, prompt: str) -> tuple[str
         "temperature": 0.0,
         "logprobs": True,
     }
-    response = await engine.client.http.post("/v1/chat/completions", json=body)
+    # Six of these run at once; on a loaded 2-core CPU they can outlast the client's 60 s default.
+    response = await engine.client.http.post("/v1/chat/completions", json=body, timeout=600)
     assert response.status_code == 200, response.text
     choice: dict[str, Any] = response.json()["choices"][0]
     return choice["message"]["content"], [token["logprob"] for token in choice["logprobs"]["content"]]

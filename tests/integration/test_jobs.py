@@ -133,7 +133,7 @@ async def test_motterl_multi_criteria_job_runs_to_completion_with_followed_logs(
     rows = [{**row, "target_length": 40} for row in MOTTERL_ROWS]
     started = await async_http.post("/api/training/start", json={
         "model": "phi-3.5-mini", "learningRate": 1e-4, "iterations": 2, "batchSize": 2, "multiStep": False,
-        "rewardFunction": MOTTERL_MULTI_CRITERIA, "trainingData": rows, "groupSize": 4, "maxTokens": 24})
+        "rewardFunction": MOTTERL_MULTI_CRITERIA, "trainingData": rows, "groupSize": 2, "maxTokens": 16})
     assert started.status_code == 200, started.text
     job_id = started.json()["job_id"]
 
@@ -149,7 +149,7 @@ async def test_motterl_multi_criteria_job_runs_to_completion_with_followed_logs(
     assert all(e["object"] == "fine_tuning.job.event" for e in events)
     metrics = [e["data"] for e in events if e["type"] == "metrics"]
     assert [m["iteration"] for m in metrics] == [1, 2]
-    assert all(m["rollouts"] == 8 and m["reward_errors"] == 0 for m in metrics)
+    assert all(m["rollouts"] == 2 * 2 and m["reward_errors"] == 0 for m in metrics)  # batchSize × groupSize
     assert all(0.0 <= m["reward_mean"] <= 1.0 for m in metrics)
 
     status = (await async_http.get(f"/api/training/status/{job_id}")).json()
@@ -164,7 +164,7 @@ async def test_motterl_multi_criteria_job_runs_to_completion_with_followed_logs(
 
 async def test_openai_sdk_files_and_reinforcement_job_with_seekrflow_graders(server: ServerProcess) -> None:
     client = async_openai_client(server, max_retries=2)
-    train = [seekr_row(f"What is {a} + {b}?", str(a + b)) for a, b in [(2, 3), (4, 4), (1, 6), (5, 2)]]
+    train = [seekr_row(f"What is {a} + {b}?", str(a + b)) for a, b in [(2, 3), (4, 4)]]
     validation = [seekr_row("What is 3 + 3?", "6"), seekr_row("What is 2 + 7?", "9")]
     training_file = await client.files.create(
         file=("math.jsonl", b"".join(orjson.dumps(r) + b"\n" for r in train)), purpose="fine-tune")
@@ -175,7 +175,7 @@ async def test_openai_sdk_files_and_reinforcement_job_with_seekrflow_graders(ser
                           {"type": "string_check", "operation": "contains", "weight": 0.3,
                            "input": "{{sample.output_text}}", "reference": "{{item.reference_answer}}"}]}
     # artlike's hyperparameters (group_size, max_tokens, learning_rate) ride along in the same dict.
-    hyperparameters = {"batch_size": 2, "n_epochs": 1, "eval_interval": 1, "group_size": 4, "max_tokens": 24,
+    hyperparameters = {"batch_size": 1, "n_epochs": 1, "eval_interval": 1, "group_size": 4, "max_tokens": 16,
                        "learning_rate": 5e-5}
     job = await client.fine_tuning.jobs.create(
         model=server.model_id, training_file=training_file.id, validation_file=validation_file.id, suffix="math",
@@ -397,7 +397,7 @@ async def test_the_client_and_the_cli_run_a_job(server: ServerProcess, tmp_path:
     reward = tmp_path / "reward.py"
     reward.write_text(MOTTERL_MULTI_CRITERIA)
     command = [sys.executable, "-m", "artlike", "jobs", "--base-url", server.base_url, "--api-key", server.api_key,
-               "start", "--data", str(rows), "--reward", str(reward), "--iterations", "1", "--batch-size", "2",
+               "start", "--data", str(rows), "--reward", str(reward), "--iterations", "1", "--batch-size", "1",
                "--group-size", "2", "--max-tokens", "8", "--follow"]
     finished_cli = await asyncio.to_thread(subprocess.run, command, capture_output=True, text=True, timeout=600)
     assert finished_cli.returncode == 0, finished_cli.stderr + finished_cli.stdout
@@ -408,7 +408,7 @@ async def test_the_client_and_the_cli_run_a_job(server: ServerProcess, tmp_path:
     job = await jobs.start(data=MOTTERL_ROWS, grader={"type": "string_check", "name": "s", "operation": "ilike",
                                                       "input": "{{sample.output_text}}",
                                                       "reference": "{{item.expected_result}}"},
-                           model=await jobs.base_model(), iterations=1, batch_size=2, group_size=2, max_tokens=8)
+                           model=await jobs.base_model(), iterations=1, batch_size=1, group_size=2, max_tokens=8)
     assert job.status in {"queued", "running"}
     events = []
     final = await jobs.wait(job.id, on_event=events.append)

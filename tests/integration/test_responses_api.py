@@ -6,6 +6,8 @@ Uses the session fixture `server` (tests/conftest.py)."""
 
 from __future__ import annotations
 
+import asyncio
+from typing import Literal
 from uuid import uuid4
 
 import httpx
@@ -136,8 +138,8 @@ async def test_an_agents_sdk_run_is_recorded_and_trains(server: ServerProcess) -
 
     model = trainable_model(server, f"agents-{uuid4().hex[:8]}")
     await model.register()
-    trajectories = []
-    for api in ("responses", "chat_completions"):
+
+    async def agent_trajectory(api: Literal["responses", "chat_completions"]) -> art.Trajectory:
         async with model.trajectory() as t:
             # Greedy, so the forced first call always completes (sampled, a 135M model's call can run past
             # max_tokens; the SDK then ends the run after one turn). The reward below makes the signal.
@@ -148,7 +150,10 @@ async def test_an_agents_sdk_run_is_recorded_and_trains(server: ServerProcess) -
         # At least the forced tool call and the turn after the tool's answer.
         assert len(record.completions) >= 2 and {c.endpoint for c in record.completions} == {
             "responses" if api == "responses" else "chat.completions"}
-        trajectories.append(t)
+        return t
+
+    # The two runs are independent: at once, the engine batches their turns.
+    trajectories = list(await asyncio.gather(agent_trajectory("responses"), agent_trajectory("chat_completions")))
     trajectories[1].reward = (trajectories[0].reward or 0.0) + 1.0  # a signal either way
     result = await model.train([art.TrajectoryGroup(trajectories)], learning_rate=1e-5)
     assert result.trained and result.step == 1

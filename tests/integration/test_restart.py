@@ -16,7 +16,8 @@
 
 A server start is the costliest thing a test can do, so they share this one stop of the
 session's server (`disruptive`: after every other test). The scenario runs once, in the module fixture;
-each test checks one promise on what it recorded."""
+each test checks one promise on what it recorded. The resumed job's test runs last: the job trains on in
+the server while the others check theirs."""
 
 from __future__ import annotations
 
@@ -255,25 +256,16 @@ def test_sigterm_during_training_cancels_the_job_and_stops_promptly(restart: Res
     assert latest_step(server, INTERRUPTED) == 0
 
 
-def test_a_running_job_resumes_from_its_last_committed_iteration(restart: Restart, server: ServerProcess) -> None:
-    with http_client(server, timeout=120) as http:
-        job = wait_job(http, restart.job_id, finished)
-        assert job["status"] == "succeeded", job["error"]
-        body = http.get(f"/v1/fine_tuning/jobs/{restart.job_id}/events", params={"limit": 1000}).json()
-    events = list(reversed(body["data"]))  # oldest first
-    messages = [e["message"] for e in events]
-    assert any("the server restarted; the job resumes from iteration" in m for m in messages), messages
-    iterations = [e["data"]["iteration"] for e in events if e["type"] == "metrics"]
-    assert sorted(set(iterations)) == list(range(1, JOB_ITERATIONS + 1))
-
-
 def test_a_cancel_pending_at_the_stop_is_applied_at_restart(restart: Restart, server: ServerProcess) -> None:
     cancelled = restart.cancelled
     # the answer told the truth: the step had not ended, so the job ran on with the cancel pending
     assert cancelled.answer["status"] == "running", cancelled.answer
     assert cancelled.answer["artlike"]["stop_request"] == "cancel"
     with http_client(server, timeout=120) as http:
-        job = http.get(f"/v1/fine_tuning/jobs/{cancelled.job_id}").json()
+        # The restarted server takes up its jobs once its trainer is up, after /health says ok: until then
+        # the job reads as it was at the stop. Then it is cancelled, or (wrongly) runs another iteration.
+        stopped_at = cancelled.answer["artlike"]["iteration"]
+        job = wait_job(http, cancelled.job_id, lambda j: finished(j) or j["artlike"]["iteration"] > stopped_at)
         body = http.get(f"/v1/fine_tuning/jobs/{cancelled.job_id}/events", params={"limit": 1000}).json()
     assert job["status"] == "cancelled" and job["artlike"]["stop_request"] is None, job
     messages = [e["message"] for e in body["data"]]
@@ -320,3 +312,17 @@ def test_the_latest_step_is_served_and_nothing_on_disk_bricks_a_start(restart: R
     assert lines[-1][1]["type"] == "done" and lines[-1][1]["step"] == 2, lines[-1]
     log = server.log_path.read_text()
     assert "step 1 of 'corrupt' cannot be served" in log and "removing step 1 of 'uncommitted'" in log
+
+
+# Last: the resumed job runs on in the server from the restart on, while the tests above check their
+# promises; this one waits for it to finish.
+def test_a_running_job_resumes_from_its_last_committed_iteration(restart: Restart, server: ServerProcess) -> None:
+    with http_client(server, timeout=120) as http:
+        job = wait_job(http, restart.job_id, finished)
+        assert job["status"] == "succeeded", job["error"]
+        body = http.get(f"/v1/fine_tuning/jobs/{restart.job_id}/events", params={"limit": 1000}).json()
+    events = list(reversed(body["data"]))  # oldest first
+    messages = [e["message"] for e in events]
+    assert any("the server restarted; the job resumes from iteration" in m for m in messages), messages
+    iterations = [e["data"]["iteration"] for e in events if e["type"] == "metrics"]
+    assert sorted(set(iterations)) == list(range(1, JOB_ITERATIONS + 1))

@@ -247,15 +247,15 @@ def sample_scores(http: httpx.Client, server: ServerProcess, reward_model: str, 
 
 
 def ppo_jobs(http: httpx.Client, server: ServerProcess, reward_model: str, policy: str, iterations: int,
-             samples: int = 8) -> list[dict[str, Any]]:
-    """`iterations` PPO jobs against the reward model, each on `samples` fresh answers per training question
-    from the current step; the first gradient step's metrics of each. Scoring is asked for while each job
-    runs, and must be answered."""
+             samples: int = 8, questions: int = 8) -> list[dict[str, Any]]:
+    """`iterations` PPO jobs against the reward model, each on `samples` fresh answers to each of the first
+    `questions` training questions from the current step; the first gradient step's metrics of each. Scoring
+    is asked for while each job runs, and must be answered."""
     config = {"objective": "ppo", "reward_model": reward_model, "learning_rate": 5e-4, "epochs": 2,
               "kl_horizon": 100}
     jobs = []
     for iteration in range(iterations):
-        trajectories = sample(server, policy, TRAIN_QUESTIONS[:8], samples)
+        trajectories = sample(server, policy, TRAIN_QUESTIONS[:questions], samples)
         scored_while_training: list[bool] = []
 
         def score_now(step: dict[str, Any], answered: list[bool] = scored_while_training,
@@ -294,7 +294,8 @@ def test_ppo_against_the_reward_model_adapts_the_kl_coefficient_and_saves_its_st
     assert missing.status_code == 400 and missing.json()["error"]["code"] == "missing_reward"
     assert "reward_model" in missing.json()["error"]["message"]
 
-    jobs = ppo_jobs(http, server, yes_reward_model, policy, iterations=2, samples=2)  # mechanics: a quarter of the samples
+    # Mechanics: 8 answers a job (an eighth of the learning test's), still two minibatches of an epoch.
+    jobs = ppo_jobs(http, server, yes_reward_model, policy, iterations=2, samples=2, questions=4)
     first, *later = jobs
     assert first["kl_coef"] == pytest.approx(0.05) and first["kl_old_ref"] == pytest.approx(0.0, abs=1e-6)
     for job, following in zip(jobs, later, strict=False):

@@ -6,6 +6,7 @@ The page itself in a real browser: test_studio_browser.py. Uses the session fixt
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 from uuid import uuid4
@@ -30,19 +31,25 @@ def register(http: httpx.Client, server: ServerProcess, prefix: str) -> str:
     return name
 
 
-def sample(http: httpx.Client, model: str, prompt: str, n: int, **extra: Any) -> list[dict[str, Any]]:
-    """n answers to one prompt, each its own trajectory; returns their views (completion id, text)."""
-    answers = []
-    for _ in range(n):
+def sample(http: httpx.Client, model: str, prompt: str, n: int, *, in_order: bool = False,
+           **extra: Any) -> list[dict[str, Any]]:
+    """n answers to one prompt, each its own trajectory; returns their views (completion id, text). They are
+    asked for at once (the engine batches them) unless `in_order`: then one after the other, recorded in
+    the order of the list."""
+    def one(_: int) -> dict[str, Any]:
         trajectory = f"studio-test-{uuid4().hex[:10]}"
         response = http.post(f"/t/{trajectory}/v1/chat/completions", json={
-            "model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": 16,
+            "model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": 8,
             "temperature": 1.0, **extra})
         assert response.status_code == 200, response.text
         view = http.get(f"/v1/trajectories/{trajectory}/view").json()
         assert view["completions"][0]["response"]["content"] == response.json()["choices"][0]["message"]["content"]
-        answers.append(view | {"completion_id": view["completions"][0]["id"]})
-    return answers
+        return dict(view) | {"completion_id": view["completions"][0]["id"]}
+
+    if in_order or n == 1:
+        return [one(index) for index in range(n)]
+    with ThreadPoolExecutor(max_workers=n) as pool:
+        return list(pool.map(one, range(n)))
 
 
 def rate(http: httpx.Client, body: dict[str, Any]) -> list[dict[str, Any]]:
@@ -61,7 +68,7 @@ def wait_for_run(http: httpx.Client, model: str, after: dict[str, Any] | None = 
         run = status["last_run"]
         if run and run["started_at"] > previous and run["finished_at"] and status["state"] in ("waiting", "off"):
             return dict(status)
-        time.sleep(0.5)
+        time.sleep(0.2)
     raise AssertionError(f"no continual run finished in {WAIT_S} s: {status}")
 
 
@@ -98,7 +105,7 @@ def test_ratings_are_taken_listed_exported_paired_and_leave_the_inbox(http: http
     assert (pairs[0]["chosen_completion_id"], pairs[0]["rejected_completion_id"]) in {(ids[2], ids[1]),
                                                                                       (ids[2], ids[0])}
 
-    fresh = sample(http, model, "Name a fruit.", 2, metadata={"source": "inbox-test"})
+    fresh = sample(http, model, "Name a fruit.", 2, in_order=True, metadata={"source": "inbox-test"})
     inbox = http.get("/v1/ratings/inbox", params={"model": model}).json()["data"]
     assert [i["completion_id"] for i in inbox] == [a["completion_id"] for a in reversed(fresh)]  # rated ones gone
     assert inbox[0]["messages"] == [{"role": "user", "content": "Name a fruit."}]

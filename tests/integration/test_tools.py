@@ -5,6 +5,7 @@ trains a step. Uses the session fixture `server`."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 from uuid import uuid4
@@ -92,8 +93,8 @@ async def test_a_multi_turn_tool_trajectory_is_token_exact_and_trains(server: Se
     engine = engine_connection(server)
     model = trainable_model(server, f"tools-{uuid4().hex[:8]}")
     await model.register()
-    trajectories = []
-    for reward in (1.0, 0.0):
+
+    async def tool_trajectory(reward: float) -> art.Trajectory:
         async with model.trajectory() as t:
             client = t.async_openai_client()
             messages: list[dict[str, Any]] = [{"role": "user", "content": "What is the weather in Paris?"}]
@@ -105,7 +106,7 @@ async def test_a_multi_turn_tool_trajectory_is_token_exact_and_trains(server: Se
             messages += [first.choices[0].message.model_dump(exclude_none=True),
                          {"role": "tool", "tool_call_id": call.id, "content": "Sunny, 21 C"}]
             second = await client.chat.completions.create(model=model.name, messages=messages,  # type: ignore[arg-type]
-                                                          tools=[WEATHER], max_tokens=32,  # type: ignore[list-item]
+                                                          tools=[WEATHER], max_tokens=16,  # type: ignore[list-item]
                                                           temperature=0)
             t.reward = reward + len(second.choices[0].message.content or "") / 1000
         assert t.exception is None, t.exception
@@ -119,7 +120,10 @@ async def test_a_multi_turn_tool_trajectory_is_token_exact_and_trains(server: Se
                     "add_generation_prompt": True})).json()
                 assert row.prompt_token_ids == tokenized["tokens"]
             assert len(row.logprobs) == len(row.output_token_ids) > 0
-        trajectories.append(t)
+        return t
+
+    # The two trajectories are independent: sampled at once, the engine batches their turns.
+    trajectories = await asyncio.gather(tool_trajectory(1.0), tool_trajectory(0.0))
     result = await model.train([art.TrajectoryGroup(trajectories)], learning_rate=1e-5, progress=False)
     assert result.trained and result.step == 1
     assert result.start is not None and result.start.sequences >= 2
