@@ -72,6 +72,9 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     """Boots the shared server as soon as the run is known to need it. Not in an xdist worker: only the one
     that is given the shared server's group needs it, and its `server` fixture starts it."""
     if in_xdist_worker():
+        untagged = [item.nodeid for item in session.items if "@" not in item.nodeid]
+        if session.config.getvalue("loadgroup") and untagged:  # a pytest that xdist cannot tag: see pyproject
+            raise pytest.UsageError(f"pytest-xdist did not tag {untagged[0]} with its group")
         return
     if not session.config.option.collectonly and any(uses_the_server(item) for item in session.items):
         start_shared_server(session.config)
