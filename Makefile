@@ -21,11 +21,8 @@ $(MODEL_STAMP): $(STAMP)
 demo: setup
 	$(PY) -m examples.arithmetic.demo
 
-# Two workers (tests/conftest.py): one runs every test of the shared server, the other the rest, module by
-# module. TEST_WORKERS=0 runs them all in this process.
-TEST_WORKERS ?= 2
 test: setup
-	$(PY) -m pytest -q -ra --durations=40 -m "not learning" -n $(TEST_WORKERS) --dist loadgroup
+	$(PY) -m pytest -q -ra --durations=40 -m "not learning"
 
 # Slow learning evidence (e.g. PPO raising a reward model's score over four jobs): not in `make test`.
 test-learning: setup

@@ -5,17 +5,11 @@ test reuses it, the security tests included (hence here, above both folders, and
 It starts as soon as collection ends, in the background, and the tests that do not need it run first,
 while its engine boots.
 
-Under pytest-xdist (`make test` runs two workers, `--dist loadgroup`) every test that uses the shared server
-joins one group, so one worker runs them all in order against one server, while the other worker runs the
-rest module by module (each module in one worker, so a module's own server boots once). The CPU left idle
-by one side (imports, engine boots, subprocesses, clients' round trips) is used by the other.
-
 Clients for it come from tests/integration/helpers.py; `http` and `async_http` are the plain-HTTP ones as
 fixtures."""
 
 from __future__ import annotations
 
-import os
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -41,20 +35,10 @@ def uses_the_server(item: pytest.Item) -> bool:
     return "server" in getattr(item, "fixturenames", ())
 
 
-def in_xdist_worker() -> bool:
-    return "PYTEST_XDIST_WORKER" in os.environ
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which turns the groups into scheduling units
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Tests without the shared server first (they run while it boots), then the server's; tests marked
-    `disruptive` (they crash parts of the shared server) after all the others. Under xdist: one group for
-    the shared server's tests, one per module for the others."""
+    `disruptive` (they crash parts of the shared server) after all the others."""
     items.sort(key=lambda item: (item.get_closest_marker("disruptive") is not None, uses_the_server(item)))
-    if in_xdist_worker():
-        for item in items:
-            group = "shared-server" if uses_the_server(item) else item.nodeid.split("::", 1)[0]
-            item.add_marker(pytest.mark.xdist_group(group))
 
 
 def start_shared_server(config: pytest.Config) -> ServerProcess:
@@ -69,13 +53,7 @@ def start_shared_server(config: pytest.Config) -> ServerProcess:
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Boots the shared server as soon as the run is known to need it. Not in an xdist worker: only the one
-    that is given the shared server's group needs it, and its `server` fixture starts it."""
-    if in_xdist_worker():
-        untagged = [item.nodeid for item in session.items if "@" not in item.nodeid]
-        if session.config.getvalue("loadgroup") and untagged:  # a pytest that xdist cannot tag: see pyproject
-            raise pytest.UsageError(f"pytest-xdist did not tag {untagged[0]} with its group")
-        return
+    """Boots the shared server as soon as the run is known to need it."""
     if not session.config.option.collectonly and any(uses_the_server(item) for item in session.items):
         start_shared_server(session.config)
 
