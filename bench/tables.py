@@ -97,16 +97,21 @@ def tinker_api(result: Result) -> str:
                      [(f"`{loss}`", f"{row['native_seconds']:.2f}", f"{row['tinker_seconds']:.2f}",
                        f"{row['ratio']:.3f}") for loss, row in result["overhead"].items()])
     fused, separate = result["concurrency"]["fused"], result["concurrency"]["separate"]
+    def versus(row: Result) -> str:
+        low, high = row["vs_one_run_range"]
+        return f"{row['vs_one_run']:.2f}" + (f" ({low:.2f}–{high:.2f})" if low != high else "")
+
     runs = table(["runs at once", "fused: tokens/s", "vs one run", "passes fused", "one by one: tokens/s",
                   "vs one run"],
-                 [(n, f"{row['tokens_per_s']:.1f}", f"{row['vs_one_run']:.2f}", f"{row['fused_share']:.0%}",
-                   f"{separate[n]['tokens_per_s']:.1f}", f"{separate[n]['vs_one_run']:.2f}")
+                 [(n, f"{row['tokens_per_s']:.1f}", versus(row), f"{row['fused_share']:.0%}",
+                   f"{separate[n]['tokens_per_s']:.1f}", versus(separate[n]))
                   for n, row in fused.items()])
     batching = result["batching"]
     return "\n\n".join([
         caption("tinker_api.json", result, f", {result['datums']} sequences ({result['tokens_per_step']} trained "
-                f"tokens) per step, median of {result['steps']} steps; runs at once: median of "
-                f"{result['rounds']} interleaved rounds"), overhead, runs,
+                f"tokens) per step, median of {result['steps']} steps; runs at once: the same four runs, median of "
+                f"{result['rounds']} interleaved rounds, vs one run: each round against its own single run "
+                f"(lowest–highest round)"), overhead, runs,
         f"One run's step on {batching['large_datums']} sequences trains {batching['large_tokens_per_s']:.1f} "
         f"tokens/s, {batching['ratio']:.2f}× its step on {batching['small_datums']} "
         f"({batching['small_tokens_per_s']:.1f} tokens/s)."])

@@ -5,10 +5,11 @@ Tinker runs at once, on one server in one run.
 
 Overhead: a `forward_backward` + `optim_step` of the same D sequences, alternating paths step by step (the
 native `/v1/training_sessions` route with its `cross_entropy` / `importance_sampling` loss, and the SDK with
-Tinker's loss of that name), median seconds per step of each and their ratio. Concurrency: N = 1, 2, 4 SDK
-runs, each taking `steps` steps at once, in interleaved rounds; the median aggregate trained tokens per
-second, on a server that fuses the passes of runs that wait at once (the default) and on one started with
-`--no-fuse-passes` (both up, their rounds interleaved), with the share of passes that ran fused. Batching: one run's step on 4×D sequences
+Tinker's loss of that name), median seconds per step of each and their ratio. Concurrency: the first 1, 2 and
+4 of the same four SDK runs, each taking `steps` steps at once, in interleaved rounds; the median aggregate
+trained tokens per second, on a server that fuses the passes of runs that wait at once (the default) and on
+one started with `--no-fuse-passes` (both up, their rounds interleaved), with the share of passes that ran
+fused; against one run, the median over rounds of each round's ratio to its own single run. Batching: one run's step on 4×D sequences
 against its step on D, what one wider pass gains with a single adapter. Prints a table, writes JSON.
 """
 
@@ -100,9 +101,9 @@ def batching_bound(service: tinker.ServiceClient, server: ServerProcess, small: 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--datums", type=int, default=8)
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of 1, 2, 4 runs; median")
+    parser.add_argument("--rounds", type=int, default=4, help="interleaved rounds of 1, 2, 4 runs at once; median")
     parser.add_argument("--out", default="bench/results/tinker_api.json")
     args = parser.parse_args()
     with (ServerProcess(Path(tempfile.mkdtemp(prefix="bench-tinker-")), api_key=KEY) as server,
@@ -127,16 +128,18 @@ def main() -> None:
         # the machine's speed meets every mode and N alike.
         targets = {"fused": (server, service),
                    "separate": (unfused, tinker.ServiceClient(base_url=unfused.base_url, api_key=f"tml-{KEY}"))}
+        # The same runs throughout: every measurement has the same adapters loaded on the trainer (a pass's
+        # bookkeeping grows with them), and a round runs its N in the other order from the last.
+        runs = {mode: warm_runs(client, target, batch, max(RUNS)) for mode, (target, client) in targets.items()}
         rates: dict[str, dict[str, list[float]]] = {mode: {str(n): [] for n in RUNS} for mode in targets}
         shares: dict[str, dict[str, list[float]]] = {mode: {str(n): [] for n in RUNS} for mode in targets}
-        for _ in range(args.rounds):
-            for mode, (target, client) in targets.items():
-                for n in RUNS:
-                    rate, share = runs_at_once(client, target, batch, n, args.steps)
+        for round_ in range(args.rounds):
+            for mode, (target, _) in targets.items():
+                for n in RUNS if round_ % 2 == 0 else reversed(RUNS):
+                    rate, share = runs_at_once(target, runs[mode][:n], batch, args.steps)
                     rates[mode][str(n)].append(rate)
                     shares[mode][str(n)].append(share)
-        concurrency = {mode: {n: {"tokens_per_s": statistics.median(values),
-                                  "vs_one_run": statistics.median(values) / statistics.median(rates[mode]["1"]),
+        concurrency = {mode: {n: {"tokens_per_s": statistics.median(values), **vs_one_run(values, per_n["1"]),
                                   "rounds": values, "fused_share": statistics.median(shares[mode][n])}
                               for n, values in per_n.items()} for mode, per_n in rates.items()}  # fmt: skip
         batching = batching_bound(service, server, batch, args.datums * max(RUNS), args.steps)
@@ -154,6 +157,14 @@ def main() -> None:
           f"{batching['small_datums']}")
 
 
+def vs_one_run(rates: list[float], one_run: list[float]) -> dict[str, Any]:
+    """Each round's aggregate rate over the single run's of the same round (they ran minutes apart, so the
+    machine's drift between rounds cancels out): the median ratio and the rounds' lowest and highest."""
+    ratios = [rate / one for rate, one in zip(rates, one_run, strict=True)]
+    return {"vs_one_run": statistics.median(ratios), "vs_one_run_range": [min(ratios), max(ratios)],
+            "ratio_rounds": ratios}
+
+
 def trainer_passes(server: ServerProcess) -> tuple[float, float]:
     """The trainer's session passes so far, and how many of them ran fused with other runs' passes."""
     text = httpx.get(f"{server.base_url}/metrics", headers=server.headers, timeout=60).text
@@ -161,21 +172,28 @@ def trainer_passes(server: ServerProcess) -> tuple[float, float]:
     return values["artlike_trainer_session_passes"], values["artlike_trainer_fused_passes"]
 
 
-def runs_at_once(service: tinker.ServiceClient, server: ServerProcess, batch: list[list[int]], n: int,
-                 steps: int) -> tuple[float, float]:
-    """`n` fresh runs taking `steps` steps each at once: the aggregate trained tokens/s, and the share of
-    their passes that ran fused."""
-    tokens = sum(len(t) - 1 for t in batch)
+def warm_runs(service: tinker.ServiceClient, server: ServerProcess, batch: list[list[int]],
+              n: int) -> list[tinker.TrainingClient]:
+    """`n` new runs, each past its first step (which loads its adapter on the trainer)."""
     runs = [service.create_lora_training_client(base_model=server.model_id, rank=8).result() for _ in range(n)]
     for run in runs:
-        tinker_step(run, batch, "cross_entropy")  # warm-up
+        tinker_step(run, batch, "cross_entropy")
+    return runs
+
+
+def runs_at_once(server: ServerProcess, runs: list[tinker.TrainingClient], batch: list[list[int]],
+                 steps: int) -> tuple[float, float]:
+    """`runs` taking `steps` steps each at once: the aggregate trained tokens/s, and the share of their
+    passes that ran fused."""
+    tokens = sum(len(t) - 1 for t in batch)
     passes_before, fused_before = trainer_passes(server)
     began = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=n) as pool:
+    with ThreadPoolExecutor(max_workers=len(runs)) as pool:
         list(pool.map(lambda run: [tinker_step(run, batch, "cross_entropy") for _ in range(steps)], runs))
-    rate = n * steps * tokens / (time.perf_counter() - began)
+    rate = len(runs) * steps * tokens / (time.perf_counter() - began)
     passes_after, fused_after = trainer_passes(server)
     return rate, (fused_after - fused_before) / max(1.0, passes_after - passes_before)
+
 
 if __name__ == "__main__":
     main()
