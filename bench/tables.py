@@ -97,6 +97,7 @@ def tinker_api(result: Result) -> str:
                      [(f"`{loss}`", f"{row['native_seconds']:.2f}", f"{row['tinker_seconds']:.2f}",
                        f"{row['ratio']:.3f}") for loss, row in result["overhead"].items()])
     fused, separate = result["concurrency"]["fused"], result["concurrency"]["separate"]
+
     def versus(row: Result) -> str:
         low, high = row["vs_one_run_range"]
         return f"{row['vs_one_run']:.2f}" + (f" ({low:.2f}–{high:.2f})" if low != high else "")

@@ -9,8 +9,9 @@ Tinker's loss of that name), median seconds per step of each and their ratio. Co
 4 of the same four SDK runs, each taking `steps` steps at once, in interleaved rounds; the median aggregate
 trained tokens per second, on a server that fuses the passes of runs that wait at once (the default) and on
 one started with `--no-fuse-passes` (both up, their rounds interleaved), with the share of passes that ran
-fused; against one run, the median over rounds of each round's ratio to its own single run. Batching: one run's step on 4×D sequences
-against its step on D, what one wider pass gains with a single adapter. Prints a table, writes JSON.
+fused; against one run, the median over rounds of each round's ratio to its own single run. Batching: one
+run's step on 4×D sequences against its step on D, what one wider pass gains with a single adapter. Prints a
+table, writes JSON.
 """
 
 from __future__ import annotations

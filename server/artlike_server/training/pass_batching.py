@@ -3,9 +3,9 @@
 
 The trainer runs one command at a time (the client's lock, FIFO, so every caller is served in turn). A pass
 that gets the lock takes every other model's pass waiting by then (one per model, oldest first, at most
-`max_passes`) into its command. No pass ever waits for others to arrive: holding the trainer idle for a
-partner costs more than a wider pass gains on a CPU (`bench/tinker_api.py` measures both), so passes fuse
-when runs happen to queue together, as several busy runs do.
+`max_passes`) into its command. No pass ever waits for others to arrive: that would hold the trainer idle,
+and busy runs queue behind each other's passes anyway, so theirs fuse as they come (`bench/tinker_api.py`
+measures several runs at once, fused and one by one).
 """
 
 from __future__ import annotations
