@@ -5,6 +5,12 @@ test reuses it, the security tests included (hence here, above both folders, and
 It starts as soon as collection ends, in the background, and the tests that do not need it run first,
 while its engine boots.
 
+The suite's default model is a stand-in (tests/small_model.py): the embedded model cut to its first few
+layers, placed where the server, the examples and the documented snippets look for the default model
+(`ARTLIKE_CACHE_DIR`), so every path runs unchanged at a fraction of the cost of each pass. Tests whose
+assertions need a model that answers sensibly (a tool call it chooses, a judge's verdict) use
+`capable_server` instead: the same server serving the full embedded model.
+
 Clients for it come from tests/integration/helpers.py; `http` and `async_http` are the plain-HTTP ones as
 fixtures."""
 
@@ -19,8 +25,12 @@ import pytest
 from artlike_server.launcher import ServerProcess
 
 from tests.integration.helpers import async_http_client, http_client
+from tests.small_model import use_small_default_model
 
 TEST_API_KEY = "test-key"
+# Set before anything asks for the default model: from here on, in this process and its children, the
+# default model is the stand-in; FULL_CACHE_DIR is where the full one lives.
+FULL_CACHE_DIR = use_small_default_model()
 # No tool flags: the default server turns tool calling on by itself (tool-chatml + hermes for the default
 # model), and the tool tests prove it.
 # A short reward timeout: the jobs tests' reward that loops forever is killed after 3 s, not 10; a stuck
@@ -29,16 +39,26 @@ SERVER_ARGS = ["--dtype", "float32", "--trainer-dtype", "float32", "--reward-tim
 
 
 SHARED_SERVER = pytest.StashKey[ServerProcess]()
+CAPABLE_SERVER = pytest.StashKey[ServerProcess]()
 
 
 def uses_the_server(item: pytest.Item) -> bool:
     return "server" in getattr(item, "fixturenames", ())
 
 
+def uses_the_capable_server(item: pytest.Item) -> bool:
+    return "capable_server" in getattr(item, "fixturenames", ())
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests without the shared server first (they run while it boots), then the server's; tests marked
-    `disruptive` (they crash parts of the shared server) after all the others."""
-    items.sort(key=lambda item: (item.get_closest_marker("disruptive") is not None, uses_the_server(item)))
+    """Tests without a server first (they run while the servers boot), then the capable server's (it stops
+    after them), then the shared server's; tests marked `disruptive` (they crash parts of the shared
+    server) after all the others."""
+    def place(item: pytest.Item) -> tuple[bool, int]:
+        needs = 1 if uses_the_capable_server(item) else 2 if uses_the_server(item) else 0
+        return item.get_closest_marker("disruptive") is not None, needs
+
+    items.sort(key=place)
 
 
 def start_shared_server(config: pytest.Config) -> ServerProcess:
@@ -52,22 +72,55 @@ def start_shared_server(config: pytest.Config) -> ServerProcess:
     return running.start(wait=False)
 
 
+def start_capable_server(config: pytest.Config) -> ServerProcess:
+    """The same server on the full embedded model, for tests whose assertions need sensible answers."""
+    data_dir = Path(tempfile.mkdtemp(prefix="artlike-capable-data-"))
+    running = config.stash[CAPABLE_SERVER] = ServerProcess(
+        data_dir, args=SERVER_ARGS, api_key=TEST_API_KEY, env={"ARTLIKE_CACHE_DIR": str(FULL_CACHE_DIR)})
+    return running.start(wait=False)
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Boots the shared server as soon as the run is known to need it."""
-    if not session.config.option.collectonly and any(uses_the_server(item) for item in session.items):
+    """Boots the servers as soon as the run is known to need them."""
+    if session.config.option.collectonly:
+        return
+    if any(uses_the_capable_server(item) for item in session.items):
+        start_capable_server(session.config)
+    if any(uses_the_server(item) and not uses_the_capable_server(item) for item in session.items):
         start_shared_server(session.config)
 
 
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """Stops the capable server after its last test: its memory and cores go back to the others."""
+    if uses_the_capable_server(item) and (nextitem is None or not uses_the_capable_server(nextitem)):
+        running = item.config.stash.get(CAPABLE_SERVER, None)
+        if running is not None:
+            running.stop()
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    running = session.config.stash.get(SHARED_SERVER, None)
-    if running is not None:
-        running.stop()
+    for key in (SHARED_SERVER, CAPABLE_SERVER):
+        running = session.config.stash.get(key, None)
+        if running is not None:
+            running.stop()
 
 
 @pytest.fixture(scope="session")
 def server(request: pytest.FixtureRequest) -> Iterator[ServerProcess]:
     """A real server: `.base_url`, `.model_id`, `.api_key`, `.headers`, `.data_dir`, `.process`, `.log_path`."""
     running = request.config.stash.get(SHARED_SERVER, None) or start_shared_server(request.config)
+    try:
+        running.wait_healthy(running.start_timeout_s)
+        yield running
+    finally:
+        running.stop()
+
+
+@pytest.fixture(scope="session")
+def capable_server(request: pytest.FixtureRequest) -> Iterator[ServerProcess]:
+    """Like `server`, serving the full embedded model; a module whose assertions need it (tool calls the model
+    chooses, a judge's JSON) overrides its `server` fixture with this one."""
+    running = request.config.stash.get(CAPABLE_SERVER, None) or start_capable_server(request.config)
     try:
         running.wait_healthy(running.start_timeout_s)
         yield running

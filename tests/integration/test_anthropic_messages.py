@@ -66,7 +66,8 @@ def test_streams_build_the_same_message(server: ServerProcess) -> None:
     assert "content_block_delta" in kinds
 
 
-def test_a_forced_tool_call_and_its_result_continue_the_conversation(server: ServerProcess) -> None:
+def test_a_forced_tool_call_and_its_result_continue_the_conversation(capable_server: ServerProcess) -> None:
+    server = capable_server  # a call whose arguments the model completes: the full model
     trajectory = uuid4().hex
     client = anthropic_client(server, trajectory)
     messages: list[dict[str, Any]] = [{"role": "user", "content": "What is the weather in Paris?"}]
@@ -125,7 +126,8 @@ def test_the_translation_matches_vllms_own_messages_route(server: ServerProcess)
     assert ours.stop_reason == theirs["stop_reason"]
 
 
-async def test_a_trajectory_recorded_through_the_anthropic_sdk_trains_a_step(server: ServerProcess) -> None:
+async def test_a_trajectory_recorded_through_the_anthropic_sdk_trains_a_step(capable_server: ServerProcess) -> None:
+    server = capable_server  # calls whose arguments the model completes: the full model
     from examples.integrations.anthropic_sdk import run_weather_turns
 
     model = trainable_model(server, f"claude-like-{uuid4().hex[:8]}")

@@ -94,7 +94,8 @@ async def test_dpo_trains_on_written_pairs_then_on_recorded_pairs_against_a_step
 
 
 @pytest.mark.learning
-async def test_dpo_prefers_the_chosen_kind_on_held_out_pairs(server: ServerProcess) -> None:
+async def test_dpo_prefers_the_chosen_kind_on_held_out_pairs(capable_server: ServerProcess) -> None:
+    server = capable_server  # learning evidence is about the embedded model: the full one
     model = trainable_model(server, f"dpo-{uuid4().hex[:8]}", lora=art.LoraConfig(rank=8))
     await model.register()
     engine = engine_connection(server)

@@ -1,8 +1,8 @@
 """The email agent example against the real server: a multi-turn tool-calling trajectory, recorded token-exact,
 then one GRPO step on its group, then a rollout served by the new step.
 
-Uses the session fixture `server` (tests/conftest.py: `.base_url`, `.model_id`, `.api_key`), which serves
-the default model with the tool-capable ChatML template and the hermes tool-call parser."""
+Uses the session fixture `capable_server` (tests/conftest.py: `.base_url`, `.model_id`, `.api_key`), which
+serves the full default model with the tool-capable ChatML template and the hermes tool-call parser."""
 
 from __future__ import annotations
 
@@ -20,6 +20,12 @@ from examples.email_agent.tools import TOOL_SPECS
 from .helpers import trainable_model
 
 pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def server(capable_server: ServerProcess) -> ServerProcess:
+    """Search calls that find mail (else every reward ties): the full embedded model."""
+    return capable_server
 
 # Forcing the first call through the server's structured output makes the model write a search_inbox call,
 # whatever the 135M model would have written on its own. Its arguments are still sampled: at temperature 1 they

@@ -31,7 +31,8 @@ MERGED_NAME = "merged-export"
 @pytest.fixture(scope="module")
 async def trained(server: ServerProcess) -> str:
     """A model with step 1 trained by the real trainer (SFT toward TARGET); its name."""
-    model = await sft_trained_model(server, "export", [*PROMPT, {"role": "assistant", "content": TARGET}], epochs=8)
+    model = await sft_trained_model(server, "export", [*PROMPT, {"role": "assistant", "content": TARGET}],
+                                    epochs=12, learning_rate=1e-2)
     return model.name
 
 

@@ -4,7 +4,7 @@ nothing), with structured output (vLLM 0.32's `response_format` json_schema, xgr
 build). The 135M model's judgement is not the point; the mechanics are: a score in [0, 1] per trajectory, the
 explanations, the original rewards kept, and a cache that answers a repeated request without asking again.
 
-Uses the session fixture `server` (tests/conftest.py): `.base_url`, `.model_id`, `.api_key`."""
+Uses the session fixture `capable_server` (tests/conftest.py): `.base_url`, `.model_id`, `.api_key`."""
 
 from __future__ import annotations
 
@@ -21,6 +21,12 @@ import artlike as art
 from .helpers import api_url, async_openai_client, trainable_model
 
 pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def server(capable_server: ServerProcess) -> ServerProcess:
+    """A judge that writes the JSON asked for: the full embedded model."""
+    return capable_server
 
 QUESTION = "Name one fruit and say what colour it is."
 

@@ -25,6 +25,12 @@ from .helpers import async_http_client, async_openai_client
 
 pytestmark = [pytest.mark.integration, pytest.mark.learning]
 
+
+@pytest.fixture(scope="module")
+def server(capable_server: ServerProcess) -> ServerProcess:
+    """Learning evidence is about the embedded model: the full one (tests/conftest.py)."""
+    return capable_server
+
 STEPS = 3
 SAMPLES = 8
 MAX_TOKENS = 8

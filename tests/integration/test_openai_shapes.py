@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -15,7 +16,7 @@ from artlike_server.launcher import ServerProcess
 
 from tests.openapi_schema import assert_valid, schema_errors
 
-from .helpers import api_url
+from .helpers import api_url, http_client
 
 pytestmark = pytest.mark.integration
 
@@ -34,6 +35,12 @@ WEATHER_MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}
 @pytest.fixture(params=["v1", "trajectory"])
 def base(request: pytest.FixtureRequest, server: ServerProcess) -> str:
     return api_url(server, None if request.param == "v1" else f"shapes-{uuid.uuid4().hex}")
+
+
+@pytest.fixture(params=["v1", "trajectory"])
+def capable(request: pytest.FixtureRequest, capable_server: ServerProcess) -> Iterator[tuple[ServerProcess, str]]:
+    """The full model's server and a base URL on it, for a forced call whose arguments the model completes."""
+    yield capable_server, api_url(capable_server, None if request.param == "v1" else f"shapes-{uuid.uuid4().hex}")
 
 
 def post(http: httpx.Client, url: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -89,9 +96,11 @@ def test_chat_completion_with_two_choices(server: ServerProcess, http: httpx.Cli
     assert [choice["index"] for choice in body["choices"]] == [0, 1]
 
 
-def test_chat_completion_with_a_required_tool_call(server: ServerProcess, http: httpx.Client, base: str) -> None:
+def test_chat_completion_with_a_required_tool_call(capable: tuple[ServerProcess, str]) -> None:
+    server, base = capable
     request = chat(server, messages=WEATHER_MESSAGES, tools=[WEATHER_TOOL], tool_choice="required", max_tokens=96)
-    body = post(http, f"{base}/chat/completions", request)
+    with http_client(server) as http:
+        body = post(http, f"{base}/chat/completions", request)
     assert_valid("CreateChatCompletionResponse", body)
     [call] = body["choices"][0]["message"].get("tool_calls") or [None]
     assert call and call["function"]["name"] == "get_weather", json.dumps(body)
@@ -181,10 +190,13 @@ def test_a_response(server: ServerProcess, http: httpx.Client, base: str) -> Non
     assert_valid("Response", post(http, f"{base}/responses", responses_request(server)))
 
 
-def test_a_response_with_a_function_call(server: ServerProcess, http: httpx.Client, base: str) -> None:
+def test_a_response_with_a_function_call(capable: tuple[ServerProcess, str]) -> None:
+    server, base = capable
     tool = {"type": "function", **WEATHER_TOOL["function"]}
-    body = post(http, f"{base}/responses", responses_request(
-        server, input="What is the weather in Paris?", tools=[tool], tool_choice="required", max_output_tokens=64))
+    with http_client(server) as http:
+        body = post(http, f"{base}/responses", responses_request(
+            server, input="What is the weather in Paris?", tools=[tool], tool_choice="required",
+            max_output_tokens=64))
     assert_valid("Response", body)
     assert any(item["type"] == "function_call" for item in body["output"]), body
 

@@ -3,14 +3,15 @@ stays within the bound, evaluations land in the history, retention keeps the bes
 newest, and the saved state resumes. Learning evidence (`make test-learning`): the same pipeline, larger,
 also learns.
 
-The task is tests/integration/test_learning.py's yes/no questions (reward 1 for an answer starting with
-"yes"), which the default model learns in about three steps; rollouts go through the official `openai`
-client on trajectory URLs.
+The learning test's task is tests/integration/test_learning.py's yes/no questions (reward 1 for an answer
+starting with "yes"), which the full default model learns in about three steps; the mechanics test rewards
+the answer's length. Rollouts go through the official `openai` client on trajectory URLs.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,8 @@ from .test_learning import INSTRUCTION, LEARNING_RATE, MAX_TOKENS, SAMPLES, TRAI
 pytestmark = pytest.mark.integration
 
 async def run_pipeline(server: ServerProcess, tmp_path: Path, name: str, *, steps: int, group_size: int,
-                       groups_per_step: int, evaluate_on: int) -> tuple[art.TrainableModel, art.PipelineResult]:
+                       groups_per_step: int, evaluate_on: int, score: Callable[[str], float] = reward,
+                       ) -> tuple[art.TrainableModel, art.PipelineResult]:
     """Runs the pipeline and checks its mechanics; returns the model and the result for what a caller adds."""
     model = trainable_model(server, name, lora={"rank": 8})
     await model.register()
@@ -35,7 +37,7 @@ async def run_pipeline(server: ServerProcess, tmp_path: Path, name: str, *, step
             completion = await client.chat.completions.create(
                 model=t.model, messages=[{"role": "user", "content": INSTRUCTION + question}],
                 max_tokens=MAX_TOKENS, temperature=1.0)
-            t.reward = reward(completion.choices[0].message.content or "")
+            t.reward = score(completion.choices[0].message.content or "")
         return t
 
     async def evaluate(step: int) -> dict[str, float]:
@@ -93,13 +95,15 @@ async def run_pipeline(server: ServerProcess, tmp_path: Path, name: str, *, step
 
 async def test_pipeline_samples_while_training_within_its_staleness_bound(server: ServerProcess,
                                                                          tmp_path: Path) -> None:
-    # Groups of 8 on questions the base model answers "yes" to a third of the time: a step whose every group
-    # ties (and so does not train, and the staleness check below would not hold) is about one run in 600.
-    await run_pipeline(server, tmp_path, "pipeliner", steps=2, group_size=8, groups_per_step=2, evaluate_on=2)
+    # The reward is the answer's length: sampled answers of the stand-in model differ in length, so no step's
+    # groups all tie (a step that does not train would break the staleness check below).
+    await run_pipeline(server, tmp_path, "pipeliner", steps=2, group_size=8, groups_per_step=2, evaluate_on=2,
+                       score=lambda text: len(text) / 100)
 
 
 @pytest.mark.learning
-async def test_pipeline_learns(server: ServerProcess, tmp_path: Path) -> None:
+async def test_pipeline_learns(capable_server: ServerProcess, tmp_path: Path) -> None:
+    server = capable_server  # learning evidence is about the embedded model: the full one
     _, result = await run_pipeline(server, tmp_path, "pipeline-learner", steps=3, group_size=8, groups_per_step=4,
                                    evaluate_on=SAMPLES)
     before, after = result.evaluations[0]["reward"], result.evaluations[result.final_step]["reward"]

@@ -55,7 +55,9 @@ def test_a_response_is_a_recorded_chat_completion_with_the_same_tokens(server: S
     assert len(row["logprobs"]) == len(row["output_token_ids"]) == response.usage.output_tokens
 
 
-def test_streamed_events_build_the_same_response(server: ServerProcess) -> None:
+def test_streamed_events_build_the_same_response(capable_server: ServerProcess) -> None:
+    # The SDK builds a final response only from a completed one: a model that stops within max_output_tokens.
+    server = capable_server
     client = openai_client(server, uuid4().hex)
     whole = client.responses.create(model=server.model_id, input=QUESTION, temperature=0, max_output_tokens=12)
     with client.responses.stream(model=server.model_id, input=QUESTION, temperature=0, max_output_tokens=12) as stream:
@@ -70,7 +72,8 @@ def test_streamed_events_build_the_same_response(server: ServerProcess) -> None:
     assert final.usage.output_tokens == whole.usage.output_tokens
 
 
-def test_function_tools_and_previous_response_id(server: ServerProcess) -> None:
+def test_function_tools_and_previous_response_id(capable_server: ServerProcess) -> None:
+    server = capable_server  # a call whose arguments the model completes: the full model
     trajectory = uuid4().hex
     client = openai_client(server, trajectory)
     first = client.responses.create(
@@ -131,9 +134,10 @@ def test_the_translation_matches_vllms_own_responses_route(server: ServerProcess
         theirs["usage"]["input_tokens"], theirs["usage"]["output_tokens"])
 
 
-async def test_an_agents_sdk_run_is_recorded_and_trains(server: ServerProcess) -> None:
+async def test_an_agents_sdk_run_is_recorded_and_trains(capable_server: ServerProcess) -> None:
     """The OpenAI Agents SDK (Responses and Chat Completions models) runs an agent with a function tool
     against trajectory URLs; the recorded trajectories train a step."""
+    server = capable_server  # calls whose arguments the model completes: the full model
     from examples.integrations.agents_sdk import run_weather_agent
 
     model = trainable_model(server, f"agents-{uuid4().hex[:8]}")

@@ -38,7 +38,7 @@ async def test_sft_teaches_the_greedy_answer(server: ServerProcess) -> None:
         await recorded.async_openai_client().chat.completions.create(
             model=model.name, messages=[{"role": "user", "content": "Say hi."}], max_tokens=8)
     example = [*PROMPT, {"role": "assistant", "content": TARGET}]
-    result = await model.train_sft([example, recorded], epochs=12, learning_rate=2e-3, warmup_steps=1,
+    result = await model.train_sft([example, recorded], epochs=12, learning_rate=1e-2, warmup_steps=1,
                                    progress=False)
     assert result.trained and result.step == 1
     steps = result.metrics

@@ -1,7 +1,7 @@
 """Tool calling on by default: the session server runs with no tool flags (tests/conftest.py), and every
 `tool_choice` works through the official `openai` SDK and LangChain on trajectory URLs; a multi-turn tool
 trajectory is recorded token-exact (each prompt is the engine's own tokenization of the conversation) and
-trains a step. Uses the session fixture `server`."""
+trains a step. Uses the session fixture `capable_server`."""
 
 from __future__ import annotations
 
@@ -20,6 +20,12 @@ from .engine_helpers import engine_connection
 from .helpers import api_url, openai_client, recorded, trainable_model
 
 pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def server(capable_server: ServerProcess) -> ServerProcess:
+    """Tool calls the model chooses, with arguments it completes: the full embedded model."""
+    return capable_server
 
 # strict: vLLM constrains the arguments to the schema. Without it a forced call's arguments are free JSON, and
 # the 135M model's often run past max_tokens (then no call can be parsed).
