@@ -17,6 +17,8 @@ from artlike.types import LoraConfig, RewardHeadConfig
 
 POLICY, REWARD = "pol", "rm"
 REWARD_HEAD = RewardHeadConfig(num_objectives=2, objective_names=["helpful", "brief"])
+# Large enough that step 1 changes what the suite's stand-in model (tests/small_model.py) says greedily.
+LORA_B_SCALE = 0.1
 
 
 def _history_line(step: int, reward: float) -> dict[str, object]:
@@ -38,7 +40,7 @@ def build_data_dir(data_dir: Path) -> Path:
         with torch.no_grad():
             for parameter_name, parameter in slots.model.named_parameters():
                 if "lora_B" in parameter_name:
-                    parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.02)
+                    parameter.copy_(torch.randn(parameter.shape, generator=generator) * LORA_B_SCALE)
         store.commit_step(name, slots.save(name, store.new_staging_dir(name) / "s"), 1)
         store.append_history(name, _history_line(1, 0.5))
         store.append_history(name, {"event": "eval", "step": 1, "split": "held_out", "eval": {"accuracy": 0.8},
