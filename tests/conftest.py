@@ -17,7 +17,7 @@ fixtures."""
 from __future__ import annotations
 
 import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -105,27 +105,28 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
             running.stop()
 
 
-@pytest.fixture(scope="session")
-def server(request: pytest.FixtureRequest) -> Iterator[ServerProcess]:
-    """A real server: `.base_url`, `.model_id`, `.api_key`, `.headers`, `.data_dir`, `.process`, `.log_path`."""
-    running = request.config.stash.get(SHARED_SERVER, None) or start_shared_server(request.config)
+def healthy(config: pytest.Config, key: pytest.StashKey[ServerProcess],
+            start: Callable[[pytest.Config], ServerProcess]) -> Iterator[ServerProcess]:
+    """The server booted at collection's end (or now, if it was not), once healthy; stopped afterwards."""
+    running = config.stash.get(key, None) or start(config)
     try:
         running.wait_healthy(running.start_timeout_s)
         yield running
     finally:
         running.stop()
+
+
+@pytest.fixture(scope="session")
+def server(request: pytest.FixtureRequest) -> Iterator[ServerProcess]:
+    """A real server: `.base_url`, `.model_id`, `.api_key`, `.headers`, `.data_dir`, `.process`, `.log_path`."""
+    yield from healthy(request.config, SHARED_SERVER, start_shared_server)
 
 
 @pytest.fixture(scope="session")
 def capable_server(request: pytest.FixtureRequest) -> Iterator[ServerProcess]:
     """Like `server`, serving the full embedded model; a module whose assertions need it (tool calls the model
     chooses, a judge's JSON) overrides its `server` fixture with this one."""
-    running = request.config.stash.get(CAPABLE_SERVER, None) or start_capable_server(request.config)
-    try:
-        running.wait_healthy(running.start_timeout_s)
-        yield running
-    finally:
-        running.stop()
+    yield from healthy(request.config, CAPABLE_SERVER, start_capable_server)
 
 
 @pytest.fixture(scope="module")

@@ -5,19 +5,19 @@ requests, recording, adapters, swaps, exports and training steps run exactly as 
 while each forward and backward pass costs a fraction as much (4 of 30 layers). It knows nothing, though:
 what it says is noise, so a test whose assertion needs a sensible answer uses the full model.
 
-`use_small_default_model()` writes the cut once, into a cache of its own beside the real one, and points
-`ARTLIKE_CACHE_DIR` there, so that the server, the examples and the documented snippets, which all ask for
-the default model, get the stand-in in this process and in every child it starts."""
+`use_small_default_model()` writes the cut once (like the default model: into a temporary directory, then
+renamed) into a cache of its own beside the real one, and points `ARTLIKE_CACHE_DIR` there, so that the
+server, the examples and the documented snippets, which all ask for the default model, get the stand-in in
+this process and in every child it starts."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
-from artlike_server.default_model import cache_dir, ensure_default_model
+from artlike_server.default_model import cache_dir, ensure_default_model, write_model_dir_once
 from safetensors.numpy import load_file, save_file
 
 SMALL_MODEL_LAYERS = 4
@@ -29,32 +29,18 @@ def _layer_index(weight_name: str) -> int | None:
     return int(parts[2]) if parts[:2] == ["model", "layers"] else None
 
 
-def write_cut_model(source: Path, target: Path, layers: int) -> Path:
-    """`source`'s first `layers` decoder layers as a model directory at `target`, unless one is there already;
-    written into a temporary directory and renamed, so an interrupted run leaves no half model."""
-    if (target / "config.json").is_file():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-    try:
-        weights = load_file(str(source / "model.safetensors"))
-        kept = {name: tensor for name, tensor in weights.items()
-                if (index := _layer_index(name)) is None or index < layers}
-        save_file(kept, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        config = json.loads((source / "config.json").read_text())
-        config["num_hidden_layers"] = layers
-        (tmp / "config.json").write_text(json.dumps(config, indent=2))
-        for name in _COPIED_FILES:
-            if (source / name).is_file():
-                shutil.copy(source / name, tmp / name)
-        try:
-            tmp.rename(target)
-        except OSError:
-            if not (target / "config.json").is_file():  # lost a race against another writer: fine
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+def write_cut_model(source: Path, out: Path, layers: int) -> None:
+    """`source`'s first `layers` decoder layers as a model directory in `out`."""
+    weights = load_file(str(source / "model.safetensors"))
+    kept = {name: tensor for name, tensor in weights.items()
+            if (index := _layer_index(name)) is None or index < layers}
+    save_file(kept, str(out / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((source / "config.json").read_text())
+    config["num_hidden_layers"] = layers
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    for name in _COPIED_FILES:
+        if (source / name).is_file():
+            shutil.copy(source / name, out / name)
 
 
 def use_small_default_model(layers: int = SMALL_MODEL_LAYERS) -> Path:
@@ -62,6 +48,7 @@ def use_small_default_model(layers: int = SMALL_MODEL_LAYERS) -> Path:
     full_cache = cache_dir()
     full_model = ensure_default_model()
     stand_in_cache = full_cache / f"tests-{layers}-layers"
-    write_cut_model(full_model, stand_in_cache / "models" / full_model.name, layers)
+    write_model_dir_once(stand_in_cache / "models" / full_model.name,
+                         lambda out: write_cut_model(full_model, out, layers))
     os.environ["ARTLIKE_CACHE_DIR"] = str(stand_in_cache)
     return full_cache

@@ -12,6 +12,7 @@ import importlib.util
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 DEFAULT_MODEL_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -47,17 +48,23 @@ def gguf_path() -> Path:
 def ensure_default_model(target_root: Path | None = None) -> Path:
     """Return the converted model directory, converting it first if the cache does not hold it yet."""
     target = (target_root or cache_dir() / "models") / _DIR_NAME
+    return write_model_dir_once(target, lambda tmp: _convert(gguf_path(), tmp))
+
+
+def write_model_dir_once(target: Path, write: Callable[[Path], None]) -> Path:
+    """`target`, unless it holds a model already (its config.json), written by `write` into a temporary
+    directory beside it and renamed into place: an interrupted run leaves no half model, and of two writers
+    racing, one wins and neither fails."""
     if (target / "config.json").is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    source = gguf_path()
-    tmp = Path(tempfile.mkdtemp(prefix=f".{_DIR_NAME}-", dir=target.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
-        _convert(source, tmp)
+        write(tmp)
         try:
             tmp.rename(target)
         except OSError:
-            if not (target / "config.json").is_file():  # lost a race against another converter: fine
+            if not (target / "config.json").is_file():  # lost a race against another writer: fine
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
