@@ -98,8 +98,8 @@ def train_yes_reward_model(http: httpx.Client, server: ServerProcess, *, pairs_p
 
 @pytest.fixture(scope="module")
 def yes_reward_model(http: httpx.Client, server: ServerProcess) -> str:
-    """32 pairs, one epoch of 2 gradient steps. Measured: every held-out pair ordered
-    right, the smallest yes-over-no margin 0.54."""
+    """32 pairs, one epoch of 2 gradient steps, at a learning rate large enough for the suite's stand-in
+    model (tests/small_model.py) to order the pairs right."""
     return train_yes_reward_model(http, server, pairs_per_question=2, epochs=1, gradient_steps_per_epoch=2,
                                   learning_rate=2e-3)
 
