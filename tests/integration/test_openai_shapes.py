@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -38,9 +37,9 @@ def base(request: pytest.FixtureRequest, server: ServerProcess) -> str:
 
 
 @pytest.fixture(params=["v1", "trajectory"])
-def capable(request: pytest.FixtureRequest, capable_server: ServerProcess) -> Iterator[tuple[ServerProcess, str]]:
+def capable(request: pytest.FixtureRequest, capable_server: ServerProcess) -> tuple[ServerProcess, str]:
     """The full model's server and a base URL on it, for a forced call whose arguments the model completes."""
-    yield capable_server, api_url(capable_server, None if request.param == "v1" else f"shapes-{uuid.uuid4().hex}")
+    return capable_server, api_url(capable_server, None if request.param == "v1" else f"shapes-{uuid.uuid4().hex}")
 
 
 def post(http: httpx.Client, url: str, body: dict[str, Any]) -> dict[str, Any]:
