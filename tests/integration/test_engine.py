@@ -124,6 +124,8 @@ async def test_engine_is_ready_and_serves_a_chat_completion(
     assert engine.restarts == 0
     assert engine.last_startup_s is not None
     assert await engine.client.is_healthy()
+    # Its engine core was forked from the API server, not spawned (engine/fork_plugin.py).
+    assert "the engine core starts by fork" in engine.config.log_path.read_text(errors="replace")
 
     result = await chat(engine, "What is 2+2?", logprobs=True, return_token_ids=True)
     choice = result["choices"][0]
@@ -319,7 +321,7 @@ async def test_mixed_base_and_adapter_batch_matches_requests_served_alone(
         worst = max(abs(a - b) for a, b in zip(logprobs_alone, logprobs_together, strict=True))
         assert worst <= LOGPROB_TOLERANCE, f"{where}: logprobs differ by {worst}"
 
-    # The plugin logs one line per vLLM process it patched (API server and engine core).
+    # The plugin logs one line per vLLM process it patched (the engine core, forked, inherits the API server's).
     assert "artlike LoRA fix applied" in engine.config.log_path.read_text(errors="replace")
 
 

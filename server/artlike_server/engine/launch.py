@@ -18,6 +18,7 @@ from typing import Literal
 import orjson
 
 from artlike_server.child_env import without_secrets
+from artlike_server.engine.fork_plugin import START_ENV as CORE_START_ENV
 from artlike_server.engine.merge_plugin import BACKEND as MERGE_BACKEND
 from artlike_server.engine.templates import resolve_chat_template
 
@@ -147,6 +148,10 @@ def build_env(
         # spawning a worker process that imports torch and vLLM again. The tokens and the throughput are the
         # same; the start is shorter by one interpreter's imports. An operator's own value wins.
         env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        # The engine core is forked from the API server, which has imported everything it needs already
+        # (engine/fork_plugin.py). An operator's own spawn wins.
+        if env.get("VLLM_WORKER_MULTIPROC_METHOD") != "spawn":
+            env.setdefault(CORE_START_ENV, "fork")
         if "VLLM_CPU_OMP_THREADS_BIND" not in env:
             cpu_ids = cpu_ids if cpu_ids is not None else config.cpu_ids
             ids = sorted(os.sched_getaffinity(0) if cpu_ids is None else cpu_ids)
