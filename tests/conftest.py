@@ -2,8 +2,9 @@
 with the real vLLM engine (float32, so outputs are exact), the real trainer, an API key turned on and
 the tool-capable chat template it picks by default. Starting it is slow, so every integration
 test reuses it, the security tests included (hence here, above both folders, and not in one of them).
-It starts as soon as collection ends, in the background, and the tests that do not need it run first,
-while its engine boots.
+In one process it starts as soon as collection ends, in the background, and the tests that do not need it
+run first, while its engine boots; `make test` runs two workers that each take whole groups of tests
+(tests/parallel.py), one of them all of this server's.
 
 The suite's default model is a stand-in (tests/small_model.py): the embedded model cut to its first few
 layers, placed where the server, the examples and the documented snippets look for the default model
@@ -16,6 +17,7 @@ fixtures."""
 
 from __future__ import annotations
 
+import os
 import tempfile
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -25,9 +27,15 @@ import pytest
 from artlike_server.launcher import ServerProcess
 
 from tests.integration.helpers import async_http_client, http_client
+from tests.parallel import ServerGroupScheduling, in_parallel_run, name_the_groups_file, write_groups
 from tests.small_model import use_small_default_model
 
 TEST_API_KEY = "test-key"
+# The suite runs several engines and trainers on the same two cores at once (two workers, each with its
+# servers). OpenMP threads that spin while they wait for work would take a core from another process's
+# working threads; passive ones sleep. The tokens are the same. (Read when torch loads: in every child, and
+# here, before any test module imports torch.)
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # Set before anything asks for the default model: from here on, in this process and its children, the
 # default model is the stand-in; FULL_CACHE_DIR is where the full one lives.
 FULL_CACHE_DIR = use_small_default_model()
@@ -50,15 +58,47 @@ def uses_the_capable_server(item: pytest.Item) -> bool:
     return "capable_server" in getattr(item, "fixturenames", ())
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests without a server first (they run while the servers boot), then the capable server's (it stops
-    after them), then the shared server's; tests marked `disruptive` (they crash parts of the shared
-    server) after all the others."""
-    def place(item: pytest.Item) -> tuple[bool, int]:
+def server_group(item: pytest.Item) -> str:
+    """The unit of work a parallel run gives one worker (tests/parallel.py)."""
+    if uses_the_capable_server(item):
+        return "capable-server"
+    if uses_the_server(item):
+        return "shared-server"
+    return item.nodeid.split("::", 1)[0]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    name_the_groups_file(config)
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)  # before xdist's own loadgroup scheduling
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> ServerGroupScheduling | None:
+    return ServerGroupScheduling(config, log) if in_parallel_run(config) else None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked `disruptive` (they crash parts of the shared server) run after all its others.
+
+    One process: the tests without a server first (they run while the servers boot), then the capable
+    server's (it stops after them), then the shared server's. In a parallel run: the shared server's group
+    first, then the capable server's, then the modules that start engines of their own (integration), then
+    the rest, so that the long groups start early and the short ones fill in at the end."""
+    if in_parallel_run(config):
+        def place(item: pytest.Item) -> tuple[int, bool]:
+            rank = (0 if uses_the_server(item) and not uses_the_capable_server(item) else
+                    1 if uses_the_capable_server(item) else
+                    2 if item.get_closest_marker("integration") is not None else 3)
+            return rank, item.get_closest_marker("disruptive") is not None
+
+        items.sort(key=place)
+        write_groups(items, server_group)
+        return
+
+    def alone(item: pytest.Item) -> tuple[bool, int]:
         needs = 1 if uses_the_capable_server(item) else 2 if uses_the_server(item) else 0
         return item.get_closest_marker("disruptive") is not None, needs
 
-    items.sort(key=place)
+    items.sort(key=alone)
 
 
 def start_shared_server(config: pytest.Config) -> ServerProcess:
@@ -82,8 +122,8 @@ def start_capable_server(config: pytest.Config) -> ServerProcess:
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Boots the servers as soon as the run is known to need them."""
-    if session.config.option.collectonly:
-        return
+    if session.config.option.collectonly or in_parallel_run(session.config):
+        return  # a parallel run's worker boots a server when it first runs one of its tests
     if any(uses_the_capable_server(item) for item in session.items):
         start_capable_server(session.config)
     if any(uses_the_server(item) and not uses_the_capable_server(item) for item in session.items):

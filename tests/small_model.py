@@ -43,9 +43,16 @@ def write_cut_model(source: Path, out: Path, layers: int) -> None:
             shutil.copy(source / name, out / name)
 
 
+FULL_CACHE_ENV = "ARTLIKE_TESTS_FULL_CACHE_DIR"
+
+
 def use_small_default_model(layers: int = SMALL_MODEL_LAYERS) -> Path:
-    """Makes the stand-in this process's default model; returns the cache dir that holds the full one."""
-    full_cache = cache_dir()
+    """Makes the stand-in this process's default model; returns the cache dir that holds the full one.
+
+    Its children inherit both (pytest-xdist's workers call this again: the full model's cache stays the one
+    the first call found)."""
+    full_cache = Path(os.environ.setdefault(FULL_CACHE_ENV, str(cache_dir())))
+    os.environ["ARTLIKE_CACHE_DIR"] = str(full_cache)  # ensure_default_model below: the full one
     full_model = ensure_default_model()
     stand_in_cache = full_cache / f"tests-{layers}-layers"
     write_model_dir_once(stand_in_cache / "models" / full_model.name,
