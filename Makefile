@@ -21,7 +21,7 @@ $(MODEL_STAMP): $(STAMP)
 demo: setup
 	$(PY) -m examples.arithmetic.demo
 
-# Two workers, one per core: the shared server's tests leave a core idle between requests (tests/conftest.py
+# Two workers (the target machine has two cores): the shared server's tests leave a core idle between requests (tests/conftest.py
 # gives each worker whole groups: a session server's tests, or one module).
 test: setup
 	$(PY) -m pytest -q -ra --durations=40 -m "not learning" -n 2 --dist loadgroup --no-loadscope-reorder

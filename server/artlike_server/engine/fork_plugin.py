@@ -21,6 +21,8 @@ import logging
 import os
 from typing import Any
 
+from artlike_server.engine.plugin_log import visible_logger
+
 logger = logging.getLogger("vllm.plugins.artlike_core_fork")
 
 START_ENV = "ARTLIKE_ENGINE_CORE_START"
@@ -43,7 +45,7 @@ def register() -> None:
         original(cls, vllm_config)
         if vllm_config.parallel_config.world_size == 1:
             os.environ[_METHOD_ENV] = "fork"
-            logger.info("artlike: the engine core starts by fork (one rank on CPU)")
+            visible_logger(logger.name).info("artlike: the engine core starts by fork (one rank on CPU)")
 
     setattr(check_and_update_config, _WRAPPED, True)
     CpuPlatform.check_and_update_config = classmethod(check_and_update_config)  # type: ignore[method-assign,assignment]

@@ -29,6 +29,8 @@ from types import ModuleType
 
 import torch
 
+from artlike_server.engine.plugin_log import visible_logger
+
 # A child of vLLM's "vllm" logger, so the lines land in the engine log in vLLM's own format.
 logger = logging.getLogger("vllm.plugins.artlike_lora_fix")
 
@@ -130,21 +132,9 @@ def no_adapter_row_leaks(lora_ops: ModuleType) -> bool:
     return bool(output.item() != 0.0)
 
 
-def _ensure_visible() -> None:
-    """Make this plugin's messages reach the engine log even when vLLM has not configured logging in this
-    process (its `python -m vllm.entrypoints.openai.api_server` path leaves the root at WARNING): a patch of
-    vLLM's kernels must say so where operators look."""
-    if not logger.isEnabledFor(logging.INFO) and not logger.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s [%(name)s] %(message)s"))
-        logger.addHandler(handler)
-        logger.setLevel(logging.INFO)
-        logger.propagate = False
-
-
 def register() -> None:
     """Entry point called by vLLM in each of its processes; idempotent and cheap."""
-    _ensure_visible()
+    visible_logger(logger.name)
     if os.environ.get(DISABLE_ENV) == "1":
         logger.warning(
             "artlike LoRA fix disabled by %s=1: mixed base/adapter batches may be wrong", DISABLE_ENV
