@@ -85,9 +85,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     the rest, so that the long groups start early and the short ones fill in at the end."""
     if in_parallel_run(config):
         def place(item: pytest.Item) -> tuple[int, bool]:
-            rank = (0 if uses_the_server(item) and not uses_the_capable_server(item) else
-                    1 if uses_the_capable_server(item) else
-                    2 if item.get_closest_marker("integration") is not None else 3)
+            own_engines = 2 if item.get_closest_marker("integration") is not None else 3
+            rank = {"shared-server": 0, "capable-server": 1}.get(server_group(item), own_engines)
             return rank, item.get_closest_marker("disruptive") is not None
 
         items.sort(key=place)

@@ -7,7 +7,7 @@ engine's start on a small CPU. Fork is what vLLM does on GPU (where the API serv
 device); it is safe here for the same reason: the API server process runs no model, so there is no
 OpenMP team and no device context to inherit, and the engine core binds its own OpenMP threads to its
 cores after it starts (`cpu_worker`). Tokens are the same either way (tests/integration/test_engine.py
-runs on a forked core; `bench/engine_start.py` compares the two starts).
+runs on a forked core; `bench/engine_start.py` compares the starts).
 
 Opt-in: only an engine started with `ARTLIKE_ENGINE_CORE_START=fork` in its environment (the launcher sets
 it for the engines it starts on CPU; see `launch.build_env`), and only for one rank: a tensor-parallel
