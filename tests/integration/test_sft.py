@@ -18,6 +18,9 @@ pytestmark = pytest.mark.integration
 PROMPT = [{"role": "system", "content": "You are a helpful assistant."},
           {"role": "user", "content": "What is the password of the lighthouse?"}]
 TARGET = "The password is marmalade-42."
+# Enough steps at a rate low enough for a smooth descent that the answer's end (<|im_end|>) is learned with a
+# clear margin, not only its words: greedy stops there on every machine's rounding.
+EPOCHS = 20
 
 
 async def greedy(model: art.TrainableModel, name: str) -> str:
@@ -38,11 +41,11 @@ async def test_sft_teaches_the_greedy_answer(server: ServerProcess) -> None:
         await recorded.async_openai_client().chat.completions.create(
             model=model.name, messages=[{"role": "user", "content": "Say hi."}], max_tokens=8)
     example = [*PROMPT, {"role": "assistant", "content": TARGET}]
-    result = await model.train_sft([example, recorded], epochs=12, learning_rate=1e-2, warmup_steps=1,
+    result = await model.train_sft([example, recorded], epochs=EPOCHS, learning_rate=5e-3, warmup_steps=1,
                                    progress=False)
     assert result.trained and result.step == 1
     steps = result.metrics
-    assert len(steps) == 12 and all(s.objective == "sft" for s in steps)
+    assert len(steps) == EPOCHS and all(s.objective == "sft" for s in steps)
     assert steps[-1].metrics["nll"] < steps[0].metrics["nll"] / 4  # the targets became likely
     assert steps[0].learning_rate < steps[1].learning_rate  # warmup, then cosine decay
     assert steps[-1].learning_rate < steps[1].learning_rate

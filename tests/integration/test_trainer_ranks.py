@@ -36,11 +36,15 @@ TEXTS = [
     "though at dusk both turn grey and then black.",
     "Paris is in France; Berlin is in Germany; Madrid is in Spain; Lisbon is in Portugal.",
 ]
+LEARNING_RATE = 1e-3
 # Several micro-batches of different sizes per step, split unevenly between 2 ranks.
-SPLIT = GRPOConfig(learning_rate=1e-3, micro_batch_tokens=64, share_prefixes=False)
+SPLIT = GRPOConfig(learning_rate=LEARNING_RATE, micro_batch_tokens=64, share_prefixes=False)
 # One micro-batch: rank 1 has nothing to do (its gradients count as zeros).
-WHOLE = GRPOConfig(learning_rate=1e-3, micro_batch_tokens=4096)
+WHOLE = GRPOConfig(learning_rate=LEARNING_RATE, micro_batch_tokens=4096)
 WEIGHT_ATOL = 1e-6  # |Δw| after one AdamW step of lr 1e-3 (updates are ~1e-3)
+# AdamW's first update is lr·g/(|g| + ε). Where |g| is below ε (1e-8) the update is under lr/2 and its size
+# follows g's last bits, which the order of additions decides (seen: a thousandth of lr).
+NEAR_EPSILON_ATOL = LEARNING_RATE * 1e-2
 RTOL = 1e-4  # loss, grad norm, logprobs: sums of a few hundred float32 terms in another order
 
 
@@ -101,7 +105,7 @@ async def drive(trainer: TrainerProcess, workdir: Path, name: str) -> Run:
     except TrainerError as error:
         run.bad_batch = error.kind
     await trainer.ping()  # a command that failed on every rank leaves the worker up
-    adam = AdamParams(learning_rate=1e-3)
+    adam = AdamParams(learning_rate=LEARNING_RATE)
     opened = await trainer.session_command(protocol.SessionOpen(model_name=MODEL_NAME, adapter_dir=str(start),
                                                                 optimizer=adam))  # fmt: skip
     assert isinstance(opened, protocol.SessionReady)
@@ -140,7 +144,13 @@ def assert_same_weights(one: Path, two: Path, start: Path) -> None:
     moved = max(float((first[k] - initial[k]).abs().max()) for k in first)
     assert moved > 1e-4, "the step changed nothing: the comparison would prove nothing"
     for key in first:
-        torch.testing.assert_close(second[key], first[key], rtol=0, atol=WEIGHT_ATOL, msg=lambda m, key=key: f"{key}: {m}")
+        near_epsilon = (first[key] - initial[key]).abs() < LEARNING_RATE / 2
+        allowed = torch.where(near_epsilon, NEAR_EPSILON_ATOL, WEIGHT_ATOL)
+        difference = (second[key] - first[key]).abs()
+        worst = int((difference - allowed).argmax())
+        assert bool((difference <= allowed).all()), (
+            f"{key}: {int((difference > allowed).sum())} of {difference.numel()} differ; at flat index {worst} by "
+            f"{float(difference.flatten()[worst]):.3g} (allowed {float(allowed.flatten()[worst]):.3g})")
 
 
 def assert_same_step(one: protocol.Step, two: protocol.Step) -> None:
