@@ -173,7 +173,9 @@ def main() -> None:
     parser.add_argument("--checkpoints", type=float, nargs="+", default=[15.0, 30.0],
                         help="minutes of training at which to evaluate (the last ends the run)")
     parser.add_argument("--configs", nargs="+", help="the named configs to run (default: all)")
-    parser.add_argument("--schedule-steps", type=int, default=200, help="steps the schedules span")
+    parser.add_argument("--schedule-steps", type=int, default=40,
+                        help="steps the schedules span: about the steps the baseline takes in the last checkpoint's "
+                             "budget on this machine (its `steps` column), so that a schedule runs its course")
     parser.add_argument("--pool-size", type=int, default=1024, help="training problems (the demo's seed)")
     parser.add_argument("--eval-size", type=int, default=200, help="held-out problems (the demo's)")
     parser.add_argument("--max-steps-off-policy", type=int, default=None,

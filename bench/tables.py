@@ -7,6 +7,7 @@ machine it was measured on; tests/docs/test_bench_tables.py fails when the READM
 from __future__ import annotations
 
 import json
+import math
 import re
 import statistics
 import sys
@@ -422,30 +423,56 @@ def ceiling(result: Result) -> str:
         f"{percent(before['greedy'])} before training."])
 
 
-def plateau(result: Result) -> str:
-    """Each remedy's held-out accuracy at each checkpoint, against the ceiling; a run stopped early shows
-    "—" for the checkpoints it did not reach."""
-    settings, top = result["settings"], result["ceiling_greedy"]
-    checkpoints = settings["checkpoints"]
-    header = ["config", "before: greedy / T=1"] + [f"{m:g} min: greedy / T=1" for m in checkpoints]
-    header += ["steps", "groups trained", "zero-variance groups"] + ([] if top is None else ["last vs ceiling"])
-    rows = []
-    for name, run in result["runs"].items():
-        points = run["checkpoints"]
-        last = points[-1]
-        row = [f"`{name}`", f"{percent(run['before']['greedy'])} / {percent(run['before']['sampled'])}"]
-        row += [f"{percent(p['greedy'])} / {percent(p['sampled'])}" for p in points]
-        row += ["—"] * (len(checkpoints) - len(points))
-        row += [last["steps"], last.get("groups_trained", "—"), last.get("zero_variance_groups", "—")]
+def difference_margin(first: float, second: float, count: int) -> float:
+    """Half the width of a 95% interval of the difference of two accuracies, each over `count` problems
+    (normal approximation, as if the two evaluations were independent: for two models scored on the same
+    problems this is conservative).
+
+    >>> round(difference_margin(0.5, 0.5, 200), 4)
+    0.098
+    >>> difference_margin(1.0, 0.0, 200)
+    0.0
+    """
+    return 1.96 * math.sqrt((first * (1 - first) + second * (1 - second)) / count)
+
+
+def plateau(result_file: str) -> Callable[[Result], str]:
+    """The table of one `bench/plateau.py` run (its own file): each config's held-out accuracy at each
+    checkpoint, against the run's own `baseline` (same machine, seeds and budget) and the SFT ceiling; a run
+    stopped early shows "—" for the checkpoints it did not reach."""
+
+    def render(result: Result) -> str:
+        settings, top = result["settings"], result["ceiling_greedy"]
+        checkpoints = settings["checkpoints"]
+        baseline = result["runs"].get("baseline")
+        header = ["config", "before: greedy / T=1"] + [f"{m:g} min: greedy / T=1" for m in checkpoints]
+        header += ["steps", "groups trained", "zero-variance groups"]
+        header += ([] if baseline is None else ["last vs baseline"]) + ([] if top is None else ["last vs ceiling"])
+        rows = []
+        for name, run in result["runs"].items():
+            points = run["checkpoints"]
+            last = points[-1]
+            row = [f"`{name}`", f"{percent(run['before']['greedy'])} / {percent(run['before']['sampled'])}"]
+            row += [f"{percent(p['greedy'])} / {percent(p['sampled'])}" for p in points]
+            row += ["—"] * (len(checkpoints) - len(points))
+            row += [last["steps"], last.get("groups_trained", "—"), last.get("zero_variance_groups", "—")]
+            if baseline is not None:
+                same = [p for p in baseline["checkpoints"] if p["minutes"] == last["minutes"]]
+                margin = 0.0 if not same else difference_margin(last["greedy"], same[0]["greedy"], settings["eval_size"])
+                row.append("" if name == "baseline" or not same
+                           else f"{(last['greedy'] - same[0]['greedy']) * 100:+.1f} ± {margin * 100:.1f} points")
+            if top is not None:
+                row.append(f"{(last['greedy'] - top) * 100:+.1f} points")
+            rows.append(row)
+        parts = [caption(result_file, result, f", {settings['pool_size']} training problems, "
+                         f"{settings['eval_size']} held-out problems, the same seeds and wall-clock budget per config"),
+                 table(header, rows)]
+        stopped = [f"`{name}` stopped {run['stopped']}." for name, run in result["runs"].items() if "stopped" in run]
         if top is not None:
-            row.append(f"{(last['greedy'] - top) * 100:+.1f} points")
-        rows.append(row)
-    parts = [caption("plateau.json", result, f", {settings['pool_size']} training problems, {settings['eval_size']} "
-                     "held-out problems, the same seeds and wall-clock budget per config"), table(header, rows)]
-    stopped = [f"`{name}` stopped {run['stopped']}." for name, run in result["runs"].items() if "stopped" in run]
-    if top is not None:
-        parts.append(" ".join([f"The SFT ceiling (`bench/ceiling.py`): {percent(top)} held-out greedy.", *stopped]))
-    return "\n\n".join(parts)
+            parts.append(" ".join([f"The SFT ceiling (`bench/ceiling.py`): {percent(top)} held-out greedy.", *stopped]))
+        return "\n\n".join(parts)
+
+    return render
 
 
 TABLES: dict[str, tuple[str, Callable[[Result], str]]] = {
@@ -466,7 +493,7 @@ TABLES: dict[str, tuple[str, Callable[[Result], str]]] = {
     "rl_step": ("rl_step.json", rl_step),
     "rl_step_core_split": ("rl_step.json", rl_step_core_split),
     "ceiling": ("ceiling.json", ceiling),
-    "plateau": ("plateau.json", plateau),
+    "plateau": ("plateau.json", plateau("plateau.json")),
 }
 
 

@@ -3,6 +3,7 @@ from the result files."""
 
 from __future__ import annotations
 
+import doctest
 import json
 from pathlib import Path
 
@@ -42,3 +43,9 @@ def test_instruction_sets() -> None:
     assert instruction_sets(frozenset({"avx2", "avx512f", "avx512_bf16"})) == "AVX-512 with BF16"
     assert instruction_sets(frozenset({"avx2"})) == "AVX2, no native BF16"
     assert describe({"cpu": "AMD EPYC", "cores": 2, "isa": "AVX2"}) == "AMD EPYC, 2 cores, AVX2"
+
+
+def test_the_difference_margin_worked_examples() -> None:
+    assert doctest.testmod(tables, raise_on_error=True).attempted >= 2
+    # Two accuracies of 0.59 and 0.40 over 200 problems each: 1.96·√((0.59·0.41 + 0.40·0.60)/200) = 0.0962.
+    assert tables.difference_margin(0.59, 0.40, 200) == pytest.approx(0.0962, abs=1e-4)
