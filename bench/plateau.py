@@ -115,7 +115,11 @@ async def train_one(remedy: Remedy, args: argparse.Namespace, base_url: str, bas
     await model.aclose()
     return {"before": before, "checkpoints": checkpoints,
             "steps": [{"step": s.step, "reward_mean": s.reward_mean, "correct": s.metrics.get("correct"),
-                       "zero_variance_groups": s.zero_variance_groups, "groups": s.groups} for s in steps]}
+                       "zero_variance_groups": s.zero_variance_groups, "groups": s.groups,
+                       "sampling_entropy": s.sampling_entropy, "response_tokens_mean": s.response_tokens_mean,
+                       "loss": s.loss, "rollout_seconds": round(s.rollout_seconds, 2),
+                       "train_seconds": round(s.train_seconds, 2), "step_seconds": round(s.step_seconds, 2)}
+                      for s in steps]}
 
 
 def ceiling() -> float | None:
