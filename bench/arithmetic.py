@@ -4,6 +4,7 @@ held-out accuracy of a served model, greedy and sampled at temperature 1."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from openai import AsyncOpenAI
 
@@ -23,26 +24,36 @@ def held_out(size: int) -> list[Problem]:
     return problems(seed=EVAL_SEED, count=size)
 
 
-async def accuracy(base_url: str, api_key: str, model: str, eval_set: list[Problem], *, temperature: float,
-                   seed: int = 0) -> float:
-    """The share of `eval_set` the served `model` answers right (one sample per problem)."""
+async def answers(base_url: str, api_key: str, model: str, eval_set: list[Problem], *, temperature: float,
+                  seed: int = 0) -> list[int]:
+    """1 for each problem of `eval_set` the served `model` answers right (one sample per problem), else 0."""
     client = AsyncOpenAI(base_url=f"{base_url}/v1", api_key=api_key)
     limit = asyncio.Semaphore(16)
 
-    async def one(index: int, problem: Problem) -> float:
+    async def one(index: int, problem: Problem) -> int:
         async with limit:
             completion = await client.chat.completions.create(
                 model=model, messages=problem.messages(), max_tokens=MAX_TOKENS,  # type: ignore[arg-type]
                 temperature=temperature, seed=seed + index)
-        return reward(problem, completion.choices[0].message.content or "")[1]["correct"]
+        return int(reward(problem, completion.choices[0].message.content or "")[1]["correct"])
 
     try:
-        results = await asyncio.gather(*(one(i, p) for i, p in enumerate(eval_set)))
+        return await asyncio.gather(*(one(i, p) for i, p in enumerate(eval_set)))
     finally:
         await client.close()
-    return sum(results) / len(results)
 
 
-async def greedy_and_sampled(base_url: str, api_key: str, model: str, eval_set: list[Problem]) -> dict[str, float]:
-    return {"greedy": await accuracy(base_url, api_key, model, eval_set, temperature=0.0),
-            "sampled": await accuracy(base_url, api_key, model, eval_set, temperature=1.0)}
+async def accuracy(base_url: str, api_key: str, model: str, eval_set: list[Problem], *, temperature: float,
+                   seed: int = 0) -> float:
+    """The share of `eval_set` the served `model` answers right (one sample per problem)."""
+    right = await answers(base_url, api_key, model, eval_set, temperature=temperature, seed=seed)
+    return sum(right) / len(right)
+
+
+async def greedy_and_sampled(base_url: str, api_key: str, model: str, eval_set: list[Problem]) -> dict[str, Any]:
+    """Greedy and temperature-1 accuracy, and which problems greedy decoding got right (`greedy_right`, a string
+    of 0s and 1s in `eval_set`'s order: two models' differences can then be compared problem by problem)."""
+    greedy = await answers(base_url, api_key, model, eval_set, temperature=0.0)
+    return {"greedy": sum(greedy) / len(greedy),
+            "sampled": await accuracy(base_url, api_key, model, eval_set, temperature=1.0),
+            "greedy_right": "".join(map(str, greedy))}

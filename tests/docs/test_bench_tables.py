@@ -49,3 +49,23 @@ def test_the_difference_margin_worked_examples() -> None:
     assert doctest.testmod(tables, raise_on_error=True).attempted >= 2
     # Two accuracies of 0.59 and 0.40 over 200 problems each: 1.96·√((0.59·0.41 + 0.40·0.60)/200) = 0.0962.
     assert tables.difference_margin(0.59, 0.40, 200) == pytest.approx(0.0962, abs=1e-4)
+
+
+def test_a_plateau_row_is_read_against_its_own_runs_baseline() -> None:
+    def run(before: str, after: str) -> dict[str, object]:
+        def point(right: str, minutes: float | None = None) -> dict[str, object]:
+            accuracy = right.count("1") / len(right)
+            values = {"greedy": accuracy, "sampled": accuracy, "greedy_right": right}
+            return values if minutes is None else {**values, "minutes": minutes, "steps": 3}
+        return {"before": point(before), "checkpoints": [point(after, 15.0)]}
+
+    result = {"settings": {"checkpoints": [15.0], "pool_size": 8, "eval_size": 4}, "ceiling_greedy": None,
+              "machine": {"cpu": "AMD EPYC", "cores": 2, "isa": "AVX2"},
+              "runs": {"baseline": run("0000", "1000"), "curriculum": run("0000", "1100")}}
+    rendered = tables.plateau("plateau_test.json")(result)
+    # paired: differences 0, 1, 0, 0 give +25 points ± 1.96·√(0.25/4) = 49 points
+    assert "| `curriculum` | 0.0% / 0.0% | 50.0% / 50.0% | 3 | — | — | +25.0 ± 49.0 points |" in rendered
+    for point in (*result["runs"]["baseline"]["checkpoints"], *result["runs"]["curriculum"]["checkpoints"]):
+        del point["greedy_right"]
+    # without the answers: as if independent, 1.96·√((0.5·0.5 + 0.25·0.75)/4) = 64.8 points
+    assert "+25.0 ± 64.8 points" in tables.plateau("plateau_test.json")(result)
