@@ -9,7 +9,7 @@ Configs (`--configs` picks some): baseline (the demo's settings), dynamic_sampli
 clip_higher (a wider `epsilon_high`), temperature (a schedule from hot to 1), group_size (a growing group),
 lr_schedule (a cosine over the run's steps), combined (all of them). Schedules span `--schedule-steps` steps.
 
-    python -m bench.plateau [--checkpoints 15 30] [--configs baseline combined]
+    python -m bench.plateau [--checkpoints 15 30] [--configs baseline combined] [--output FILE [--resume]]
 
 Prints a table (with the ceiling from bench/results/ceiling.json when present) and writes
 `bench/results/plateau.json` (`--output` to choose).
@@ -152,11 +152,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     if unknown:
         raise SystemExit(f"unknown configs {sorted(unknown)}")
     pool, eval_set = training_pool(args.pool_size), held_out(args.eval_size)
-    runs: dict[str, dict[str, Any]] = {}
-    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
-    report = {"settings": settings, "configs": {r.name: {"pipeline": {k: repr(v) for k, v in r.pipeline.items()},
-                                                         "train": r.train} for r in chosen},
-              "ceiling_greedy": ceiling(), "runs": runs, "machine": machine()}
+    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k not in ("resume",)}
+    kept = resumed(args.output, settings) if args.resume else {"configs": {}, "runs": {}}
+    chosen = [r for r in chosen if r.name not in kept["runs"]]
+    runs: dict[str, dict[str, Any]] = dict(kept["runs"])
+    configs = {**kept["configs"], **{r.name: {"pipeline": {k: repr(v) for k, v in r.pipeline.items()},
+                                              "train": r.train} for r in chosen}}
+    report = {"settings": settings, "configs": configs, "ceiling_greedy": ceiling(), "runs": runs,
+              "machine": machine()}
     with tempfile.TemporaryDirectory() as data_dir, \
             ServerProcess(Path(data_dir), args=["--dtype", "auto", "--trainer-dtype", "auto"], api_key=KEY) as server:
         for remedy in chosen:
@@ -165,6 +168,23 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             write(args.output, report)  # after every config: a long run stopped midway keeps what it measured
     print(table(runs, args.checkpoints, report["ceiling_greedy"]))
     return report
+
+
+COMPARABLE = ("checkpoints", "schedule_steps", "pool_size", "eval_size", "max_steps_off_policy")
+
+
+def resumed(path: Path, settings: dict[str, Any]) -> dict[str, Any]:
+    """The configs and runs of an earlier run's result file, to be completed by this one: only when it was
+    measured with the same settings on a machine described the same (CPU, cores, instruction sets). Its rows
+    compare with the new ones when it is the same machine, with nothing else running, as for one run."""
+    if not path.exists():
+        return {"configs": {}, "runs": {}}
+    earlier = json.loads(path.read_text())
+    differs = [k for k in COMPARABLE if earlier["settings"].get(k) != settings[k]]
+    if differs or earlier["machine"] != machine():
+        raise SystemExit(f"{path} was measured {'on another machine' if not differs else f'with other {differs}'}: "
+                         "its runs would not compare with this run's; choose another --output")
+    return {"configs": earlier["configs"], "runs": earlier["runs"]}
 
 
 def write(path: Path, report: dict[str, Any]) -> None:
@@ -185,6 +205,8 @@ def main() -> None:
     parser.add_argument("--max-steps-off-policy", type=int, default=None,
                         help="default: 1 on a GPU, 0 on a CPU (the demo's)")
     parser.add_argument("--output", type=Path, default=RESULTS)
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the runs already in --output (same machine and settings) and run the other configs")
     args = parser.parse_args()
     if sorted(args.checkpoints) != args.checkpoints:
         parser.error("--checkpoints must be increasing")

@@ -106,14 +106,19 @@ def has_signal(rewards: Sequence[float | None]) -> bool:
 
 class PassRateCurriculum(_Options):
     """Prefer scenarios whose recent pass rate (share of a group's rewards ≥ `pass_threshold`, over the last
-    `window` rollouts of that scenario) is strictly between 0 and 1. Unseen scenarios come first; with
-    probability `explore`, a scenario is drawn from the whole pool instead (so a solved or failed one is
-    revisited). The scenarios form a pool drawn from again and again; `PipelineTrainer`'s `scenario_key`
-    names a scenario (default: its position)."""
+    `window` rollouts of that scenario) is strictly between 0 and 1 ("mixed": their groups carry signal).
+
+    While unseen scenarios remain, a draw takes the next unseen one, but for a share `revisit` of draws that
+    go back to a mixed one (a pool larger than a run can walk still gets its mixed scenarios again). Once every
+    scenario was seen, draws take mixed ones. With probability `explore`, a revisit draws from the whole pool
+    instead (so a solved or failed scenario comes back). The scenarios form a pool drawn from again and again;
+    `PipelineTrainer`'s `scenario_key` names a scenario (default: its position)."""
 
     pass_threshold: float = Field(1.0, description="A rollout passes when its reward is at least this.")
     window: int = Field(16, ge=1, description="Rollouts of a scenario its pass rate is counted over.")
     explore: float = Field(0.1, ge=0.0, le=1.0, description="Chance of drawing from the whole pool instead.")
+    revisit: float = Field(0.5, ge=0.0, le=1.0, description="While unseen scenarios remain, the share of draws "
+                           "that go back to a mixed one (0: the whole pool is seen first).")
     seed: int = 0
 
     @model_validator(mode="after")
@@ -143,6 +148,10 @@ class CurriculumSampler:
         self.outcomes: dict[Hashable, deque[bool]] = {}
         self.unseen = list(range(len(self.keys)))  # positions never drawn, in order
         self.rng.shuffle(self.unseen)
+        self.position: dict[Hashable, int] = {}  # each key's first position (duplicates share a pass rate)
+        for index, key in enumerate(self.keys):
+            self.position.setdefault(key, index)
+        self.mixed: dict[Hashable, None] = {}  # the keys whose pass rate is mixed now, in insertion order
 
     def pass_rate(self, key: Hashable) -> float | None:
         """The recent pass rate of scenario `key`, None before any of its rollouts finished."""
@@ -151,17 +160,29 @@ class CurriculumSampler:
 
     def record(self, position: int, rewards: Sequence[float | None]) -> None:
         """Count a finished group of the scenario at `position` (rewards of None are left out)."""
-        window = self.outcomes.setdefault(self.keys[position], deque(maxlen=self.config.window))
+        key = self.keys[position]
+        window = self.outcomes.setdefault(key, deque(maxlen=self.config.window))
         window.extend(r >= self.config.pass_threshold for r in rewards if r is not None)
+        if 0.0 < (self.pass_rate(key) or 0.0) < 1.0:
+            self.mixed[key] = None
+        else:
+            self.mixed.pop(key, None)
 
     def draw(self) -> int:
-        """The pool position of the next scenario: an unseen one, else (but for `explore`) a mixed one."""
-        if self.unseen:
+        """The pool position of the next scenario: an unseen one (but for a share `revisit` while mixed ones
+        exist), else a mixed one (but for `explore`: any).
+
+        >>> sampler = CurriculumSampler(list(range(100)), PassRateCurriculum(revisit=1.0, explore=0.0))
+        >>> first = sampler.draw(); sampler.record(first, [1.0, 0.0])   # mixed: every draw goes back to it
+        >>> {sampler.draw() for _ in range(5)} == {first}
+        True
+        >>> sampler.record(first, [1.0] * 16); sampler.draw() != first   # solved: unseen ones again
+        True
+        """
+        if self.unseen and (not self.mixed or self.rng.random() >= self.config.revisit):
             return self.unseen.pop()
-        if self.rng.random() >= self.config.explore:
-            mixed = [i for i, key in enumerate(self.keys) if 0.0 < (self.pass_rate(key) or 0.0) < 1.0]
-            if mixed:
-                return self.rng.choice(mixed)
+        if self.mixed and self.rng.random() >= self.config.explore:
+            return self.position[self.rng.choice(list(self.mixed))]
         return self.rng.randrange(len(self.keys))
 
     def distribution(self) -> dict[str, int]:

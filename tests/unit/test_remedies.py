@@ -88,6 +88,27 @@ def test_the_pass_rate_is_recent_and_uses_the_threshold() -> None:
     assert sampler.pass_rate(0) == 0.5
 
 
+def test_while_unseen_scenarios_remain_a_share_of_draws_revisits_mixed_ones() -> None:
+    # A pool larger than the run: without revisits, the curriculum would never draw a mixed scenario again.
+    sampler = art.CurriculumSampler(list(range(10_000)), art.PassRateCurriculum(revisit=0.25, explore=0.0, seed=1))
+    mixed = sampler.draw()
+    sampler.record(mixed, [1.0, 0.0])
+    drawn = [sampler.draw() for _ in range(2000)]
+    assert drawn.count(mixed) == pytest.approx(500, abs=80)  # 1/4 of draws; the rest unseen, each once
+    others = [d for d in drawn if d != mixed]
+    assert len(set(others)) == len(others)
+    sampler.record(mixed, [1.0] * 16)  # solved: no mixed scenario is left, so draws are unseen ones only
+    assert mixed not in {sampler.draw() for _ in range(200)}
+
+
+def test_revisit_zero_sees_the_whole_pool_first() -> None:
+    sampler = art.CurriculumSampler(list(range(50)), art.PassRateCurriculum(revisit=0.0, explore=0.0))
+    first = sampler.draw()
+    sampler.record(first, [1.0, 0.0])
+    assert sorted([first] + [sampler.draw() for _ in range(49)]) == list(range(50))
+    assert sampler.draw() == first
+
+
 def test_without_mixed_scenarios_the_curriculum_draws_from_the_whole_pool() -> None:
     sampler = art.CurriculumSampler(["a", "b"], art.PassRateCurriculum(explore=0.0, seed=3))
     sampler.draw(), sampler.draw()
@@ -152,7 +173,7 @@ def test_the_curriculum_draws_again_from_the_pool_and_prefers_mixed_scenarios() 
     rollouts = ScriptedRollouts(solved={0, 1})
     pool = [0, 1, 2]
     result = make(server, rollouts, pool, max_steps_off_policy=0,  # type: ignore[arg-type]
-                  curriculum=art.PassRateCurriculum(explore=0.0), scenario_key=str).run_sync(num_steps=4)
+                  curriculum=art.PassRateCurriculum(explore=0.0, revisit=0.0), scenario_key=str).run_sync(num_steps=4)
     assert result.stopped == "num_steps"  # a pool is never exhausted
     drawn = [s for batch in scenarios_of(server.trained_batches) for s in batch]
     # every scenario first (the 4th draw may precede the 3rd's outcome), then only the mixed one

@@ -1,0 +1,41 @@
+"""bench/plateau.py's resumed run: the runs of an earlier result file are kept only where they compare."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench import plateau
+from bench.machine import machine
+
+SETTINGS = {"checkpoints": [15.0, 30.0], "schedule_steps": 40, "pool_size": 1024, "eval_size": 200,
+            "max_steps_off_policy": 0, "configs": ["curriculum"], "output": "x.json"}
+
+
+def earlier(path: Path, **changes: object) -> Path:
+    settings = {**SETTINGS, "configs": ["baseline"], **changes}
+    path.write_text(json.dumps({"settings": settings, "configs": {"baseline": {"pipeline": {}, "train": {}}},
+                                "runs": {"baseline": {"before": {}, "checkpoints": []}}, "machine": machine()}))
+    return path
+
+
+def test_the_earlier_runs_are_kept_when_settings_and_machine_match(tmp_path: Path) -> None:
+    kept = plateau.resumed(earlier(tmp_path / "run.json"), SETTINGS)
+    assert list(kept["runs"]) == ["baseline"] and list(kept["configs"]) == ["baseline"]
+
+
+def test_no_file_is_a_fresh_run(tmp_path: Path) -> None:
+    assert plateau.resumed(tmp_path / "none.json", SETTINGS) == {"configs": {}, "runs": {}}
+
+
+def test_other_settings_or_another_machine_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match=r"with other \['checkpoints'\]"):
+        plateau.resumed(earlier(tmp_path / "run.json", checkpoints=[15.0]), SETTINGS)
+    path = earlier(tmp_path / "other.json")
+    recorded = json.loads(path.read_text())
+    recorded["machine"]["cores"] = 64
+    path.write_text(json.dumps(recorded))
+    with pytest.raises(SystemExit, match="on another machine"):
+        plateau.resumed(path, SETTINGS)
