@@ -7,7 +7,8 @@ with `art.PipelineTrainer` on the demo's training pool (the demo's rollout, rewa
 evaluates again at each checkpoint (`--checkpoints`, minutes of training; evaluations are not counted).
 Configs (`--configs` picks some): baseline (the demo's settings), dynamic_sampling, curriculum, entropy_bonus,
 clip_higher (a wider `epsilon_high`), temperature (a schedule from hot to 1), group_size (a growing group),
-lr_schedule (a cosine over the run's steps), combined (all of them). Schedules span `--schedule-steps` steps.
+lr_schedule (a cosine over the run's steps), combined (all of them). Schedules span `--schedule-steps` steps
+(default: the steps the run's baseline took by its last checkpoint).
 
     python -m bench.plateau [--checkpoints 15 30] [--configs baseline combined] [--output FILE [--resume]]
 
@@ -146,25 +147,35 @@ def table(runs: dict[str, dict[str, Any]], checkpoints: list[float], top: float 
     return "\n".join(lines)
 
 
+def schedule_steps(args: argparse.Namespace, runs: dict[str, dict[str, Any]]) -> int:
+    """The steps a config's schedules span: `--schedule-steps`, else the steps the baseline of this run took by
+    its last checkpoint (so that a schedule runs its course within the budget on this machine), else 200."""
+    if args.schedule_steps is not None:
+        return int(args.schedule_steps)
+    baseline = runs.get("baseline")
+    return int(baseline["checkpoints"][-1]["steps"]) if baseline and baseline["checkpoints"] else 200
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    chosen = [r for r in remedies(args.schedule_steps) if not args.configs or r.name in args.configs]
-    unknown = set(args.configs or []) - {r.name for r in remedies(args.schedule_steps)}
+    names = [r.name for r in remedies(1)]
+    unknown = set(args.configs or []) - set(names)
     if unknown:
         raise SystemExit(f"unknown configs {sorted(unknown)}")
     pool, eval_set = training_pool(args.pool_size), held_out(args.eval_size)
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k not in ("resume",)}
     kept = resumed(args.output, settings) if args.resume else {"configs": {}, "runs": {}}
-    chosen = [r for r in chosen if r.name not in kept["runs"]]
+    chosen = [name for name in names if (not args.configs or name in args.configs) and name not in kept["runs"]]
     runs: dict[str, dict[str, Any]] = dict(kept["runs"])
-    configs = {**kept["configs"], **{r.name: {"pipeline": {k: repr(v) for k, v in r.pipeline.items()},
-                                              "train": r.train} for r in chosen}}
+    configs: dict[str, Any] = dict(kept["configs"])
     report = {"settings": settings, "configs": configs, "ceiling_greedy": ceiling(), "runs": runs,
               "machine": machine()}
     with tempfile.TemporaryDirectory() as data_dir, \
             ServerProcess(Path(data_dir), args=["--dtype", "auto", "--trainer-dtype", "auto"], api_key=KEY) as server:
-        for remedy in chosen:
-            runs[remedy.name] = await train_one(remedy, args, server.base_url, server.model_id, pool, eval_set,
-                                                Path(data_dir) / "pipeline-state")
+        for name in chosen:  # the baseline first, so the schedules of the others can span its steps
+            remedy = next(r for r in remedies(schedule_steps(args, runs)) if r.name == name)
+            configs[name] = {"pipeline": {k: repr(v) for k, v in remedy.pipeline.items()}, "train": remedy.train}
+            runs[name] = await train_one(remedy, args, server.base_url, server.model_id, pool, eval_set,
+                                         Path(data_dir) / "pipeline-state")
             write(args.output, report)  # after every config: a long run stopped midway keeps what it measured
     print(table(runs, args.checkpoints, report["ceiling_greedy"]))
     return report
@@ -197,9 +208,9 @@ def main() -> None:
     parser.add_argument("--checkpoints", type=float, nargs="+", default=[15.0, 30.0],
                         help="minutes of training at which to evaluate (the last ends the run)")
     parser.add_argument("--configs", nargs="+", help="the named configs to run (default: all)")
-    parser.add_argument("--schedule-steps", type=int, default=40,
-                        help="steps the schedules span: about the steps the baseline takes in the last checkpoint's "
-                             "budget on this machine (its `steps` column), so that a schedule runs its course")
+    parser.add_argument("--schedule-steps", type=int,
+                        help="steps the schedules span (default: the steps this run's baseline took by the last "
+                             "checkpoint, so that a schedule runs its course within the budget on this machine)")
     parser.add_argument("--pool-size", type=int, default=1024, help="training problems (the demo's seed)")
     parser.add_argument("--eval-size", type=int, default=200, help="held-out problems (the demo's)")
     parser.add_argument("--max-steps-off-policy", type=int, default=None,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from argparse import Namespace
 from pathlib import Path
 
 import pytest
@@ -39,3 +40,12 @@ def test_other_settings_or_another_machine_are_refused(tmp_path: Path) -> None:
     path.write_text(json.dumps(recorded))
     with pytest.raises(SystemExit, match="on another machine"):
         plateau.resumed(path, SETTINGS)
+
+
+def test_schedules_span_the_baselines_steps_unless_told() -> None:
+    baseline = {"baseline": {"checkpoints": [{"steps": 199}, {"steps": 432}]}}
+    assert plateau.schedule_steps(Namespace(schedule_steps=None), baseline) == 432
+    assert plateau.schedule_steps(Namespace(schedule_steps=60), baseline) == 60
+    assert plateau.schedule_steps(Namespace(schedule_steps=None), {}) == 200
+    schedule = next(r for r in plateau.remedies(432) if r.name == "temperature").pipeline["temperature"]
+    assert schedule.steps == 432
