@@ -520,6 +520,7 @@ TABLES: dict[str, tuple[str, Callable[[Result], str]]] = {
     "rl_step_core_split": ("rl_step.json", rl_step_core_split),
     "ceiling": ("ceiling.json", ceiling),
     "plateau": ("plateau.json", plateau("plateau.json")),
+    "plateau_sampling": ("plateau_sampling.json", plateau("plateau_sampling.json")),
 }
 
 
