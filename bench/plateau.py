@@ -12,7 +12,7 @@ lr_schedule (a cosine over the run's steps), combined (all of them). Schedules s
 
     python -m bench.plateau [--checkpoints 15 30] [--configs baseline combined] [--output FILE [--resume]]
 
-Prints a table (with the ceiling from bench/results/ceiling.json when present) and writes
+Prints the table bench/README.md shows (with the ceiling from bench/results/ceiling.json when present) and writes
 `bench/results/plateau.json` (`--output` to choose).
 """
 
@@ -35,6 +35,7 @@ import artlike as art
 from bench.arithmetic import LORA_RANK, greedy_and_sampled, held_out, training_pool
 from bench.ceiling import RESULTS as CEILING
 from bench.machine import machine
+from bench.tables import plateau as plateau_table
 from examples.arithmetic.demo import MAX_TOKENS
 from examples.arithmetic.task import Problem, reward
 
@@ -129,24 +130,6 @@ def ceiling() -> float | None:
     return float(json.loads(CEILING.read_text())["ceiling_greedy"])
 
 
-def table(runs: dict[str, dict[str, Any]], checkpoints: list[float], top: float | None) -> str:
-    head = f"{'config':<17} {'before':>7}" + "".join(f" {f'{m:g}m greedy':>11} {f'{m:g}m T=1':>8}"
-                                                    for m in checkpoints) + f" {'steps':>6}"
-    lines = [head + ("" if top is None else f" {'vs ceiling':>10}")]
-    for name, run in runs.items():
-        row = f"{name:<17} {run['before']['greedy']:>7.1%}"
-        for point in run["checkpoints"]:
-            row += f" {point['greedy']:>11.1%} {point['sampled']:>8.1%}"
-        last = run["checkpoints"][-1]
-        row += f" {last['steps']:>6}"
-        if top is not None:
-            row += f" {(last['greedy'] - top) * 100:>+9.1f}p"
-        lines.append(row)
-    if top is not None:
-        lines.append(f"SFT ceiling (bench/ceiling.py): {top:.1%} held-out greedy")
-    return "\n".join(lines)
-
-
 def schedule_steps(args: argparse.Namespace, runs: dict[str, dict[str, Any]]) -> int:
     """The steps a config's schedules span: `--schedule-steps`, else the steps the baseline of this run took by
     its last checkpoint (so that a schedule runs its course within the budget on this machine), else 200."""
@@ -177,7 +160,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             runs[name] = await train_one(remedy, args, server.base_url, server.model_id, pool, eval_set,
                                          Path(data_dir) / "pipeline-state")
             write(args.output, report)  # after every config: a long run stopped midway keeps what it measured
-    print(table(runs, args.checkpoints, report["ceiling_greedy"]))
+    print(plateau_table(args.output.name)(report))  # the table bench/README.md shows
     return report
 
 
