@@ -7,7 +7,7 @@ step each, the prompt the demo's and the target `<answer>N</answer>`; after ever
 problems (the demo's, greedy and at temperature 1), until `--epochs` passes or `--budget-minutes` of training
 are done. The best held-out greedy accuracy is the ceiling: what the model can hold within this LoRA budget.
 
-    python -m bench.ceiling [--budget-minutes 15] [--epochs 4] [--pool-size 1024]
+    python -m bench.ceiling [--budget-minutes 15] [--epochs 6] [--pool-size 1024]
 
 Prints a table and writes `bench/results/ceiling.json` (`--output` to choose).
 """
@@ -80,7 +80,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--budget-minutes", type=float, default=15.0, help="training time (evaluations not counted)")
-    parser.add_argument("--epochs", type=int, default=4, help="passes over the pool at most")
+    parser.add_argument("--epochs", type=int, default=6, help="passes over the pool at most")
     parser.add_argument("--pool-size", type=int, default=1024, help="training problems (the demo's seed)")
     parser.add_argument("--eval-size", type=int, default=200, help="held-out problems (the demo's)")
     parser.add_argument("--batch-size", type=int, default=32, help="examples per training step")

@@ -8,9 +8,12 @@ evaluates again at each checkpoint (`--checkpoints`, minutes of training; evalua
 Configs (`--configs` picks some): baseline (the demo's settings), dynamic_sampling, curriculum, entropy_bonus,
 clip_higher (a wider `epsilon_high`), temperature (a schedule from hot to 1), group_size (a growing group),
 lr_schedule (a cosine over the run's steps), combined (all of them). Schedules span `--schedule-steps` steps
-(default: the steps the run's baseline took by its last checkpoint).
+(default: the steps the run's baseline took by its last checkpoint). Sampling is not seeded, so two runs of a
+config differ: `--repeats N` trains every config N times (rounds `name`, `name#2`, ...), each round read
+against its own baseline, to show the spread between runs next to the differences between configs.
 
-    python -m bench.plateau [--checkpoints 15 30] [--configs baseline combined] [--output FILE [--resume]]
+    python -m bench.plateau [--checkpoints 15 30] [--configs baseline combined] [--repeats 1]
+                            [--output FILE [--resume]]
 
 Prints the table bench/README.md shows (with the ceiling from bench/results/ceiling.json when present) and writes
 `bench/results/plateau.json` (`--output` to choose).
@@ -87,19 +90,34 @@ def rollout_of(model: art.TrainableModel) -> Callable[[Problem], Any]:
     return rollout
 
 
-async def train_one(remedy: Remedy, args: argparse.Namespace, base_url: str, base_model: str,
+def run_keys(configs: list[str], repeats: int) -> list[str]:
+    """The runs a bench run makes, in order: every config once, then all of them again for each further round,
+    so that a run stopped midway holds whole rounds.
+
+    >>> run_keys(["baseline", "clip_higher"], 2)
+    ['baseline', 'clip_higher', 'baseline#2', 'clip_higher#2']
+    """
+    return [name if round_ == 1 else f"{name}#{round_}" for round_ in range(1, repeats + 1) for name in configs]
+
+
+def config_of(key: str) -> str:
+    """The config a run key names: `clip_higher#2` → `clip_higher`."""
+    return key.partition("#")[0]
+
+
+async def train_one(remedy: Remedy, key: str, args: argparse.Namespace, base_url: str, base_model: str,
                     pool: list[Problem], eval_set: list[Problem], state_dir: Path) -> dict[str, Any]:
-    model = art.TrainableModel(name=f"plateau-{remedy.name.replace('_', '-')}", base_model=base_model,
+    model = art.TrainableModel(name=f"plateau-{key.replace('_', '-').replace('#', '-')}", base_model=base_model,
                                server=base_url, api_key=KEY, lora=art.LoraConfig(rank=LORA_RANK, alpha=2 * LORA_RANK))
     await model.register()
     # The curriculum draws from the pool; otherwise the pool is walked once, in the same order for every config.
     scenarios = pool if "curriculum" in remedy.pipeline else pool * 4
     trainer = art.PipelineTrainer(
         model, rollout_of(model), scenarios, group_size=GROUP_SIZE, groups_per_step=GROUPS_PER_STEP,
-        max_steps_off_policy=args.max_steps_off_policy, state_path=state_dir / f"{remedy.name}.json", progress=False,
+        max_steps_off_policy=args.max_steps_off_policy, state_path=state_dir / f"{key}.json", progress=False,
         learning_rate=LEARNING_RATE, **remedy.train, **remedy.pipeline)
     before = await greedy_and_sampled(base_url, KEY, model.name, eval_set)
-    print(f"{remedy.name}: before: greedy {before['greedy']:.1%}, T=1 {before['sampled']:.1%}")
+    print(f"{key}: before: greedy {before['greedy']:.1%}, T=1 {before['sampled']:.1%}")
     checkpoints: list[dict[str, Any]] = []
     steps: list[art.PipelineStep] = []
     trained_seconds = 0.0
@@ -112,7 +130,7 @@ async def train_one(remedy: Remedy, args: argparse.Namespace, base_url: str, bas
         checkpoints.append({"minutes": minutes, "train_seconds": round(trained_seconds, 1), "steps": len(steps),
                             "groups_trained": sum(s.groups for s in steps),
                             "zero_variance_groups": sum(s.zero_variance_groups for s in steps), **scores})
-        print(f"{remedy.name}: {minutes:g} min: {len(steps)} steps, greedy {scores['greedy']:.1%}, "
+        print(f"{key}: {minutes:g} min: {len(steps)} steps, greedy {scores['greedy']:.1%}, "
               f"T=1 {scores['sampled']:.1%}")
     await model.aclose()
     return {"before": before, "checkpoints": checkpoints,
@@ -124,10 +142,14 @@ async def train_one(remedy: Remedy, args: argparse.Namespace, base_url: str, bas
                       for s in steps]}
 
 
-def ceiling() -> float | None:
-    if not CEILING.exists():
-        return None
-    return float(json.loads(CEILING.read_text())["ceiling_greedy"])
+def ceiling(results: Path = CEILING.parent) -> dict[str, Any] | None:
+    """The SFT ceiling to read the rows against: a `ceiling*.json` measured on a machine described as this one
+    (the ceiling depends on the dtype the machine trains in), else `ceiling.json`, else none."""
+    measured = {path.name: json.loads(path.read_text()) for path in sorted(results.glob("ceiling*.json"))}
+    here = [name for name, result in measured.items() if result.get("machine") == machine()]
+    name = here[0] if here else CEILING.name if CEILING.name in measured else None
+    return None if name is None else {"file": name, "greedy": float(measured[name]["ceiling_greedy"]),
+                                      "machine": measured[name]["machine"]}
 
 
 def schedule_steps(args: argparse.Namespace, runs: dict[str, dict[str, Any]]) -> int:
@@ -147,18 +169,23 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     pool, eval_set = training_pool(args.pool_size), held_out(args.eval_size)
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k not in ("resume",)}
     kept = resumed(args.output, settings) if args.resume else {"configs": {}, "runs": {}}
-    chosen = [name for name in names if (not args.configs or name in args.configs) and name not in kept["runs"]]
+    wanted = [name for name in names if not args.configs or name in args.configs]
+    chosen = [key for key in run_keys(wanted, args.repeats) if key not in kept["runs"]]
+    settings["configs"] = list(dict.fromkeys(config_of(key) for key in [*kept["runs"], *chosen]))  # all it holds
     runs: dict[str, dict[str, Any]] = dict(kept["runs"])
     configs: dict[str, Any] = dict(kept["configs"])
-    report = {"settings": settings, "configs": configs, "ceiling_greedy": ceiling(), "runs": runs,
+    top = ceiling()
+    report = {"settings": settings, "configs": configs, "ceiling_greedy": top and top["greedy"],
+              "ceiling_file": top and top["file"], "ceiling_machine": top and top["machine"], "runs": runs,
               "machine": machine()}
     with tempfile.TemporaryDirectory() as data_dir, \
             ServerProcess(Path(data_dir), args=["--dtype", "auto", "--trainer-dtype", "auto"], api_key=KEY) as server:
-        for name in chosen:  # the baseline first, so the schedules of the others can span its steps
-            remedy = next(r for r in remedies(schedule_steps(args, runs)) if r.name == name)
-            configs[name] = {"pipeline": {k: repr(v) for k, v in remedy.pipeline.items()}, "train": remedy.train}
-            runs[name] = await train_one(remedy, args, server.base_url, server.model_id, pool, eval_set,
-                                         Path(data_dir) / "pipeline-state")
+        for key in chosen:  # the baseline first, so the schedules of the others can span its steps
+            remedy = next(r for r in remedies(schedule_steps(args, runs)) if r.name == config_of(key))
+            configs[remedy.name] = {"pipeline": {k: repr(v) for k, v in remedy.pipeline.items()},
+                                    "train": remedy.train}
+            runs[key] = await train_one(remedy, key, args, server.base_url, server.model_id, pool, eval_set,
+                                        Path(data_dir) / "pipeline-state")
             write(args.output, report)  # after every config: a long run stopped midway keeps what it measured
     print(plateau_table(args.output.name)(report))  # the table bench/README.md shows
     return report
@@ -174,7 +201,9 @@ def resumed(path: Path, settings: dict[str, Any]) -> dict[str, Any]:
     if not path.exists():
         return {"configs": {}, "runs": {}}
     earlier = json.loads(path.read_text())
-    differs = [k for k in COMPARABLE if earlier["settings"].get(k) != settings[k]]
+    scheduled = any("Schedule(" in repr(config) for config in earlier["configs"].values())
+    differs = [k for k in COMPARABLE if earlier["settings"].get(k) != settings[k]
+               and (k != "schedule_steps" or scheduled)]  # schedule steps matter only to runs with a schedule
     if differs or earlier["machine"] != machine():
         raise SystemExit(f"{path} was measured {'on another machine' if not differs else f'with other {differs}'}: "
                          "its runs would not compare with this run's; choose another --output")
@@ -191,6 +220,8 @@ def main() -> None:
     parser.add_argument("--checkpoints", type=float, nargs="+", default=[15.0, 30.0],
                         help="minutes of training at which to evaluate (the last ends the run)")
     parser.add_argument("--configs", nargs="+", help="the named configs to run (default: all)")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="rounds of every config (sampling is not seeded: the spread between runs)")
     parser.add_argument("--schedule-steps", type=int,
                         help="steps the schedules span (default: the steps this run's baseline took by the last "
                              "checkpoint, so that a schedule runs its course within the budget on this machine)")

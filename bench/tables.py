@@ -410,13 +410,22 @@ def rl_step(result: Result) -> str:
         f"{result['pipeline_over_sequential_step_time']:.2f}×."])
 
 
-def ceiling(result: Result) -> str:
+def ceiling(result_file: str) -> Callable[[Result], str]:
+    """The table of one `bench/ceiling.py` run (its own file): held-out accuracy after each pass over the pool."""
+
+    def render(result: Result) -> str:
+        return ceiling_table(result_file, result)
+
+    return render
+
+
+def ceiling_table(result_file: str, result: Result) -> str:
     settings, before = result["settings"], result["before"]
     rows = [(0, 0, "0", "", percent(before["greedy"]), percent(before["sampled"]))]
     rows += [(p["pass"], p["steps"], f"{p['train_seconds']:.0f}", f"{p['loss']:.4f}", percent(p["greedy"]),
               percent(p["sampled"])) for p in result["passes"]]
     return "\n\n".join([
-        caption("ceiling.json", result, f", {settings['pool_size']} training problems in batches of "
+        caption(result_file, result, f", {settings['pool_size']} training problems in batches of "
                 f"{settings['batch_size']}, lr {settings['learning_rate']:g}, {settings['eval_size']} held-out problems"),
         table(["pass", "steps", "training s", "mean loss", "held-out greedy", "held-out T=1"], rows),
         f"The ceiling (best held-out greedy accuracy): **{percent(result['ceiling_greedy'])}**, from "
@@ -460,18 +469,38 @@ def margin(point: Result, baseline: Result, count: int) -> float:
     return difference_margin(point["greedy"], baseline["greedy"], count)
 
 
+def ceiling_source(result: Result) -> str:
+    """Where a plateau run's ceiling comes from: the ceiling's result file, and its machine where that differs."""
+    if "ceiling_file" not in result:
+        return "`bench/ceiling.py`"
+    elsewhere = result["ceiling_machine"] != result["machine"]
+    return f"`bench/results/{result['ceiling_file']}`" + (
+        f", measured on {describe(result['ceiling_machine'])}" if elsewhere else ", the same kind of machine")
+
+
+def baseline_of(key: str, runs: Result) -> Result | None:
+    """The run a plateau row is read against: the baseline of its own round (`clip_higher#2` → `baseline#2`).
+
+    >>> runs = {"baseline": "first", "baseline#2": "second"}
+    >>> baseline_of("clip_higher", runs), baseline_of("clip_higher#2", runs), baseline_of("curriculum#3", runs)
+    ('first', 'second', None)
+    """
+    _, mark, round_ = key.partition("#")
+    return runs.get(f"baseline{mark}{round_}")
+
+
 def plateau(result_file: str) -> Callable[[Result], str]:
     """The table of one `bench/plateau.py` run (its own file): each config's held-out accuracy at each
-    checkpoint, against the run's own `baseline` (same machine, seeds and budget) and the SFT ceiling; a run
-    stopped early shows "—" for the checkpoints it did not reach."""
+    checkpoint, against the baseline of its own round (same machine, seeds and budget) and the SFT ceiling; a
+    run stopped early shows "—" for the checkpoints it did not reach."""
 
     def render(result: Result) -> str:
         settings, top = result["settings"], result["ceiling_greedy"]
         checkpoints = settings["checkpoints"]
-        baseline = result["runs"].get("baseline")
+        compared = "baseline" in result["runs"]
         header = ["config", "before: greedy / T=1"] + [f"{m:g} min: greedy / T=1" for m in checkpoints]
         header += ["steps", "groups trained", "zero-variance groups"]
-        header += ([] if baseline is None else ["last vs baseline"]) + ([] if top is None else ["last vs ceiling"])
+        header += (["last vs baseline"] if compared else []) + ([] if top is None else ["last vs ceiling"])
         rows = []
         for name, run in result["runs"].items():
             points = run["checkpoints"]
@@ -480,9 +509,10 @@ def plateau(result_file: str) -> Callable[[Result], str]:
             row += [f"{percent(p['greedy'])} / {percent(p['sampled'])}" for p in points]
             row += ["—"] * (len(checkpoints) - len(points))
             row += [last["steps"], last.get("groups_trained", "—"), last.get("zero_variance_groups", "—")]
-            if baseline is not None:
-                same = [p for p in baseline["checkpoints"] if p["minutes"] == last["minutes"]]
-                if name == "baseline" or not same:
+            if compared:
+                baseline = baseline_of(name, result["runs"])
+                same = [p for p in (baseline or {}).get("checkpoints", []) if p["minutes"] == last["minutes"]]
+                if baseline is run or not same:
                     row.append("")
                 else:
                     row.append(f"{(last['greedy'] - same[0]['greedy']) * 100:+.1f} ± "
@@ -491,11 +521,12 @@ def plateau(result_file: str) -> Callable[[Result], str]:
                 row.append(f"{(last['greedy'] - top) * 100:+.1f} points")
             rows.append(row)
         parts = [caption(result_file, result, f", {settings['pool_size']} training problems, "
-                         f"{settings['eval_size']} held-out problems, the same seeds and wall-clock budget per config"),
+                         f"{settings['eval_size']} held-out problems, the same problems and wall-clock budget per config"),
                  table(header, rows)]
         stopped = [f"`{name}` stopped {run['stopped']}." for name, run in result["runs"].items() if "stopped" in run]
         if top is not None:
-            parts.append(" ".join([f"The SFT ceiling (`bench/ceiling.py`): {percent(top)} held-out greedy.", *stopped]))
+            parts.append(" ".join([f"The SFT ceiling ({ceiling_source(result)}): {percent(top)} held-out greedy.",
+                                   *stopped]))
         return "\n\n".join(parts)
 
     return render
@@ -518,7 +549,8 @@ TABLES: dict[str, tuple[str, Callable[[Result], str]]] = {
     "job_learning": ("job_learning.json", job_learning),
     "rl_step": ("rl_step.json", rl_step),
     "rl_step_core_split": ("rl_step.json", rl_step_core_split),
-    "ceiling": ("ceiling.json", ceiling),
+    "ceiling": ("ceiling.json", ceiling("ceiling.json")),
+    "ceiling_bf16": ("ceiling_bf16.json", ceiling("ceiling_bf16.json")),
     "plateau": ("plateau.json", plateau("plateau.json")),
     "plateau_sampling": ("plateau_sampling.json", plateau("plateau_sampling.json")),
 }

@@ -69,3 +69,31 @@ def test_a_plateau_row_is_read_against_its_own_runs_baseline() -> None:
         del point["greedy_right"]
     # without the answers: as if independent, 1.96·√((0.5·0.5 + 0.25·0.75)/4) = 64.8 points
     assert "+25.0 ± 64.8 points" in tables.plateau("plateau_test.json")(result)
+
+
+def test_a_plateau_table_names_where_its_ceiling_was_measured() -> None:
+    here, there = {"cpu": "AMD EPYC", "cores": 2, "isa": "AVX-512 with BF16"}, {"cpu": "AMD EPYC", "cores": 2,
+                                                                                "isa": "AVX2"}
+    result = {"settings": {"checkpoints": [15.0], "pool_size": 8, "eval_size": 4}, "ceiling_greedy": 0.9,
+              "ceiling_file": "ceiling_bf16.json", "ceiling_machine": here, "machine": here,
+              "runs": {"baseline": {"before": {"greedy": 0.0, "sampled": 0.0},
+                                    "checkpoints": [{"minutes": 15.0, "steps": 3, "greedy": 0.5, "sampled": 0.5}]}}}
+    rendered = tables.plateau("plateau_test.json")(result)
+    assert "| -40.0 points |" in rendered
+    assert "The SFT ceiling (`bench/results/ceiling_bf16.json`, the same kind of machine): 90.0% held-out greedy." in rendered
+    elsewhere = tables.plateau("plateau_test.json")({**result, "ceiling_file": "ceiling.json", "ceiling_machine": there})
+    assert "(`bench/results/ceiling.json`, measured on AMD EPYC, 2 cores, AVX2): 90.0%" in elsewhere
+
+
+def test_each_round_of_a_plateau_run_is_read_against_its_own_baseline() -> None:
+    def run(greedy: float) -> dict[str, object]:
+        return {"before": {"greedy": 0.0, "sampled": 0.0},
+                "checkpoints": [{"minutes": 15.0, "steps": 3, "greedy": greedy, "sampled": greedy}]}
+
+    result = {"settings": {"checkpoints": [15.0], "pool_size": 8, "eval_size": 100}, "ceiling_greedy": None,
+              "machine": {"cpu": "AMD EPYC", "cores": 2, "isa": "AVX2"},
+              "runs": {"baseline": run(0.5), "clip_higher": run(0.6), "baseline#2": run(0.7), "clip_higher#2": run(0.6)}}
+    rows = {line.split(" | ")[0]: line for line in tables.plateau("p.json")(result).splitlines() if line.startswith("| `")}
+    assert rows["| `clip_higher`"].split(" | ")[-1].startswith("+10.0 ± ")
+    assert rows["| `clip_higher#2`"].split(" | ")[-1].startswith("-10.0 ± ")
+    assert rows["| `baseline#2`"].endswith(" |  |")

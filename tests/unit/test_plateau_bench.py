@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import doctest
 import json
 from argparse import Namespace
 from pathlib import Path
@@ -49,3 +50,33 @@ def test_schedules_span_the_baselines_steps_unless_told() -> None:
     assert plateau.schedule_steps(Namespace(schedule_steps=None), {}) == 200
     schedule = next(r for r in plateau.remedies(432) if r.name == "temperature").pipeline["temperature"]
     assert schedule.steps == 432
+
+
+def test_the_schedules_steps_matter_only_to_runs_with_a_schedule(tmp_path: Path) -> None:
+    settings = {**SETTINGS, "schedule_steps": None}
+    assert list(plateau.resumed(earlier(tmp_path / "run.json"), settings)["runs"]) == ["baseline"]
+    path = earlier(tmp_path / "scheduled.json")
+    recorded = json.loads(path.read_text())
+    recorded["configs"]["baseline"]["pipeline"] = {"temperature": repr(plateau.art.Schedule(start=1.3, end=1.0, steps=40))}
+    path.write_text(json.dumps(recorded))
+    with pytest.raises(SystemExit, match=r"with other \['schedule_steps'\]"):
+        plateau.resumed(path, settings)
+
+
+def test_the_ceiling_is_the_one_measured_on_this_machine(tmp_path: Path) -> None:
+    def measured(name: str, greedy: float, **machine_changes: object) -> None:
+        (tmp_path / name).write_text(json.dumps({"ceiling_greedy": greedy, "machine": {**machine(), **machine_changes}}))
+
+    assert plateau.ceiling(tmp_path) is None
+    measured("ceiling.json", 0.875, isa="elsewhere")
+    assert plateau.ceiling(tmp_path) == {"file": "ceiling.json", "greedy": 0.875,
+                                         "machine": {**machine(), "isa": "elsewhere"}}
+    measured("ceiling_bf16.json", 0.955)
+    assert plateau.ceiling(tmp_path) == {"file": "ceiling_bf16.json", "greedy": 0.955, "machine": machine()}
+
+
+def test_the_run_keys_worked_example() -> None:
+    assert doctest.testmod(plateau, raise_on_error=True).attempted >= 1
+    assert plateau.run_keys(["baseline"], 1) == ["baseline"]
+    assert [plateau.config_of(key) for key in plateau.run_keys(["baseline", "curriculum"], 3)] == [
+        "baseline", "curriculum"] * 3
