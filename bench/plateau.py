@@ -15,8 +15,8 @@ against its own baseline, to show the spread between runs next to the difference
     python -m bench.plateau [--checkpoints 15 30] [--configs baseline combined] [--repeats 1]
                             [--output FILE [--resume]]
 
-Prints the table bench/README.md shows (with the ceiling from bench/results/ceiling.json when present) and writes
-`bench/results/plateau.json` (`--output` to choose).
+Prints the table bench/README.md shows (against the SFT ceiling measured on this kind of machine, else
+bench/results/ceiling.json, when present) and writes `bench/results/plateau.json` (`--output` to choose).
 """
 
 from __future__ import annotations

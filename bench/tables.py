@@ -491,7 +491,7 @@ def baseline_of(key: str, runs: Result) -> Result | None:
 
 def plateau(result_file: str) -> Callable[[Result], str]:
     """The table of one `bench/plateau.py` run (its own file): each config's held-out accuracy at each
-    checkpoint, against the baseline of its own round (same machine, seeds and budget) and the SFT ceiling; a
+    checkpoint, against the baseline of its own round (same machine, problems and budget) and the SFT ceiling; a
     run stopped early shows "—" for the checkpoints it did not reach."""
 
     def render(result: Result) -> str:
