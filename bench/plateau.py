@@ -136,6 +136,7 @@ async def train_one(remedy: Remedy, key: str, args: argparse.Namespace, base_url
     return {"before": before, "checkpoints": checkpoints,
             "steps": [{"step": s.step, "reward_mean": s.reward_mean, "correct": s.metrics.get("correct"),
                        "zero_variance_groups": s.zero_variance_groups, "groups": s.groups,
+                       "groups_all_wrong": s.groups_all_wrong, "groups_all_right": s.groups_all_right,
                        "sampling_entropy": s.sampling_entropy, "response_tokens_mean": s.response_tokens_mean,
                        "loss": s.loss, "rollout_seconds": round(s.rollout_seconds, 2),
                        "train_seconds": round(s.train_seconds, 2), "step_seconds": round(s.step_seconds, 2)}
