@@ -9,7 +9,7 @@ Configs (`--configs` picks some): baseline (the demo's settings), dynamic_sampli
 clip_higher (a wider `epsilon_high`), temperature (a schedule from hot to 1), group_size (a growing group),
 lr_schedule (a cosine over the run's steps), combined (all of them). Schedules span `--schedule-steps` steps
 (default: the steps the run's baseline took by its last checkpoint). Sampling is not seeded, so two runs of a
-config differ: `--repeats N` trains every config N times (rounds `name`, `name#2`, ...), each round read
+config differ: `--repeats N` trains every config N times (rounds `name`, `name-2`, ...), each round read
 against its own baseline, to show the spread between runs next to the differences between configs.
 
     python -m bench.plateau [--checkpoints 15 30] [--configs baseline combined] [--repeats 1]
@@ -95,19 +95,19 @@ def run_keys(configs: list[str], repeats: int) -> list[str]:
     so that a run stopped midway holds whole rounds.
 
     >>> run_keys(["baseline", "clip_higher"], 2)
-    ['baseline', 'clip_higher', 'baseline#2', 'clip_higher#2']
+    ['baseline', 'clip_higher', 'baseline-2', 'clip_higher-2']
     """
-    return [name if round_ == 1 else f"{name}#{round_}" for round_ in range(1, repeats + 1) for name in configs]
+    return [name if round_ == 1 else f"{name}-{round_}" for round_ in range(1, repeats + 1) for name in configs]
 
 
 def config_of(key: str) -> str:
-    """The config a run key names: `clip_higher#2` → `clip_higher`."""
-    return key.partition("#")[0]
+    """The config a run key names: `clip_higher-2` → `clip_higher`."""
+    return key.partition("-")[0]
 
 
 async def train_one(remedy: Remedy, key: str, args: argparse.Namespace, base_url: str, base_model: str,
                     pool: list[Problem], eval_set: list[Problem], state_dir: Path) -> dict[str, Any]:
-    model = art.TrainableModel(name=f"plateau-{key.replace('_', '-').replace('#', '-')}", base_model=base_model,
+    model = art.TrainableModel(name=f"plateau-{key.replace('_', '-')}", base_model=base_model,
                                server=base_url, api_key=KEY, lora=art.LoraConfig(rank=LORA_RANK, alpha=2 * LORA_RANK))
     await model.register()
     # The curriculum draws from the pool; otherwise the pool is walked once, in the same order for every config.

@@ -479,13 +479,13 @@ def ceiling_source(result: Result) -> str:
 
 
 def baseline_of(key: str, runs: Result) -> Result | None:
-    """The run a plateau row is read against: the baseline of its own round (`clip_higher#2` → `baseline#2`).
+    """The run a plateau row is read against: the baseline of its own round (`clip_higher-2` → `baseline-2`).
 
-    >>> runs = {"baseline": "first", "baseline#2": "second"}
-    >>> baseline_of("clip_higher", runs), baseline_of("clip_higher#2", runs), baseline_of("curriculum#3", runs)
+    >>> runs = {"baseline": "first", "baseline-2": "second"}
+    >>> baseline_of("clip_higher", runs), baseline_of("clip_higher-2", runs), baseline_of("curriculum-3", runs)
     ('first', 'second', None)
     """
-    _, mark, round_ = key.partition("#")
+    _, mark, round_ = key.partition("-")
     return runs.get(f"baseline{mark}{round_}")
 
 

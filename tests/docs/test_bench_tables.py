@@ -92,8 +92,8 @@ def test_each_round_of_a_plateau_run_is_read_against_its_own_baseline() -> None:
 
     result = {"settings": {"checkpoints": [15.0], "pool_size": 8, "eval_size": 100}, "ceiling_greedy": None,
               "machine": {"cpu": "AMD EPYC", "cores": 2, "isa": "AVX2"},
-              "runs": {"baseline": run(0.5), "clip_higher": run(0.6), "baseline#2": run(0.7), "clip_higher#2": run(0.6)}}
+              "runs": {"baseline": run(0.5), "clip_higher": run(0.6), "baseline-2": run(0.7), "clip_higher-2": run(0.6)}}
     rows = {line.split(" | ")[0]: line for line in tables.plateau("p.json")(result).splitlines() if line.startswith("| `")}
     assert rows["| `clip_higher`"].split(" | ")[-1].startswith("+10.0 ± ")
-    assert rows["| `clip_higher#2`"].split(" | ")[-1].startswith("-10.0 ± ")
-    assert rows["| `baseline#2`"].endswith(" |  |")
+    assert rows["| `clip_higher-2`"].split(" | ")[-1].startswith("-10.0 ± ")
+    assert rows["| `baseline-2`"].endswith(" |  |")
