@@ -38,6 +38,7 @@ import artlike as art
 from bench.arithmetic import LORA_RANK, greedy_and_sampled, held_out, training_pool
 from bench.ceiling import RESULTS as CEILING
 from bench.machine import machine
+from bench.tables import config_of
 from bench.tables import plateau as plateau_table
 from examples.arithmetic.demo import MAX_TOKENS
 from examples.arithmetic.task import Problem, reward
@@ -98,11 +99,6 @@ def run_keys(configs: list[str], repeats: int) -> list[str]:
     ['baseline', 'clip_higher', 'baseline-2', 'clip_higher-2']
     """
     return [name if round_ == 1 else f"{name}-{round_}" for round_ in range(1, repeats + 1) for name in configs]
-
-
-def config_of(key: str) -> str:
-    """The config a run key names: `clip_higher-2` → `clip_higher`."""
-    return key.partition("-")[0]
 
 
 async def train_one(remedy: Remedy, key: str, args: argparse.Namespace, base_url: str, base_model: str,

@@ -6,6 +6,7 @@ machine it was measured on; tests/docs/test_bench_tables.py fails when the READM
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -412,11 +413,7 @@ def rl_step(result: Result) -> str:
 
 def ceiling(result_file: str) -> Callable[[Result], str]:
     """The table of one `bench/ceiling.py` run (its own file): held-out accuracy after each pass over the pool."""
-
-    def render(result: Result) -> str:
-        return ceiling_table(result_file, result)
-
-    return render
+    return functools.partial(ceiling_table, result_file)
 
 
 def ceiling_table(result_file: str, result: Result) -> str:
@@ -476,6 +473,11 @@ def ceiling_source(result: Result) -> str:
     elsewhere = result["ceiling_machine"] != result["machine"]
     return f"`bench/results/{result['ceiling_file']}`" + (
         f", measured on {describe(result['ceiling_machine'])}" if elsewhere else ", the same kind of machine")
+
+
+def config_of(key: str) -> str:
+    """The config a plateau run key names (`bench/plateau.py` `run_keys`): `clip_higher-2` → `clip_higher`."""
+    return key.partition("-")[0]
 
 
 def baseline_of(key: str, runs: Result) -> Result | None:
