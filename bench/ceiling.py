@@ -27,14 +27,9 @@ from artlike_server.launcher import ServerProcess
 import artlike as art
 from bench.arithmetic import LORA_RANK, greedy_and_sampled, held_out, training_pool
 from bench.machine import machine
-from examples.arithmetic.task import Problem
 
 RESULTS = Path(__file__).resolve().parent / "results" / "ceiling.json"
 KEY = "bench"
-
-
-def example(problem: Problem) -> list[dict[str, str]]:
-    return [*problem.messages(), {"role": "assistant", "content": f"<answer>{problem.answer}</answer>"}]
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -57,7 +52,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     break
                 began = time.perf_counter()
                 result = await model.train_sft(
-                    [example(p) for p in pool[start:start + args.batch_size]], progress=False,
+                    [p.solved() for p in pool[start:start + args.batch_size]], progress=False,
                     learning_rate=args.learning_rate, lr_schedule="constant", assistant_turns="last")
                 trained_seconds += time.perf_counter() - began
                 steps += 1

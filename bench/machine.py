@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -22,6 +23,31 @@ def instruction_sets(flags: frozenset[str]) -> str:
 def machine() -> dict[str, Any]:
     return {"platform": platform.platform(), "python": platform.python_version(), "cpu": cpu_model(),
             "cores": os.cpu_count(), "isa": instruction_sets(cpu_flags())}
+
+
+def matmul_speed(dtype: str = "bfloat16", size: int = 1024, seconds: float = 3.0) -> float:
+    """GFLOP/s of square matmuls in `dtype` on every core, for `seconds`: two machines described the same (CPU
+    model, cores, instruction sets) can still differ in speed (another generation, a busy host), and a
+    wall-clock budget turns that into fewer steps. Run it with nothing else running."""
+    import torch  # the bench process may: only the server never imports torch
+
+    a = torch.randn(size, size, dtype=getattr(torch, dtype))
+    b = torch.randn(size, size, dtype=getattr(torch, dtype))
+    a @ b  # the first call sets up the kernels
+    count, started = 0, time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        a @ b
+        count += 1
+    return round(2 * size**3 * count / (time.perf_counter() - started) / 1e9, 1)
+
+
+def same_speed(earlier: float, now: float, tolerance: float = 0.15) -> bool:
+    """Whether two speeds are within `tolerance` of each other (relative to the larger).
+
+    >>> same_speed(100.0, 90.0), same_speed(100.0, 60.0), same_speed(60.0, 100.0)
+    (True, False, False)
+    """
+    return abs(earlier - now) <= tolerance * max(earlier, now)
 
 
 def describe(recorded: Mapping[str, Any]) -> str:

@@ -7,7 +7,8 @@ with `art.PipelineTrainer` on the demo's training pool (the demo's rollout, rewa
 evaluates again at each checkpoint (`--checkpoints`, minutes of training; evaluations are not counted).
 Configs (`--configs` picks some): baseline (the demo's settings), dynamic_sampling, curriculum, entropy_bonus,
 clip_higher (a wider `epsilon_high`), temperature (a schedule from hot to 1), group_size (a growing group),
-lr_schedule (a cosine over the run's steps), combined (all of them). Schedules span `--schedule-steps` steps
+lr_schedule (a cosine over the run's steps), guidance (the known answer joins a group whose rollouts all
+failed), combined (all of them but guidance, which brings in the answers). Schedules span `--schedule-steps` steps
 (default: the steps the run's baseline took by its last checkpoint). Sampling is not seeded, so two runs of a
 config differ: `--repeats N` trains every config N times (rounds `name`, `name-2`, ...), each round read
 against its own baseline, to show the spread between runs next to the differences between configs.
@@ -37,7 +38,7 @@ from artlike_server.launcher import ServerProcess
 import artlike as art
 from bench.arithmetic import LORA_RANK, greedy_and_sampled, held_out, training_pool
 from bench.ceiling import RESULTS as CEILING
-from bench.machine import machine
+from bench.machine import machine, matmul_speed, same_speed
 from bench.tables import config_of
 from bench.tables import plateau as plateau_table
 from examples.arithmetic.demo import MAX_TOKENS
@@ -74,9 +75,17 @@ def remedies(schedule_steps: int) -> list[Remedy]:
         Remedy("temperature", temperature),
         Remedy("group_size", group_size),
         Remedy("lr_schedule", lr),
+        Remedy("guidance", {"guide": reference_answer}),
         Remedy("combined", {**dynamic, **curriculum, **temperature, **group_size, **lr},
                {**entropy, "epsilon_high": 0.4}),
     ]
+
+
+def reference_answer(problem: Problem) -> art.Trajectory:
+    """The right answer to a problem, scored by the task's own reward: the guide's reference."""
+    solved = problem.solved()
+    score, metrics = reward(problem, solved[-1]["content"])
+    return art.Trajectory(solved, reward=score, metrics=metrics)
 
 
 def rollout_of(model: art.TrainableModel) -> Callable[[Problem], Any]:
@@ -133,6 +142,7 @@ async def train_one(remedy: Remedy, key: str, args: argparse.Namespace, base_url
             "steps": [{"step": s.step, "reward_mean": s.reward_mean, "correct": s.metrics.get("correct"),
                        "zero_variance_groups": s.zero_variance_groups, "groups": s.groups,
                        "groups_all_wrong": s.groups_all_wrong, "groups_all_right": s.groups_all_right,
+                       "groups_guided": s.groups_guided,
                        "sampling_entropy": s.sampling_entropy, "response_tokens_mean": s.response_tokens_mean,
                        "loss": s.loss, "rollout_seconds": round(s.rollout_seconds, 2),
                        "train_seconds": round(s.train_seconds, 2), "step_seconds": round(s.step_seconds, 2)}
@@ -165,7 +175,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit(f"unknown configs {sorted(unknown)}")
     pool, eval_set = training_pool(args.pool_size), held_out(args.eval_size)
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k not in ("resume",)}
-    kept = resumed(args.output, settings) if args.resume else {"configs": {}, "runs": {}}
+    speed = matmul_speed()  # before the server starts: nothing else running
+    kept = resumed(args.output, settings, speed) if args.resume else {"configs": {}, "runs": {}}
     wanted = [name for name in names if not args.configs or name in args.configs]
     chosen = [key for key in run_keys(wanted, args.repeats) if key not in kept["runs"]]
     settings["configs"] = list(dict.fromkeys(config_of(key) for key in [*kept["runs"], *chosen]))  # all it holds
@@ -174,12 +185,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     top = ceiling()
     report = {"settings": settings, "configs": configs, "ceiling_greedy": top and top["greedy"],
               "ceiling_file": top and top["file"], "ceiling_machine": top and top["machine"], "runs": runs,
-              "machine": machine()}
+              "machine": machine(), "speed": speed}
     with tempfile.TemporaryDirectory() as data_dir, \
             ServerProcess(Path(data_dir), args=["--dtype", "auto", "--trainer-dtype", "auto"], api_key=KEY) as server:
         for key in chosen:  # the baseline first, so the schedules of the others can span its steps
             remedy = next(r for r in remedies(schedule_steps(args, runs)) if r.name == config_of(key))
-            configs[remedy.name] = {"pipeline": {k: repr(v) for k, v in remedy.pipeline.items()},
+            configs[remedy.name] = {"pipeline": {k: getattr(v, "__name__", None) or repr(v)  # a function: its name
+                                                 for k, v in remedy.pipeline.items()},
                                     "train": remedy.train}
             runs[key] = await train_one(remedy, key, args, server.base_url, server.model_id, pool, eval_set,
                                         Path(data_dir) / "pipeline-state")
@@ -191,10 +203,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 COMPARABLE = ("checkpoints", "schedule_steps", "pool_size", "eval_size", "max_steps_off_policy")
 
 
-def resumed(path: Path, settings: dict[str, Any]) -> dict[str, Any]:
+def resumed(path: Path, settings: dict[str, Any], speed: float | None = None) -> dict[str, Any]:
     """The configs and runs of an earlier run's result file, to be completed by this one: only when it was
-    measured with the same settings on a machine described the same (CPU, cores, instruction sets). Its rows
-    compare with the new ones when it is the same machine, with nothing else running, as for one run."""
+    measured with the same settings on a machine described the same (CPU, cores, instruction sets) and, where
+    both were measured, of the same matmul `speed` (within 15%). Its rows compare with the new ones when it is
+    the same machine, with nothing else running, as for one run."""
     if not path.exists():
         return {"configs": {}, "runs": {}}
     earlier = json.loads(path.read_text())
@@ -204,6 +217,10 @@ def resumed(path: Path, settings: dict[str, Any]) -> dict[str, Any]:
     if differs or earlier["machine"] != machine():
         raise SystemExit(f"{path} was measured {'on another machine' if not differs else f'with other {differs}'}: "
                          "its runs would not compare with this run's; choose another --output")
+    if speed is not None and earlier.get("speed") is not None and not same_speed(earlier["speed"], speed):
+        raise SystemExit(f"{path} was measured on a machine described as this one but of another speed (matmul "
+                         f"{earlier['speed']:g} against {speed:g} GFLOP/s in bfloat16): its runs would "
+                         "train other numbers of steps in the budget; choose another --output")
     return {"configs": earlier["configs"], "runs": earlier["runs"]}
 
 

@@ -38,6 +38,10 @@ class Problem:
         return [{"role": "system", "content": SYSTEM_PROMPT}, *WORKED_EXAMPLE,
                 {"role": "user", "content": self.question}]
 
+    def solved(self) -> list[dict[str, str]]:
+        """The prompt and the right answer in the tags: a supervised example, or a guide's reference."""
+        return [*self.messages(), {"role": "assistant", "content": f"<answer>{self.answer}</answer>"}]
+
 
 def problems(seed: int, count: int, *, max_operand: int = 20) -> list[Problem]:
     rng = random.Random(seed)

@@ -51,6 +51,8 @@ def add_parser(commands: Any) -> None:
         start.add_argument(f"--{name}", type=kind)
     start.add_argument("--dynamic-sampling", action="store_true", default=None,
                        help="roll out more rows when too few groups' rewards differ")
+    start.add_argument("--guide-field", metavar="FIELD",
+                       help="a row field with a reference answer, trained with the rows no rollout passes")
     start.add_argument("--hyperparameter", "-H", action="append", default=[], type=_hyperparameter,
                        metavar="NAME=JSON", help="any other hyperparameter, e.g. "
                        "temperature_schedule='{\"start\": 1.2, \"end\": 1.0, \"steps\": 50}' (repeatable)")
@@ -121,7 +123,7 @@ def run(arguments: argparse.Namespace, out: Any = sys.stdout, *, jobs: Jobs | No
         if arguments.action == "start":
             hyper = {k: getattr(arguments, k) for k in ("iterations", "batch_size", "group_size", "learning_rate",
                                                         "max_tokens", "n_epochs", "eval_interval", "entropy_coef",
-                                                        "epsilon_high", "dynamic_sampling")}
+                                                        "epsilon_high", "dynamic_sampling", "guide_field")}
             hyper |= dict(arguments.hyperparameter)
             job = jobs.start_sync(data=arguments.data, validation_data=arguments.validation_data,
                                   reward=arguments.reward, grader=arguments.grader,

@@ -43,6 +43,7 @@ import warnings
 from collections import deque
 from collections.abc import Awaitable, Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from inspect import isawaitable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
@@ -91,10 +92,12 @@ class PipelineStep(BaseModel):
     staleness_max: int
     groups_dropped_stale: int  # since the previous step: sampled more than max_steps_off_policy steps before
     groups_dropped_failed: int  # since the previous step: fewer than min_group_size rollouts finished, or scored None
+    groups_guided: int = 0  # groups whose rollouts all failed and that trained with the guide's reference added
     zero_variance_groups: int  # groups whose rewards were all equal (no signal)
     logprob_mismatch: float | None = None  # mean |logπθ − logπ_behaviour| reported by the server
     loss: float | None = None
-    # Why learning slows, as the train call reported it (None where it did not: see `StartEvent`/`StepEvent`)
+    # Why learning slows, as the train call reported it (None where it did not: see `StartEvent`/`StepEvent`).
+    # A step refused for lack of signal has no report; its pass distribution is counted from its rewards.
     zero_variance_fraction: float | None = None  # zero_variance_groups / groups
     groups_all_wrong: int | None = None  # by the config's pass_threshold
     groups_mixed: int | None = None
@@ -212,8 +215,34 @@ def staleness(trained_from: int, policy_steps: Iterable[int]) -> int:
     return max(0, trained_from - min(policy_steps))
 
 
+GUIDE_METADATA = "guide"  # a trajectory's metadata key: the guide's reference, not a rollout
+
+
 def _mean(values: list[float]) -> float:
     return statistics.fmean(values) if values else 0.0
+
+
+@dataclass(frozen=True)
+class PassDistribution:
+    all_wrong: int
+    mixed: int
+    all_right: int
+    pass_rate: float | None
+
+
+def pass_distribution(rewards_by_group: Sequence[Sequence[float]], pass_threshold: float) -> PassDistribution:
+    """The groups' pass distribution where the server reported none: a step it refused for lack of signal
+    (every group's rewards equal) still says whether its groups were all wrong or all right.
+
+    >>> pass_distribution([[1.0, 1.0], [0.1, 0.1], [1.0, 0.0]], pass_threshold=0.5)
+    PassDistribution(all_wrong=1, mixed=1, all_right=1, pass_rate=0.5)
+    """
+    passing = [sum(r >= pass_threshold for r in rewards) for rewards in rewards_by_group if rewards]
+    sizes = [len(rewards) for rewards in rewards_by_group if rewards]
+    all_wrong = sum(p == 0 for p in passing)
+    all_right = sum(p == n for p, n in zip(passing, sizes, strict=True))
+    return PassDistribution(all_wrong=all_wrong, mixed=len(passing) - all_wrong - all_right, all_right=all_right,
+                            pass_rate=sum(passing) / sum(sizes) if sizes else None)
 
 
 class PipelineTrainer(Generic[Scenario]):
@@ -243,7 +272,11 @@ class PipelineTrainer(Generic[Scenario]):
     scenario, default its position) the ones whose recent pass rate is strictly between 0 and 1;
     `temperature`, `group_size_schedule` and `learning_rate_schedule` are `art.Schedule`s over the steps
     done (the rollout reads its temperature with `art.rollout_temperature()`; the learning rate replaces
-    the config's for each step).
+    the config's for each step). `guide(scenario)` (sync or async) returns a reference trajectory with its
+    reward (e.g. the known answer as an offline `art.Trajectory`, or a stronger model's), or None: when no
+    rollout of a group reaches the config's `pass_threshold`, the reference joins the group, so a problem
+    the policy always fails still teaches (off-policy guidance, as in LUFFY). The step's `groups_guided`
+    counts them; its rewards and metrics are the rollouts'.
     """
 
     def __init__(
@@ -275,6 +308,7 @@ class PipelineTrainer(Generic[Scenario]):
         temperature: Schedule | None = None,
         group_size_schedule: Schedule | None = None,
         learning_rate_schedule: Schedule | None = None,
+        guide: Callable[[Scenario], Trajectory | Awaitable[Trajectory | None] | None] | None = None,
         **train_options: Any,
     ) -> None:
         for name, value, low in (("group_size", group_size, 1), ("groups_per_step", groups_per_step, 1),
@@ -317,6 +351,11 @@ class PipelineTrainer(Generic[Scenario]):
         self.dynamic_sampling, self.curriculum, self.scenario_key = dynamic_sampling, curriculum, scenario_key
         self.temperature, self.group_size_schedule = temperature, group_size_schedule
         self.learning_rate_schedule = learning_rate_schedule
+        self.guide = guide
+        # A rollout passes when its reward reaches the config's pass_threshold (the group objectives have one).
+        self.pass_threshold: float | None = getattr(self.config, "pass_threshold", None)
+        if guide is not None and self.pass_threshold is None:
+            raise ValueError(f"a guide needs a group objective with a pass_threshold, not {self.config.objective!r}")
         self._sampler: CurriculumSampler | None = None  # built on the first run, kept over the next ones
 
     def curriculum_sampler(self) -> CurriculumSampler | None:
@@ -515,6 +554,7 @@ class _Run(Generic[Scenario]):
             if group is not None and len(finished) >= self.t.min_group_size and self.t.score_group is not None:
                 group = await self.t.score_group(group)
             usable = group is not None and len(group.trajectories) >= self.t.min_group_size
+            reference = await self._reference(scenario, group) if usable and group is not None else None
         except BaseException as error:
             async with self.changed:
                 self.in_flight -= 1
@@ -527,6 +567,8 @@ class _Run(Generic[Scenario]):
             if usable and group is not None:
                 if self.sampler is not None:
                     self.sampler.record(index, [t.reward for t in group.trajectories])
+                if reference is not None:
+                    group = TrajectoryGroup([*group.trajectories, reference], exceptions=group.exceptions)
                 self.ready.append(_FinishedGroup(index, group, policy_step, started, time.perf_counter()))
             else:
                 self.dropped_failed += 1
@@ -553,6 +595,22 @@ class _Run(Generic[Scenario]):
             assert result.exception is not None
             self._count_failure(result.exception)
         return result
+
+    async def _reference(self, scenario: Scenario, group: TrajectoryGroup) -> Trajectory | None:
+        """The guide's reference for a group none of whose rollouts passed; None without a guide or a failure."""
+        threshold = self.t.pass_threshold
+        if self.t.guide is None or threshold is None or any(
+                t.reward is not None and t.reward >= threshold for t in group.trajectories):
+            return None
+        reference = self.t.guide(scenario)
+        if isawaitable(reference):
+            reference = await reference
+        if reference is None:
+            return None
+        if not isinstance(reference, Trajectory) or reference.reward is None:
+            raise TypeError(f"a guide returns an artlike.Trajectory with its reward, or None; got {reference!r}")
+        reference.metadata[GUIDE_METADATA] = True
+        return reference
 
     def _count_failure(self, error: Exception) -> None:
         self.rollouts_failed += 1
@@ -652,7 +710,8 @@ class _Run(Generic[Scenario]):
 
     def _report(self, batch: list[_FinishedGroup], result: TrainResult, from_step: int, waited: float,
                 train_seconds: float, since_previous: float) -> PipelineStep:
-        trajectories = [t for finished in batch for t in finished.group.trajectories]
+        trajectories = [t for finished in batch for t in finished.group.trajectories
+                        if not t.metadata.get(GUIDE_METADATA)]  # the rollouts: a guide's reference is no sample
         rewards = [t.reward for t in trajectories if t.reward is not None]
         ages = [staleness(from_step, [f.policy_step]) for f in batch]
         keys = sorted({key for t in trajectories for key in t.metrics})
@@ -662,6 +721,9 @@ class _Run(Generic[Scenario]):
             sum(len({t.reward for t in f.group.trajectories}) <= 1 for f in batch))
         steps = result.metrics
         start = result.start
+        threshold = self.t.pass_threshold
+        local = None if start is not None or threshold is None else pass_distribution(
+            [[t.reward for t in f.group.trajectories if t.reward is not None] for f in batch], threshold)
         kl_to_base = [s.kl_to_base for s in steps if s.kl_to_base is not None]
         return PipelineStep(
             index=self.state.steps_done, from_step=from_step, step=result.step, trained=result.trained,
@@ -669,15 +731,16 @@ class _Run(Generic[Scenario]):
             reward_mean=_mean(rewards), reward_std=statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
             metrics=metrics, staleness_mean=_mean([float(a) for a in ages]), staleness_max=max(ages, default=0),
             groups_dropped_stale=self.dropped_stale, groups_dropped_failed=self.dropped_failed,
+            groups_guided=sum(any(t.metadata.get(GUIDE_METADATA) for t in f.group.trajectories) for f in batch),
             zero_variance_groups=zero_variance,
             logprob_mismatch=_mean([s.logprob_mismatch for s in steps]) if steps else None,
             loss=_mean([s.loss for s in steps]) if steps else None,
             zero_variance_fraction=(start.zero_variance_fraction if start is not None
                                     else zero_variance / len(batch) if batch else None),
-            groups_all_wrong=start.groups_all_wrong if start else None,
-            groups_mixed=start.groups_mixed if start else None,
-            groups_all_right=start.groups_all_right if start else None,
-            pass_rate=start.pass_rate if start else None,
+            groups_all_wrong=start.groups_all_wrong if start else local.all_wrong if local else None,
+            groups_mixed=start.groups_mixed if start else local.mixed if local else None,
+            groups_all_right=start.groups_all_right if start else local.all_right if local else None,
+            pass_rate=start.pass_rate if start else local.pass_rate if local else None,
             response_tokens_mean=start.response_tokens_mean if start else None,
             sampling_entropy=start.sampling_entropy if start else None,
             entropy=_mean([s.entropy for s in steps]) if steps else None,

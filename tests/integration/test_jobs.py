@@ -298,6 +298,36 @@ async def test_a_job_against_a_flat_curve_samples_more_rows_and_follows_its_sche
         assert m["entropy"] > 0 and m["sampling_entropy"] > 0 and 1 <= m["response_tokens_mean"] <= 8, m
 
 
+async def test_a_row_the_policy_always_fails_trains_on_its_reference_answer(
+        async_http: httpx.AsyncClient, server: ServerProcess) -> None:
+    # No sampled answer is exactly the code word, so every rollout fails; the second row's reference is
+    # refused by the reward itself, so it is not used.
+    source = ("def reward_fn(completion, **kwargs):\n"
+              "    if kwargs.get('refuse'):\n"
+              "        return 0.0\n"
+              "    return 1.0 if completion[0].get('content', '').strip() == kwargs['answer'] else 0.0\n")
+    started = await async_http.post("/api/training/start", json={
+        "model": server.model_id, "iterations": 1, "batchSize": 2, "groupSize": 2, "maxTokens": 4,
+        "learningRate": 1e-4, "rewardFunction": source, "guideField": "answer",
+        "trainingData": [{"prompt": "Say the code word.", "answer": "ZEBRA-42-QUOKKA"},
+                         {"prompt": "Say hello.", "answer": "hello", "refuse": True}]})
+    assert started.status_code == 200, started.text
+    job_id = started.json()["job_id"]
+    job = await wait_for(async_http, job_id, finished)
+    assert job["status"] == "succeeded", job["error"]
+    events = await events_of(async_http, job_id)
+    [metrics] = [e["data"] for e in events if e["type"] == "metrics"]
+    assert metrics["groups_all_wrong"] == 2 and metrics["reward_mean"] == 0.0, metrics  # the rollouts' own
+    assert metrics["groups_guided"] == 1 and metrics["references_refused"] == 1, metrics
+    assert metrics["groups_trained"] == 1 and metrics["trained_tokens"] > 0, metrics  # the guided group alone
+    [refusal] = [e["message"] for e in events if e["level"] == "warn" and "was not used" in e["message"]]
+    assert "row 2" in refusal and "scores 0" in refusal, refusal
+    bad = await async_http.post("/api/training/start", json={
+        "model": server.model_id, "rewardFunction": source, "guideField": "reference",
+        "trainingData": [{"prompt": "Say hello.", "answer": "hello"}]})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "guideField", bad.text
+
+
 @pytest.mark.parametrize(("payload", "param", "fragment"), [
     ({"rewardFunction": "def reward_fn(completion, **kwargs):\n    return (\n"}, "rewardFunction", "line 2"),
     ({"rewardFunction": "def a(completion):\n    return 1.0\n\ndef b(x):\n    return x\n"}, "rewardFunction",

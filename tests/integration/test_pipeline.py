@@ -1,6 +1,7 @@
 """`art.PipelineTrainer` on the real server: rollouts of the next step sample while a step trains, staleness
 stays within the bound, evaluations land in the history, retention keeps the best evaluated step and the
-newest, and the saved state resumes. Learning evidence (`make test-learning`): the same pipeline, larger,
+newest, the saved state resumes, and a guide's reference trains with a group whose rollouts all failed.
+Learning evidence (`make test-learning`): the same pipeline, larger,
 also learns.
 
 The learning test's task is tests/integration/test_learning.py's yes/no questions (reward 1 for an answer
@@ -109,3 +110,33 @@ async def test_pipeline_learns(capable_server: ServerProcess, tmp_path: Path) ->
     before, after = result.evaluations[0]["reward"], result.evaluations[result.final_step]["reward"]
     assert after >= before + 0.3 and after >= 0.6, result.evaluations
     assert result.best_step == result.final_step
+
+
+async def test_a_guide_reference_joins_and_trains_a_group_whose_rollouts_all_failed(server: ServerProcess) -> None:
+    model = trainable_model(server, "guided", lora={"rank": 8})
+    await model.register()
+    reference = "Zebra quokka forty-two."  # no sampled answer of 4 tokens is exactly this: every rollout fails
+
+    def prompt(question: str) -> list[dict[str, str]]:
+        return [{"role": "user", "content": INSTRUCTION + question}]
+
+    async def rollout(question: str) -> art.Trajectory:
+        async with model.trajectory() as t:
+            completion = await t.async_openai_client(timeout=300).chat.completions.create(
+                model=t.model, messages=prompt(question), max_tokens=4, temperature=1.0)  # type: ignore[arg-type]
+            t.reward = float(completion.choices[0].message.content == reference)
+        return t
+
+    def guide(question: str) -> art.Trajectory:
+        return art.Trajectory([*prompt(question), {"role": "assistant", "content": reference}], reward=1.0)
+
+    result = await art.PipelineTrainer(model, rollout, TRAIN[:2], group_size=2, groups_per_step=2,
+                                       max_steps_off_policy=0, guide=guide, progress=False,
+                                       learning_rate=LEARNING_RATE).run(num_steps=1)
+    [step] = result.steps
+    assert step.trained and step.groups_guided == 2 and step.trajectories == 4 and step.reward_mean == 0.0, step
+    async with async_http_client(server, timeout=60) as http:
+        history = (await http.get("/v1/trainable_models/guided/history")).json()["data"]
+    [line] = [line for line in history if "event" not in line]
+    # The server trained each group with its reference: one trajectory of three passing in each.
+    assert line["groups_mixed"] == 2 and line["groups_skipped"] == 0 and line["pass_rate"] == pytest.approx(1 / 3)

@@ -177,6 +177,9 @@ def test_bad_requests_are_rejected_before_any_work(server: ServerProcess) -> Non
         assert set(error) == {"message", "type", "param", "code"} and error["message"]
         if code is not None:
             assert error["code"] == code, error
+        if code == "no_signal":  # the message says which way the group tied
+            assert "(0 with no trajectory passing, 1 with every one passing, by pass_threshold 0.5)" \
+                in error["message"], error
     bad_config = httpx.post(f"{server.base_url}/_train_model", headers=server.headers, timeout=60,
                             json={"model": name, "groups": good, "config": {"learning_rate": -1}}).json()
     assert bad_config["error"]["param"] == "config.learning_rate"

@@ -17,6 +17,7 @@ from artlike_server.errors import InvalidRequest, NotFound
 from artlike_server.jobs import motterl, openai_jobs
 from artlike_server.jobs.datasets import PromptRow
 from artlike_server.jobs.episodes import run_episode
+from artlike_server.jobs.guidance import guide_groups
 from artlike_server.jobs.intake import check_episode_functions, grader_reward, python_reward
 from artlike_server.jobs.rewards import JobReward, reward_value, sample_of
 from artlike_server.jobs.runner import StopFlag, Stopped, batch_rows
@@ -25,6 +26,7 @@ from artlike_server.jobs.service import JobService
 from artlike_server.jobs.spec import JobSpec, RemedySettings, RolloutSettings
 from artlike_server.jobs.store import JobStore
 
+import artlike as art
 from artlike import DynamicSampling, Schedule
 from tests.openapi_schema import assert_valid
 
@@ -249,6 +251,20 @@ def test_remedies_from_both_doors_reach_the_spec_and_survive_the_store(tmp_path:
     assert JobStore(tmp_path / "jobs").get("ftjob-r").spec == new.spec
 
 
+def test_a_guide_field_reaches_the_spec_from_both_doors_and_must_name_a_rows_field(tmp_path: Path) -> None:
+    from artlike_server.models.store import ModelStore
+
+    rows = [{"prompt": "2+2?", "answer": "4"}, {"prompt": "3+3?"}]
+    start = motterl.parse_start({**MOTTERL_PAYLOAD, "trainingData": rows, "guideField": "answer"})
+    new = motterl.new_job(start, models=ModelStore(tmp_path), served_base="base-model")
+    assert new.spec.remedies == RemedySettings(guide_field="answer")
+    assert openai_jobs.Hyperparameters(guide_field="answer").remedies().guide_field == "answer"
+    with pytest.raises(InvalidRequest) as error:  # a field no row has guides nothing: refused, not ignored
+        motterl.new_job(motterl.parse_start({**MOTTERL_PAYLOAD, "trainingData": rows, "guideField": "anwser"}),
+                        models=ModelStore(tmp_path), served_base="base-model")
+    assert error.value.param == "guideField" and "'anwser'" in str(error.value)
+
+
 def test_a_bad_remedy_is_a_400_naming_it_as_the_request_spelled_it(tmp_path: Path) -> None:
     from artlike_server.models.store import ModelStore
 
@@ -267,10 +283,10 @@ def test_a_bad_remedy_is_a_400_naming_it_as_the_request_spelled_it(tmp_path: Pat
 
 
 def test_the_job_modules_doctests() -> None:
-    from artlike_server.jobs import runner
+    from artlike_server.jobs import guidance, runner
     from artlike_server.jobs import spec as spec_module
 
-    for module in (runner, spec_module):
+    for module in (guidance, runner, spec_module):
         assert doctest.testmod(module, raise_on_error=True).attempted >= 2
 
 
@@ -380,3 +396,28 @@ async def test_a_failing_reward_scores_zero_with_the_users_traceback(sandbox: Sa
               "reference": "{{item.answer}}", "operation": "eq"}}}, param="g"), sandbox, judge=None)
     assert (await graded.score([{"role": "assistant", "content": "42"}], {"answer": "42"})).value == 1.0
     assert (await graded.score([{"role": "assistant", "content": "41"}], {"answer": "42"})).value == 0.5
+
+
+async def test_guidance_adds_a_reference_the_reward_passes_to_groups_whose_rollouts_all_failed(
+        sandbox: Sandbox) -> None:
+    source = ("def reward_fn(completion, **kwargs):\n"
+              "    return 1.0 if completion[-1]['content'] == kwargs['expected'] else 0.1\n")
+    reward = JobReward(python_reward(source, param="r"), sandbox, judge=None)
+    rows = {line: PromptRow(line=line, messages=[{"role": "user", "content": f"q{line}"}], tools=None, item=item)
+            for line, item in ((1, {"expected": "4", "answer": "4"}), (2, {"expected": "6"}),
+                               (3, {"expected": "8", "answer": "eight"}), (4, {"expected": "9", "answer": "9"}))}
+
+    def group(line: int, *rewards: float) -> art.TrajectoryGroup:
+        return art.TrajectoryGroup(art.Trajectory([{"role": "user", "content": f"q{line}"},
+                                                   {"role": "assistant", "content": "?"}], reward=r,
+                                                  metadata={"row": line}) for r in rewards)
+
+    groups = [group(1, 0.1, 0.1), group(2, 0.1, 0.0), group(3, 0.1, 0.1), group(4, 1.0, 0.1)]
+    guided = await guide_groups(groups, rows, "answer", reward, pass_threshold=0.5)
+    assert [len(g) for g in guided.groups] == [3, 2, 2, 2] and guided.guided == 1
+    reference = guided.groups[0].trajectories[-1]
+    assert reference.reward == 1.0 and reference.metadata["guide"] is True
+    assert reference.messages() == [{"role": "user", "content": "q1"}, {"role": "assistant", "content": "4"}]
+    assert guided.groups[3] is groups[3]  # a rollout passed: untouched
+    assert guided.refused == ["row 2 has no 'answer'",
+                              "row 3: its 'answer' was not used: it scores 0.1, under the pass threshold 0.5"]

@@ -151,7 +151,14 @@ def test_a_step_without_signal_is_reported_and_the_loop_goes_on() -> None:
     assert result.steps[1].reason == "all groups have equal rewards"
     unreported = result.steps[1]  # no start event: counted from the groups' rewards
     assert unreported.zero_variance_fraction == unreported.zero_variance_groups / unreported.groups
-    assert unreported.entropy is None and unreported.pass_rate is None
+    assert unreported.entropy is None and unreported.sampling_entropy is None  # the server measures these
+    # The pass distribution by the config's pass_threshold (0.5): each group holds rewards 1 and 0.
+    assert (unreported.groups_all_wrong, unreported.groups_mixed, unreported.groups_all_right,
+            unreported.pass_rate) == (0, 2, 0, 0.5)
+    server = FakeServer(no_signal_calls={0})
+    trainer = make(server, Rollouts(server), range(100), pass_threshold=2.0)  # no reward reaches it
+    refused = trainer.run_sync(num_steps=1).steps[0]
+    assert (refused.groups_all_wrong, refused.groups_mixed, refused.groups_all_right, refused.pass_rate) == (2, 0, 0, 0)
 
 
 def test_reports_carry_rewards_metrics_mismatch_and_timings() -> None:

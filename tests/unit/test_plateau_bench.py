@@ -80,3 +80,32 @@ def test_the_run_keys_worked_example() -> None:
     assert plateau.run_keys(["baseline"], 1) == ["baseline"]
     assert [plateau.config_of(key) for key in plateau.run_keys(["baseline", "curriculum"], 3)] == [
         "baseline", "curriculum"] * 3
+
+
+def test_the_guidance_config_guides_with_the_worked_answer_the_tasks_reward_passes() -> None:
+    from examples.arithmetic.task import problems
+
+    [guidance] = [r for r in plateau.remedies(100) if r.name == "guidance"]
+    problem = problems(seed=3, count=1)[0]
+    reference = guidance.pipeline["guide"](problem)
+    assert reference.reward == 1.0 and reference.metrics == {"correct": 1.0, "formatted": 1.0}
+    assert reference.messages() == [*problem.messages(),
+                                    {"role": "assistant", "content": f"<answer>{problem.answer}</answer>"}]
+    # the combination leaves guidance out: it brings in the answers, which the other remedies do not
+    assert "guide" not in next(r for r in plateau.remedies(100) if r.name == "combined").pipeline
+
+
+def test_a_machine_described_the_same_but_of_another_speed_is_refused(tmp_path: Path) -> None:
+    path = earlier(tmp_path / "run.json")
+    recorded = json.loads(path.read_text())
+    path.write_text(json.dumps({**recorded, "speed": 100.0}))
+    assert list(plateau.resumed(path, SETTINGS, speed=90.0)["runs"]) == ["baseline"]  # within 15%
+    with pytest.raises(SystemExit, match="another speed"):
+        plateau.resumed(path, SETTINGS, speed=60.0)
+    assert list(plateau.resumed(earlier(tmp_path / "old.json"), SETTINGS, speed=60.0)["runs"]) == ["baseline"]
+
+
+def test_the_machine_modules_doctests() -> None:
+    from bench import machine as machine_module
+
+    assert doctest.testmod(machine_module, raise_on_error=True).attempted >= 1

@@ -132,16 +132,18 @@ class RecordingServer(FakeServer):
 
 @dataclass
 class ScriptedRollouts:
-    """Scenario s: reward 1 on every rollout when s is in `solved`, else alternating 1, 0 within its group."""
+    """Scenario s: reward 1 on every rollout when s is in `solved`, 0 when in `failed`, else alternating 1, 0
+    within its group."""
 
     solved: set[int] = field(default_factory=set)
+    failed: set[int] = field(default_factory=set)
     calls: dict[int, int] = field(default_factory=dict)
     temperatures: list[float] = field(default_factory=list)
 
     async def __call__(self, scenario: int) -> art.Trajectory:
         self.calls[scenario] = self.calls.get(scenario, 0) + 1
         self.temperatures.append(art.rollout_temperature(default=-1.0))
-        reward = 1.0 if scenario in self.solved else float(self.calls[scenario] % 2)
+        reward = 1.0 if scenario in self.solved else 0.0 if scenario in self.failed else float(self.calls[scenario] % 2)
         return art.Trajectory([{"role": "user", "content": str(scenario)}], reward=reward)
 
 
@@ -201,6 +203,58 @@ def test_without_a_temperature_schedule_the_rollout_gets_its_default() -> None:
     assert set(rollouts.temperatures) == {-1.0}
 
 
+def reference(scenario: int) -> art.Trajectory:
+    return art.Trajectory(messages_and_choices=[{"role": "user", "content": str(scenario)},
+                                                {"role": "assistant", "content": "the answer"}], reward=1.0)
+
+
+def test_a_guide_adds_its_reference_only_to_groups_no_rollout_of_which_passed() -> None:
+    server = RecordingServer()
+    rollouts = ScriptedRollouts(solved={1}, failed={0, 2})  # 3: one rollout of two passes
+    asked: list[int] = []
+
+    def guide(scenario: int) -> art.Trajectory | None:
+        asked.append(scenario)
+        return None if scenario == 2 else reference(scenario)  # no reference for 2: trained as it is
+
+    result = make(server, rollouts, range(100), max_steps_off_policy=0, guide=guide).run_sync(num_steps=2)  # type: ignore[arg-type]
+    assert sorted(asked) == [0, 2]
+    trained = {int(g.trajectories[0].messages()[0]["content"]): g for batch in server.trained_batches for g in batch}
+    assert {s: len(g) for s, g in trained.items()} == {0: 3, 1: 2, 2: 2, 3: 2}
+    added = trained[0].trajectories[-1]
+    assert added.metadata["guide"] is True and added.reward == 1.0 and added.messages()[-1]["content"] == "the answer"
+    assert [s.groups_guided for s in result.steps] == [1, 0]
+    # the step's rewards are the rollouts' (0, 0 | 1, 1), not the reference's
+    assert result.steps[0].reward_mean == pytest.approx(0.5) and result.steps[0].trajectories == 4
+
+
+def test_an_async_guide_is_awaited_and_a_reference_needs_a_reward() -> None:
+    server = RecordingServer()
+
+    async def guide(scenario: int) -> art.Trajectory:
+        return reference(scenario)
+
+    result = make(server, ScriptedRollouts(failed={0, 1}), range(100), max_steps_off_policy=0,  # type: ignore[arg-type]
+                  guide=guide).run_sync(num_steps=1)
+    assert result.steps[0].groups_guided == 2
+
+    def unrewarded(scenario: int) -> art.Trajectory:
+        return art.Trajectory(messages_and_choices=[{"role": "assistant", "content": "x"}])
+
+    server = RecordingServer()
+    with pytest.raises(TypeError, match="with its reward"):
+        make(server, ScriptedRollouts(failed={0}), range(100), max_steps_off_policy=0,  # type: ignore[arg-type]
+             guide=unrewarded).run_sync(num_steps=1)
+
+
+def test_a_guide_follows_the_configs_pass_threshold() -> None:
+    server = RecordingServer()
+    rollouts = ScriptedRollouts()  # every group: rewards 1, 0
+    result = make(server, rollouts, range(100), max_steps_off_policy=0, guide=reference,  # type: ignore[arg-type]
+                  pass_threshold=1.5).run_sync(num_steps=1)  # no reward reaches it: every group is guided
+    assert result.steps[0].groups_guided == 2
+
+
 def test_bad_remedy_options_fail_before_anything_runs() -> None:
     server = RecordingServer()
     rollouts = ScriptedRollouts()
@@ -212,6 +266,8 @@ def test_bad_remedy_options_fail_before_anything_runs() -> None:
         make(server, rollouts, range(5), temperature=art.Schedule(start=1.0, end=0.0, steps=3))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="group_size"):
         make(server, rollouts, range(5), group_size_schedule=art.Schedule(start=0, end=4, steps=3))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="pass_threshold"):
+        make(server, rollouts, range(5), guide=reference, objective="sft")  # type: ignore[arg-type]
 
 
 # ------------------------------------------------------------------------------------------ entropy bonus

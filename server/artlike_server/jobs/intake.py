@@ -142,6 +142,15 @@ def check_episode_functions(rows: Sequence[PromptRow], reward: PythonReward | Gr
                                      code="missing_function")
 
 
+def check_guide_field(rows: Sequence[PromptRow], remedies: RemedySettings, *, param: str) -> None:
+    """A guide field names a field some training row has: a misspelt one would silently guide nothing."""
+    name = remedies.guide_field
+    if name is not None and not any(row.item.get(name) not in (None, "") for row in rows):
+        raise InvalidRequest(f"no training row has a value in {name!r}, the field guide_field names (the reference "
+                             "answer that joins a group whose rollouts all failed)", param=param,
+                             code="invalid_value")
+
+
 def check_grade_source(source: str) -> None:
     """A python grader's source compiles and defines `grade(sample, item)` (raises CodeError otherwise)."""
     check_program(source, require_one_of=("grade",))

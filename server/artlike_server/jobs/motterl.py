@@ -25,6 +25,7 @@ from ..models.store import ModelStore
 from .intake import (
     REMEDY_FIELDS,
     check_episode_functions,
+    check_guide_field,
     prompt_rows,
     python_reward,
     remedy_settings,
@@ -61,6 +62,7 @@ class StartTraining(BaseModel):
     temperature_schedule: Schedule | None = Field(None, alias="temperatureSchedule")
     group_size_schedule: Schedule | None = Field(None, alias="groupSizeSchedule")
     learning_rate_schedule: Schedule | None = Field(None, alias="learningRateSchedule")
+    guide_field: str | None = Field(None, alias="guideField")
 
 
 def parse_start(body: Any) -> StartTraining:
@@ -88,6 +90,7 @@ def new_job(request: StartTraining, *, models: ModelStore, served_base: str) -> 
     wire_names = {name: StartTraining.model_fields[name].alias or name for name in REMEDY_FIELDS}
     remedies = remedy_settings({name: getattr(request, name) for name in REMEDY_FIELDS}, param=None,
                                wire_names=wire_names)
+    check_guide_field(rows, remedies, param="guideField")
     spec = JobSpec(api="motterl", method="reinforcement", base_model=target.base_model,
                    target_model=target.target_model, create_target=target.create, reward=reward,
                    iterations=request.iterations, batch_size=min(request.batch_size, len(rows)),

@@ -27,6 +27,7 @@ from .files import FileStore
 from .intake import (
     REMEDY_FIELDS,
     check_episode_functions,
+    check_guide_field,
     grader_reward,
     prompt_rows,
     remedy_settings,
@@ -68,11 +69,12 @@ class Hyperparameters(_Open):
     max_turns: int | None = Field(None, ge=1, le=64)
     multi_step: bool | None = None
     dynamic_sampling: bool | DynamicSampling | None = None
-    entropy_coef: float | None = None  # these five are checked by RemedySettings
+    entropy_coef: float | None = None  # these are checked by RemedySettings
     epsilon_high: float | None = None
     temperature_schedule: Schedule | None = None
     group_size_schedule: Schedule | None = None
     learning_rate_schedule: Schedule | None = None
+    guide_field: str | None = None
 
     def remedies(self) -> RemedySettings:
         return remedy_settings({name: getattr(self, name) for name in REMEDY_FIELDS},
@@ -133,12 +135,14 @@ def new_job(request: CreateJobRequest, *, files: FileStore, models: ModelStore, 
             "max_turns": h.max_turns, "multi_step": h.multi_step}.items() if v is not None})
         check_episode_functions([*rows, *validation_rows], reward, multi_step=rollout.multi_step,
                                 param="method.reinforcement.grader")
+        remedies = h.remedies()
+        check_guide_field(rows, remedies, param="method.reinforcement.hyperparameters.guide_field")
         batch_size = min(_value(h.batch_size, DEFAULT_BATCH_SIZE), len(rows))
         iterations = h.iterations or math.ceil(len(rows) * _value(h.n_epochs, 1) / batch_size)
         eval_interval = _value(h.eval_interval, None)
         spec = JobSpec(**common, method="reinforcement", reward=reward, iterations=iterations, batch_size=batch_size,
                        learning_rate=h.learning_rate or DEFAULT_LEARNING_RATE * _value(h.learning_rate_multiplier, 1.0),
-                       rollout=rollout, remedies=h.remedies(), eval=EvalSettings(interval=eval_interval,
+                       rollout=rollout, remedies=remedies, eval=EvalSettings(interval=eval_interval,
                                                           samples=_value(h.eval_samples, 1)),
                        train_rows=len(rows), validation_rows=len(validation_rows),
                        hyperparameters=h.model_dump(mode="json", exclude_none=True))

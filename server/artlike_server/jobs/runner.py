@@ -6,9 +6,9 @@ rows it would have seen), roll out `group_size` episodes per row through the ser
 GRPO step through `/_train_model` (which hot-swaps it) and record a checkpoint. Validation rows are scored
 before the first iteration, every `eval.interval` iterations and after the last. The spec's `remedies`
 (against a flattening curve) add rows to an iteration whose groups carry too little signal (dynamic
-sampling), schedule the temperature, group size and learning rate over iterations, and set the step's
-entropy bonus and clip; each iteration's metrics say how many groups had no signal and how the rows' pass
-rates spread.
+sampling), schedule the temperature, group size and learning rate over iterations, set the step's
+entropy bonus and clip, and add a row's reference answer to a group whose rollouts all failed (guidance);
+each iteration's metrics say how many groups had no signal and how the rows' pass rates spread.
 
 Supervised and DPO jobs are one `/_train_model` call over the whole dataset (`iterations` = epochs).
 
@@ -37,6 +37,7 @@ from ..training.advantages import is_zero_variance
 from ..training.diagnostics import group_statistics
 from .datasets import PromptRow, parse_chat_examples, parse_preference_rows, parse_prompt_rows
 from .episodes import run_episode
+from .guidance import ROW_METADATA, Guided, guide_groups
 from .rewards import JobReward
 from .spec import IterationSettings, JobSpec
 from .store import JobRecord, JobStore
@@ -167,6 +168,7 @@ class JobRunner:
         self.stop = stop
         self.spec: JobSpec = store.get(job_id).spec  # immutable: read once, not per access
         self._reward_errors_reported = 0
+        self._guide_refusals_reported = 0  # the first reasons a reference was not used appear in the events
 
     @property
     def job(self) -> JobRecord:
@@ -228,6 +230,10 @@ class JobRunner:
                 "reward_errors": len(errors), "rollouts": len(rewards), "rollout_seconds": round(rollout_seconds, 3),
                 "temperature": settings.temperature, "group_size": settings.group_size,
                 "learning_rate": settings.learning_rate, **self._group_metrics(groups)}
+            if spec.remedies.guide_field is not None:
+                guided = await self.stop.interruptible(self._guide(groups, rows, iteration))
+                groups, metrics["groups_guided"] = guided.groups, guided.guided
+                metrics["references_refused"] = len(guided.refused)
             informative = [g for g in groups if _has_signal(g)]
             checkpoint: str | None = None
             if informative:
@@ -268,6 +274,18 @@ class JobRunner:
             groups += await self._rollouts(model, extra, settings)
         return groups
 
+    async def _guide(self, groups: list[art.TrajectoryGroup], rows: list[PromptRow], iteration: int) -> Guided:
+        """The groups, each whose rollouts all failed with its row's reference answer (`guidance.py`)."""
+        assert self.reward is not None and self.spec.remedies.guide_field is not None
+        guided = await guide_groups(groups, {row.line: row for row in rows}, self.spec.remedies.guide_field,
+                                    self.reward, self._pass_threshold())
+        for why in guided.refused:
+            if self._guide_refusals_reported >= MAX_REWARD_ERROR_EVENTS:
+                break
+            self._guide_refusals_reported += 1
+            self.event(f"iteration {iteration + 1}: {why}", level="warn")
+        return guided
+
     def _pass_threshold(self) -> float:
         assert self.reward is not None
         threshold = self.reward.reward.pass_threshold
@@ -297,6 +315,7 @@ class JobRunner:
                 assert episode.score is not None
                 t.reward = episode.score.value
                 t.metadata["reward_error"] = episode.score.error
+                t.metadata[ROW_METADATA] = row.line
             return t
 
         groups = (art.TrajectoryGroup(rollout(row) for _ in range(settings.group_size)) for row in batch)

@@ -87,6 +87,8 @@ class RemedySettings(_Frozen):
     temperature_schedule: Schedule | None = None  # the rollouts' temperature (replaces rollout.temperature)
     group_size_schedule: Schedule | None = None  # rollouts per row (replaces rollout.group_size)
     learning_rate_schedule: Schedule | None = None  # each step's learning rate (replaces learning_rate)
+    # a row field with a reference answer: it joins a group whose rollouts all failed (`guidance.py`)
+    guide_field: str | None = Field(None, min_length=1, max_length=200)
 
     @field_validator("temperature_schedule")
     @classmethod

@@ -24,6 +24,7 @@ class GroupStatistics:
     mixed: int
     all_right: int  # every trajectory reached it
     pass_rate: float | None  # fraction of all trajectories that reached it; None without groups
+    pass_threshold: float  # a trajectory passes when its reward is at least this
 
     @property
     def zero_variance_fraction(self) -> float | None:
@@ -51,7 +52,7 @@ def group_statistics(rewards_by_group: Sequence[Sequence[float | None]], pass_th
     return GroupStatistics(
         groups=len(known), zero_variance=zero_variance, all_wrong=all_wrong,
         mixed=len(known) - all_wrong - all_right, all_right=all_right,
-        pass_rate=passed / trajectories if trajectories else None,
+        pass_rate=passed / trajectories if trajectories else None, pass_threshold=pass_threshold,
     )
 
 

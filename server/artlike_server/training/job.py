@@ -231,8 +231,13 @@ class TrainingService:
         diagnostics = await asyncio.to_thread(_group_diagnostics, request, records)
         sequences, skipped = batch.sequences, batch.groups_skipped
         if request.groups and skipped == len(request.groups):
+            split = ""
+            if diagnostics is not None and diagnostics[0].groups == skipped:
+                stats = diagnostics[0]
+                split = (f" ({stats.all_wrong} with no trajectory passing, {stats.all_right} with every one passing, "
+                         f"by pass_threshold {stats.pass_threshold:g})")
             raise InvalidRequest(
-                f"all {skipped} group(s) have equal rewards within the group, so every advantage is 0 and "
+                f"all {skipped} group(s) have equal rewards within the group{split}, so every advantage is 0 and "
                 "there is nothing to learn; vary the rollouts (temperature, more samples per group) or the reward",
                 param="groups", code="no_signal")
         if not sequences:
