@@ -41,7 +41,7 @@ from bench.ceiling import RESULTS as CEILING
 from bench.machine import machine, matmul_speed, same_speed
 from bench.tables import config_of
 from bench.tables import plateau as plateau_table
-from examples.arithmetic.demo import MAX_TOKENS
+from examples.arithmetic.demo import MAX_TOKENS, reference
 from examples.arithmetic.task import Problem, reward
 
 RESULTS = Path(__file__).resolve().parent / "results" / "plateau.json"
@@ -75,17 +75,10 @@ def remedies(schedule_steps: int) -> list[Remedy]:
         Remedy("temperature", temperature),
         Remedy("group_size", group_size),
         Remedy("lr_schedule", lr),
-        Remedy("guidance", {"guide": reference_answer}),
+        Remedy("guidance", {"guide": reference}),
         Remedy("combined", {**dynamic, **curriculum, **temperature, **group_size, **lr},
                {**entropy, "epsilon_high": 0.4}),
     ]
-
-
-def reference_answer(problem: Problem) -> art.Trajectory:
-    """The right answer to a problem, scored by the task's own reward: the guide's reference."""
-    solved = problem.solved()
-    score, metrics = reward(problem, solved[-1]["content"])
-    return art.Trajectory(solved, reward=score, metrics=metrics)
 
 
 def rollout_of(model: art.TrainableModel) -> Callable[[Problem], Any]:

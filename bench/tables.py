@@ -35,7 +35,8 @@ def table(header: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
 
 
 def caption(result_file: str, result: Result, what: str = "") -> str:
-    return f"`bench/results/{result_file}`{what}, measured on {describe(result['machine'])}:"
+    speed = f" (matmul {result['speed']:g} GFLOP/s in bfloat16)" if result.get("speed") else ""
+    return f"`bench/results/{result_file}`{what}, measured on {describe(result['machine'])}{speed}:"
 
 
 def percent(value: float) -> str:
@@ -555,6 +556,7 @@ TABLES: dict[str, tuple[str, Callable[[Result], str]]] = {
     "ceiling_bf16": ("ceiling_bf16.json", ceiling("ceiling_bf16.json")),
     "plateau": ("plateau.json", plateau("plateau.json")),
     "plateau_sampling": ("plateau_sampling.json", plateau("plateau_sampling.json")),
+    "plateau_guidance": ("plateau_guidance.json", plateau("plateau_guidance.json")),
 }
 
 

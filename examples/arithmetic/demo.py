@@ -42,6 +42,13 @@ async def rollout(model: art.TrainableModel, problem: Problem) -> art.Trajectory
     return t
 
 
+def reference(problem: Problem) -> art.Trajectory:
+    """The right answer, for a problem no rollout of its group got right: the group learns from it."""
+    solved = problem.solved()
+    value, metrics = reward(problem, solved[-1]["content"])
+    return art.Trajectory(solved, reward=value, metrics=metrics)
+
+
 async def evaluate(base_url: str, model: str, eval_set: list[Problem], api_key: str | None) -> dict[str, float]:
     """Greedy accuracy and format rate on held-out problems, through the plain (unrecorded) /v1 API."""
     client = AsyncOpenAI(base_url=f"{base_url}/v1", api_key=api_key or "artlike")
@@ -60,7 +67,7 @@ async def evaluate(base_url: str, model: str, eval_set: list[Problem], api_key: 
 
 def print_header() -> None:
     print(f"\n{'step':>4} {'reward':>7} {'correct':>8} {'format':>7} {'loss':>8} {'entropy':>7} {'zero-var':>8} "
-          f"{'stale':>6} {'rollout s':>9} {'train s':>8} {'step s':>7}")
+          f"{'guided':>6} {'stale':>6} {'rollout s':>9} {'train s':>8} {'step s':>7}")
 
 
 def _print_row(report: art.PipelineStep) -> None:
@@ -69,7 +76,7 @@ def _print_row(report: art.PipelineStep) -> None:
     zero_variance = "—" if report.zero_variance_fraction is None else f"{report.zero_variance_fraction:.0%}"
     print(f"{report.step:>4} {report.reward_mean:>7.3f} {report.metrics.get('correct', 0.0):>8.1%} "
           f"{report.metrics.get('formatted', 0.0):>7.1%} {report.loss or 0.0:>8.4f} {entropy:>7} {zero_variance:>8} "
-          f"{report.staleness_mean:>6.2f} "
+          f"{report.groups_guided:>6} {report.staleness_mean:>6.2f} "
           f"{report.rollout_seconds:>9.1f} {report.train_seconds:>8.1f} {report.step_seconds:>7.1f}"
           + ("" if report.trained else f"  not trained: {report.reason}"))
 
@@ -90,7 +97,8 @@ async def run(args: argparse.Namespace, base_url: str) -> dict[str, Any]:
     trainer = art.PipelineTrainer(
         model, lambda problem: rollout(model, problem), train_set, group_size=args.group_size,
         groups_per_step=args.groups, max_steps_off_policy=args.max_steps_off_policy,
-        learning_rate=args.learning_rate, on_step=_print_row, progress=False)
+        learning_rate=args.learning_rate, on_step=_print_row, progress=False,
+        guide=reference if args.guide else None)
     print_header()
     result = await trainer.run(num_steps=args.steps)
 
@@ -118,6 +126,8 @@ def main() -> None:
                         help="0: the sequential loop; 1: sample the next step while one trains. Default: 1 on a "
                              "GPU, 0 on a CPU, where the engine and the trainer share the same cores and overlapping "
                              "them is slower per step (bench/rl_step.py measures both)")
+    parser.add_argument("--guide", action=argparse.BooleanOptionalAction, default=False,
+                        help="add the right answer to a group whose samples were all wrong (off-policy guidance)")
     parser.add_argument("--output", type=Path, help="results JSON (default: results.json in the run's data dir)")
     args = parser.parse_args()
     if args.max_steps_off_policy is None:
