@@ -190,7 +190,9 @@ def test_playground_ratings_train_a_step_and_the_alias_rolls_back_and_forth(stud
     name = register(server, "studio-ui")
     page = studio.page
     cards = studio.sample(name, "Write a one-line greeting for a friend.", n=4, max_tokens=48)
-    assert all(card["text"].strip() for card in cards), cards  # every card shows its streamed text
+    # Every card finished streaming, and the cards show the text; one sampled answer may be empty (the
+    # model can end at once), so not every card has to.
+    assert all(card["state"] == "done" for card in cards) and any(card["text"].strip() for card in cards), cards
 
     # two thumbs up, two thumbs down, with the page's buttons
     card = page.locator("#pg-cards .card")
