@@ -24,6 +24,7 @@ import math
 import random
 import statistics
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
@@ -167,8 +168,7 @@ class JobRunner:
         self.reward = reward
         self.stop = stop
         self.spec: JobSpec = store.get(job_id).spec  # immutable: read once, not per access
-        self._reward_errors_reported = 0
-        self._guide_refusals_reported = 0  # the first reasons a reference was not used appear in the events
+        self._warned: Counter[str] = Counter()  # warnings of each kind so far: only the first few become events
 
     @property
     def job(self) -> JobRecord:
@@ -279,11 +279,7 @@ class JobRunner:
         assert self.reward is not None and self.spec.remedies.guide_field is not None
         guided = await guide_groups(groups, {row.line: row for row in rows}, self.spec.remedies.guide_field,
                                     self.reward, self._pass_threshold())
-        for why in guided.refused:
-            if self._guide_refusals_reported >= MAX_REWARD_ERROR_EVENTS:
-                break
-            self._guide_refusals_reported += 1
-            self.event(f"iteration {iteration + 1}: {why}", level="warn")
+        self._warn_first("guide", [f"iteration {iteration + 1}: {why}" for why in guided.refused])
         return guided
 
     def _pass_threshold(self) -> float:
@@ -339,11 +335,15 @@ class JobRunner:
         raise JobFailed("the model stayed busy with other training for too long", code="training_busy")
 
     def _report_reward_errors(self, errors: list[str], iteration: int) -> None:
-        for error in errors:
-            if self._reward_errors_reported >= MAX_REWARD_ERROR_EVENTS:
-                break
-            self._reward_errors_reported += 1
-            self.event(f"reward error in iteration {iteration + 1} (the sample scored 0): {error}", level="warn")
+        self._warn_first("reward", [f"reward error in iteration {iteration + 1} (the sample scored 0): {error}"
+                                    for error in errors])
+
+    def _warn_first(self, kind: str, messages: list[str]) -> None:
+        """`warn` events for the job's first MAX_REWARD_ERROR_EVENTS messages of this kind; later ones are
+        counted in the iteration's metrics, not repeated."""
+        for message in messages[:max(0, MAX_REWARD_ERROR_EVENTS - self._warned[kind])]:
+            self._warned[kind] += 1
+            self.event(message, level="warn")
 
     def _commit_iteration(self, iteration: int, metrics: dict[str, Any], checkpoint: str | None) -> None:
         spec = self.spec
