@@ -51,6 +51,7 @@ bench: setup
 	$(PY) -m bench.plateau --configs baseline dynamic_sampling curriculum entropy_bonus clip_higher temperature \
 		--output bench/results/plateau_sampling.json
 	$(PY) -m bench.plateau --configs baseline guidance --output bench/results/plateau_guidance.json
+	$(PY) -m bench.plateau --configs baseline clip_higher clip_higher_entropy --output bench/results/plateau_clip.json
 	$(PY) -m pytest -q -ra -m learning
 
 # The CPU run whose results examples/email_agent/README.md reports (GRPO on subject questions, shaped

@@ -25,6 +25,17 @@ def machine() -> dict[str, Any]:
             "cores": os.cpu_count(), "isa": instruction_sets(cpu_flags())}
 
 
+def same_kind(recorded: Mapping[str, Any], other: Mapping[str, Any]) -> bool:
+    """Whether two recorded machines are described the same: CPU model, cores and instruction sets. The kernel
+    build and Python's patch release differ between hosts of one kind and change no result.
+
+    >>> a = {"cpu": "AMD EPYC", "cores": 2, "isa": "AVX2, no native BF16", "platform": "Linux-6.18-v1"}
+    >>> same_kind(a, {**a, "platform": "Linux-6.18-v2"}), same_kind(a, {**a, "isa": "AVX-512 with BF16"})
+    (True, False)
+    """
+    return all(recorded.get(key) == other.get(key) for key in ("cpu", "cores", "isa"))
+
+
 def matmul_speed(dtype: str = "bfloat16", size: int = 1024, seconds: float = 3.0) -> float:
     """GFLOP/s of square matmuls in `dtype` on every core, for `seconds`: two machines described the same (CPU
     model, cores, instruction sets) can still differ in speed (another generation, a busy host), and a

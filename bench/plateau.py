@@ -5,10 +5,11 @@ Starts its own `artlike serve` (default model). For each named config it registe
 LoRA budget), evaluates held-out problems (the demo's; greedy, and one sample at temperature 1), then trains
 with `art.PipelineTrainer` on the demo's training pool (the demo's rollout, reward and group shape) and
 evaluates again at each checkpoint (`--checkpoints`, minutes of training; evaluations are not counted).
-Configs (`--configs` picks some): baseline (the demo's settings), dynamic_sampling, curriculum, entropy_bonus,
-clip_higher (a wider `epsilon_high`), temperature (a schedule from hot to 1), group_size (a growing group),
-lr_schedule (a cosine over the run's steps), guidance (the known answer joins a group whose rollouts all
-failed), combined (all of them but guidance, which brings in the answers). Schedules span `--schedule-steps` steps
+Configs (`--configs` picks some): baseline (the demo's settings, GRPO's defaults), dynamic_sampling, curriculum,
+entropy_bonus, clip_higher (`epsilon_high` 0.4 instead of 0.28), clip_higher_entropy (the wider clip with a
+stronger entropy bonus), temperature (a schedule from hot to 1), group_size (a growing group), lr_schedule (a
+cosine over the run's steps), guidance (the known answer joins a group whose rollouts all failed), combined
+(all of them but guidance, which brings in the answers). Schedules span `--schedule-steps` steps
 (default: the steps the run's baseline took by its last checkpoint). Sampling is not seeded, so two runs of a
 config differ: `--repeats N` trains every config N times (rounds `name`, `name-2`, ...), each round read
 against its own baseline, to show the spread between runs next to the differences between configs.
@@ -38,7 +39,7 @@ from artlike_server.launcher import ServerProcess
 import artlike as art
 from bench.arithmetic import LORA_RANK, greedy_and_sampled, held_out, training_pool
 from bench.ceiling import RESULTS as CEILING
-from bench.machine import machine, matmul_speed, same_speed
+from bench.machine import machine, matmul_speed, same_kind, same_speed
 from bench.tables import config_of
 from bench.tables import plateau as plateau_table
 from examples.arithmetic.demo import MAX_TOKENS, reference
@@ -72,6 +73,8 @@ def remedies(schedule_steps: int) -> list[Remedy]:
         Remedy("curriculum", curriculum),
         Remedy("entropy_bonus", train=entropy),
         Remedy("clip_higher", train={"epsilon_high": 0.4}),
+        # the wider clip with an entropy bonus strong enough to weigh against the policy gradient
+        Remedy("clip_higher_entropy", train={"epsilon_high": 0.4, "entropy_coef": 1e-2}),
         Remedy("temperature", temperature),
         Remedy("group_size", group_size),
         Remedy("lr_schedule", lr),
@@ -132,12 +135,14 @@ async def train_one(remedy: Remedy, key: str, args: argparse.Namespace, base_url
               f"T=1 {scores['sampled']:.1%}")
     await model.aclose()
     return {"before": before, "checkpoints": checkpoints,
+            "train_config": trainer.config.model_dump(mode="json"),  # every option, defaults included
             "steps": [{"step": s.step, "reward_mean": s.reward_mean, "correct": s.metrics.get("correct"),
                        "zero_variance_groups": s.zero_variance_groups, "groups": s.groups,
                        "groups_all_wrong": s.groups_all_wrong, "groups_all_right": s.groups_all_right,
                        "groups_guided": s.groups_guided,
                        "sampling_entropy": s.sampling_entropy, "response_tokens_mean": s.response_tokens_mean,
-                       "loss": s.loss, "rollout_seconds": round(s.rollout_seconds, 2),
+                       "loss": s.loss, "clip_fraction": s.clip_fraction, "logprob_mismatch": s.logprob_mismatch,
+                       "entropy": s.entropy, "rollout_seconds": round(s.rollout_seconds, 2),
                        "train_seconds": round(s.train_seconds, 2), "step_seconds": round(s.step_seconds, 2)}
                       for s in steps]}
 
@@ -146,7 +151,7 @@ def ceiling(results: Path = CEILING.parent) -> dict[str, Any] | None:
     """The SFT ceiling to read the rows against: a `ceiling*.json` measured on a machine described as this one
     (the ceiling depends on the dtype the machine trains in), else `ceiling.json`, else none."""
     measured = {path.name: json.loads(path.read_text()) for path in sorted(results.glob("ceiling*.json"))}
-    here = [name for name, result in measured.items() if result.get("machine") == machine()]
+    here = [name for name, result in measured.items() if same_kind(result.get("machine", {}), machine())]
     name = here[0] if here else CEILING.name if CEILING.name in measured else None
     return None if name is None else {"file": name, "greedy": float(measured[name]["ceiling_greedy"]),
                                       "machine": measured[name]["machine"]}
@@ -207,7 +212,7 @@ def resumed(path: Path, settings: dict[str, Any], speed: float | None = None) ->
     scheduled = any("Schedule(" in repr(config) for config in earlier["configs"].values())
     differs = [k for k in COMPARABLE if earlier["settings"].get(k) != settings[k]
                and (k != "schedule_steps" or scheduled)]  # schedule steps matter only to runs with a schedule
-    if differs or earlier["machine"] != machine():
+    if differs or not same_kind(earlier["machine"], machine()):
         raise SystemExit(f"{path} was measured {'on another machine' if not differs else f'with other {differs}'}: "
                          "its runs would not compare with this run's; choose another --output")
     if speed is not None and earlier.get("speed") is not None and not same_speed(earlier["speed"], speed):

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.machine import describe
+from bench.machine import describe, same_kind
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
@@ -471,7 +471,7 @@ def ceiling_source(result: Result) -> str:
     """Where a plateau run's ceiling comes from: the ceiling's result file, and its machine where that differs."""
     if "ceiling_file" not in result:
         return "`bench/ceiling.py`"
-    elsewhere = result["ceiling_machine"] != result["machine"]
+    elsewhere = not same_kind(result["ceiling_machine"], result["machine"])
     return f"`bench/results/{result['ceiling_file']}`" + (
         f", measured on {describe(result['ceiling_machine'])}" if elsewhere else ", the same kind of machine")
 
@@ -557,6 +557,8 @@ TABLES: dict[str, tuple[str, Callable[[Result], str]]] = {
     "plateau": ("plateau.json", plateau("plateau.json")),
     "plateau_sampling": ("plateau_sampling.json", plateau("plateau_sampling.json")),
     "plateau_guidance": ("plateau_guidance.json", plateau("plateau_guidance.json")),
+    "plateau_clip": ("plateau_clip.json", plateau("plateau_clip.json")),
+    "plateau_clip_2": ("plateau_clip_2.json", plateau("plateau_clip_2.json")),
 }
 
 

@@ -95,6 +95,7 @@ class PipelineStep(BaseModel):
     groups_guided: int = 0  # groups whose rollouts all failed and that trained with the guide's reference added
     zero_variance_groups: int  # groups whose rewards were all equal (no signal)
     logprob_mismatch: float | None = None  # mean |logπθ − logπ_behaviour| reported by the server
+    clip_fraction: float | None = None  # trained tokens whose update the objective's clip limited
     loss: float | None = None
     # Why learning slows, as the train call reported it (None where it did not: see `StartEvent`/`StepEvent`).
     # A step refused for lack of signal has no report; its pass distribution is counted from its rewards.
@@ -734,6 +735,7 @@ class _Run(Generic[Scenario]):
             groups_guided=sum(any(t.metadata.get(GUIDE_METADATA) for t in f.group.trajectories) for f in batch),
             zero_variance_groups=zero_variance,
             logprob_mismatch=_mean([s.logprob_mismatch for s in steps]) if steps else None,
+            clip_fraction=_mean([s.clip_fraction for s in steps]) if steps else None,
             loss=_mean([s.loss for s in steps]) if steps else None,
             zero_variance_fraction=(start.zero_variance_fraction if start is not None
                                     else zero_variance / len(batch) if batch else None),

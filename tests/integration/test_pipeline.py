@@ -63,6 +63,8 @@ async def run_pipeline(server: ServerProcess, tmp_path: Path, name: str, *, step
     # Two steps' groups start at step 0; the second step's train from step 1: one step off policy.
     assert result.steps[1].staleness_max == 1
     assert all(step.logprob_mismatch is not None for step in result.steps if step.trained)
+    assert all(step.clip_fraction is not None and 0.0 <= step.clip_fraction <= 1.0
+               for step in result.steps if step.trained)
     assert 0 < result.engine_busy_fraction <= 1 and 0 < result.trainer_busy_fraction <= 1
 
     # Every rollout called the latest served step: the step the server recorded is the one served when
@@ -77,6 +79,8 @@ async def run_pipeline(server: ServerProcess, tmp_path: Path, name: str, *, step
         history = (await http.get(f"/v1/trainable_models/{name}/history")).json()["data"]
         evals = {line["step"]: line["eval"] for line in history if line.get("event") == "eval"}
         assert evals == {0: {"reward": before}, result.final_step: {"reward": after}}
+        configs = [line["config"] for line in history if "event" not in line]  # what each step trained with
+        assert configs and all(c["objective"] == "grpo" and c["learning_rate"] == LEARNING_RATE for c in configs)
         bad = await http.post(f"/v1/trainable_models/{name}/evaluations", json={"step": 99, "metrics": {"r": 1}})
         assert bad.status_code == 404 and bad.json()["error"]["code"] == "step_not_found"
         bad = await http.post(f"/v1/trainable_models/{name}/evaluations", json={"step": 1, "metrics": {}})

@@ -41,6 +41,9 @@ def test_other_settings_or_another_machine_are_refused(tmp_path: Path) -> None:
     path.write_text(json.dumps(recorded))
     with pytest.raises(SystemExit, match="on another machine"):
         plateau.resumed(path, SETTINGS)
+    recorded["machine"] = {**machine(), "platform": "another kernel build", "python": "3.11.0"}
+    path.write_text(json.dumps(recorded))
+    assert list(plateau.resumed(path, SETTINGS)["runs"]) == ["baseline"]  # a host of the same kind
 
 
 def test_schedules_span_the_baselines_steps_unless_told() -> None:
@@ -71,8 +74,9 @@ def test_the_ceiling_is_the_one_measured_on_this_machine(tmp_path: Path) -> None
     measured("ceiling.json", 0.875, isa="elsewhere")
     assert plateau.ceiling(tmp_path) == {"file": "ceiling.json", "greedy": 0.875,
                                          "machine": {**machine(), "isa": "elsewhere"}}
-    measured("ceiling_bf16.json", 0.955)
-    assert plateau.ceiling(tmp_path) == {"file": "ceiling_bf16.json", "greedy": 0.955, "machine": machine()}
+    measured("ceiling_bf16.json", 0.955, platform="another kernel build")  # the same kind of machine
+    assert plateau.ceiling(tmp_path) == {"file": "ceiling_bf16.json", "greedy": 0.955,
+                                         "machine": {**machine(), "platform": "another kernel build"}}
 
 
 def test_the_run_keys_worked_example() -> None:
