@@ -559,6 +559,7 @@ TABLES: dict[str, tuple[str, Callable[[Result], str]]] = {
     "plateau_guidance": ("plateau_guidance.json", plateau("plateau_guidance.json")),
     "plateau_clip": ("plateau_clip.json", plateau("plateau_clip.json")),
     "plateau_clip_2": ("plateau_clip_2.json", plateau("plateau_clip_2.json")),
+    "plateau_clip_3": ("plateau_clip_3.json", plateau("plateau_clip_3.json")),
 }
 
 
