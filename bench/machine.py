@@ -33,7 +33,7 @@ def same_kind(recorded: Mapping[str, Any], other: Mapping[str, Any]) -> bool:
     >>> same_kind(a, {**a, "platform": "Linux-6.18-v2"}), same_kind(a, {**a, "isa": "AVX-512 with BF16"})
     (True, False)
     """
-    return all(recorded.get(key) == other.get(key) for key in ("cpu", "cores", "isa"))
+    return describe(recorded) == describe(other)
 
 
 def matmul_speed(dtype: str = "bfloat16", size: int = 1024, seconds: float = 3.0) -> float:

@@ -151,7 +151,7 @@ def ceiling(results: Path = CEILING.parent) -> dict[str, Any] | None:
     """The SFT ceiling to read the rows against: a `ceiling*.json` measured on a machine described as this one
     (the ceiling depends on the dtype the machine trains in), else `ceiling.json`, else none."""
     measured = {path.name: json.loads(path.read_text()) for path in sorted(results.glob("ceiling*.json"))}
-    here = [name for name, result in measured.items() if same_kind(result.get("machine", {}), machine())]
+    here = [name for name, result in measured.items() if "machine" in result and same_kind(result["machine"], machine())]
     name = here[0] if here else CEILING.name if CEILING.name in measured else None
     return None if name is None else {"file": name, "greedy": float(measured[name]["ceiling_greedy"]),
                                       "machine": measured[name]["machine"]}
