@@ -9,19 +9,17 @@ from typing import Any
 from openai import AsyncOpenAI
 
 from examples.arithmetic.demo import MAX_TOKENS
-from examples.arithmetic.task import Problem, problems, reward
+from examples.arithmetic.task import HELD_OUT_SEED, TRAINING_SEED, Problem, problems, reward
 
-EVAL_SEED = 10_000  # the demo's held-out problems
-POOL_SEED = 0  # the demo's training problems (its --seed default)
 LORA_RANK = 8  # the demo's
 
 
 def training_pool(size: int) -> list[Problem]:
-    return problems(seed=POOL_SEED, count=size)
+    return problems(seed=TRAINING_SEED, count=size)
 
 
 def held_out(size: int) -> list[Problem]:
-    return problems(seed=EVAL_SEED, count=size)
+    return problems(seed=HELD_OUT_SEED, count=size)
 
 
 async def answers(base_url: str, api_key: str, model: str, eval_set: list[Problem], *, temperature: float,

@@ -8,8 +8,10 @@ evaluates again at each checkpoint (`--checkpoints`, minutes of training; evalua
 Configs (`--configs` picks some): baseline (the demo's settings, GRPO's defaults), dynamic_sampling, curriculum,
 entropy_bonus, clip_higher (`epsilon_high` 0.4 instead of 0.28), clip_higher_entropy (the wider clip with a
 stronger entropy bonus), temperature (a schedule from hot to 1), group_size (a growing group), lr_schedule (a
-cosine over the run's steps), guidance (the known answer joins a group whose rollouts all failed), combined
-(all of them but guidance, which brings in the answers). Schedules span `--schedule-steps` steps
+cosine over the run's steps), higher_lr (a constant 2.5x the demo's learning rate), guidance (the known
+answer joins a group whose rollouts all failed), retry_failed (such a group is rolled out again at
+temperature 1.5, and joined by that retry where one of its rollouts passed), combined (the schedules,
+dynamic sampling, the curriculum, the entropy bonus and the wider clip). Schedules span `--schedule-steps` steps
 (default: the steps the run's baseline took by its last checkpoint). Sampling is not seeded, so two runs of a
 config differ: `--repeats N` trains every config N times (rounds `name`, `name-2`, ...), each round read
 against its own baseline, to show the spread between runs next to the differences between configs.
@@ -78,7 +80,11 @@ def remedies(schedule_steps: int) -> list[Remedy]:
         Remedy("temperature", temperature),
         Remedy("group_size", group_size),
         Remedy("lr_schedule", lr),
+        # a constant learning rate 2.5x the demo's: more movement per step when most groups carry no signal
+        Remedy("higher_lr", train={"learning_rate": 2.5 * LEARNING_RATE}),
         Remedy("guidance", {"guide": reference}),
+        # exploration without the answers: an all-wrong group rolled out again at temperature 1.5
+        Remedy("retry_failed", {"retry_failed": art.RetryFailedGroups(temperature=1.5)}),
         Remedy("combined", {**dynamic, **curriculum, **temperature, **group_size, **lr},
                {**entropy, "epsilon_high": 0.4}),
     ]
@@ -116,7 +122,7 @@ async def train_one(remedy: Remedy, key: str, args: argparse.Namespace, base_url
     trainer = art.PipelineTrainer(
         model, rollout_of(model), scenarios, group_size=GROUP_SIZE, groups_per_step=GROUPS_PER_STEP,
         max_steps_off_policy=args.max_steps_off_policy, state_path=state_dir / f"{key}.json", progress=False,
-        learning_rate=LEARNING_RATE, **remedy.train, **remedy.pipeline)
+        **{"learning_rate": LEARNING_RATE, **remedy.train}, **remedy.pipeline)
     before = await greedy_and_sampled(base_url, KEY, model.name, eval_set)
     print(f"{key}: before: greedy {before['greedy']:.1%}, T=1 {before['sampled']:.1%}")
     checkpoints: list[dict[str, Any]] = []
@@ -139,7 +145,8 @@ async def train_one(remedy: Remedy, key: str, args: argparse.Namespace, base_url
             "steps": [{"step": s.step, "reward_mean": s.reward_mean, "correct": s.metrics.get("correct"),
                        "zero_variance_groups": s.zero_variance_groups, "groups": s.groups,
                        "groups_all_wrong": s.groups_all_wrong, "groups_all_right": s.groups_all_right,
-                       "groups_guided": s.groups_guided,
+                       "groups_guided": s.groups_guided, "groups_retried": s.groups_retried,
+                       "groups_rescued": s.groups_rescued,
                        "sampling_entropy": s.sampling_entropy, "response_tokens_mean": s.response_tokens_mean,
                        "loss": s.loss, "clip_fraction": s.clip_fraction, "logprob_mismatch": s.logprob_mismatch,
                        "entropy": s.entropy, "rollout_seconds": round(s.rollout_seconds, 2),

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.machine import describe, same_kind
+from examples.arithmetic.task import HELD_OUT_SEED, TRAINING_SEED, problems
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
@@ -419,13 +420,14 @@ def ceiling(result_file: str) -> Callable[[Result], str]:
 
 def ceiling_table(result_file: str, result: Result) -> str:
     settings, before = result["settings"], result["before"]
-    rows = [(0, 0, "0", "", percent(before["greedy"]), percent(before["sampled"]))]
+    rows = [(0, 0, "0", "", percent(before["greedy"]), percent(before["sampled"]), unseen_accuracy(before, settings))]
     rows += [(p["pass"], p["steps"], f"{p['train_seconds']:.0f}", f"{p['loss']:.4f}", percent(p["greedy"]),
-              percent(p["sampled"])) for p in result["passes"]]
+              percent(p["sampled"]), unseen_accuracy(p, settings)) for p in result["passes"]]
     return "\n\n".join([
         caption(result_file, result, f", {settings['pool_size']} training problems in batches of "
                 f"{settings['batch_size']}, lr {settings['learning_rate']:g}, {settings['eval_size']} held-out problems"),
-        table(["pass", "steps", "training s", "mean loss", "held-out greedy", "held-out T=1"], rows),
+        table(["pass", "steps", "training s", "mean loss", "held-out greedy", "held-out T=1",
+               "greedy on unseen problems"], rows),
         f"The ceiling (best held-out greedy accuracy): **{percent(result['ceiling_greedy'])}**, from "
         f"{percent(before['greedy'])} before training."])
 
@@ -467,6 +469,29 @@ def margin(point: Result, baseline: Result, count: int) -> float:
     return difference_margin(point["greedy"], baseline["greedy"], count)
 
 
+@functools.cache
+def unseen(pool_size: int, eval_size: int) -> tuple[int, ...]:
+    """Which of the demo task's first `eval_size` held-out problems the first `pool_size` training problems
+    lack (their indices): a draw from 672 distinct problems repeats many, so a held-out score is mostly one
+    on problems trained on, and these show what carries over to problems never seen.
+
+    >>> len(unseen(1024, 200))
+    44
+    """
+    pool = set(problems(TRAINING_SEED, pool_size))
+    return tuple(i for i, problem in enumerate(problems(HELD_OUT_SEED, eval_size)) if problem not in pool)
+
+
+def unseen_accuracy(point: Result, settings: Result) -> str:
+    """A checkpoint's greedy accuracy on the held-out problems the training pool lacks ("—" where the run did
+    not record which problems it got right)."""
+    if "greedy_right" not in point:
+        return "—"
+    indices = unseen(settings["pool_size"], settings["eval_size"])
+    right = sum(point["greedy_right"][i] == "1" for i in indices)
+    return f"{percent(right / len(indices))} of {len(indices)}" if indices else "—"
+
+
 def ceiling_source(result: Result) -> str:
     """Where a plateau run's ceiling comes from: the ceiling's result file, and its machine where that differs."""
     if "ceiling_file" not in result:
@@ -502,7 +527,7 @@ def plateau(result_file: str) -> Callable[[Result], str]:
         checkpoints = settings["checkpoints"]
         compared = "baseline" in result["runs"]
         header = ["config", "before: greedy / T=1"] + [f"{m:g} min: greedy / T=1" for m in checkpoints]
-        header += ["steps", "groups trained", "zero-variance groups"]
+        header += ["last: greedy on unseen problems", "steps", "groups trained", "zero-variance groups"]
         header += (["last vs baseline"] if compared else []) + ([] if top is None else ["last vs ceiling"])
         rows = []
         for name, run in result["runs"].items():
@@ -511,7 +536,8 @@ def plateau(result_file: str) -> Callable[[Result], str]:
             row = [f"`{name}`", f"{percent(run['before']['greedy'])} / {percent(run['before']['sampled'])}"]
             row += [f"{percent(p['greedy'])} / {percent(p['sampled'])}" for p in points]
             row += ["—"] * (len(checkpoints) - len(points))
-            row += [last["steps"], last.get("groups_trained", "—"), last.get("zero_variance_groups", "—")]
+            row += [unseen_accuracy(last, settings), last["steps"], last.get("groups_trained", "—"),
+                    last.get("zero_variance_groups", "—")]
             if compared:
                 baseline = baseline_of(name, result["runs"])
                 same = [p for p in (baseline or {}).get("checkpoints", []) if p["minutes"] == last["minutes"]]

@@ -27,7 +27,7 @@ from openai import AsyncOpenAI
 
 import artlike as art
 
-from .task import Problem, problems, reward
+from .task import HELD_OUT_SEED, TRAINING_SEED, Problem, problems, reward
 
 MAX_TOKENS = 16
 
@@ -37,7 +37,8 @@ async def rollout(model: art.TrainableModel, problem: Problem) -> art.Trajectory
     async with model.trajectory() as t:
         client = t.async_openai_client()
         completion = await client.chat.completions.create(
-            model=model.name, messages=problem.messages(), max_tokens=MAX_TOKENS, temperature=1.0)  # type: ignore[arg-type]
+            model=model.name, messages=problem.messages(), max_tokens=MAX_TOKENS,  # type: ignore[arg-type]
+            temperature=art.rollout_temperature(1.0))  # hotter in a retry of an all-wrong group (--retry-failed)
         t.reward, t.metrics = reward(problem, completion.choices[0].message.content or "")
     return t
 
@@ -67,7 +68,7 @@ async def evaluate(base_url: str, model: str, eval_set: list[Problem], api_key: 
 
 def print_header() -> None:
     print(f"\n{'step':>4} {'reward':>7} {'correct':>8} {'format':>7} {'loss':>8} {'entropy':>7} {'zero-var':>8} "
-          f"{'guided':>6} {'stale':>6} {'rollout s':>9} {'train s':>8} {'step s':>7}")
+          f"{'guided':>6} {'rescued':>7} {'stale':>6} {'rollout s':>9} {'train s':>8} {'step s':>7}")
 
 
 def _print_row(report: art.PipelineStep) -> None:
@@ -76,7 +77,7 @@ def _print_row(report: art.PipelineStep) -> None:
     zero_variance = "—" if report.zero_variance_fraction is None else f"{report.zero_variance_fraction:.0%}"
     print(f"{report.step:>4} {report.reward_mean:>7.3f} {report.metrics.get('correct', 0.0):>8.1%} "
           f"{report.metrics.get('formatted', 0.0):>7.1%} {report.loss or 0.0:>8.4f} {entropy:>7} {zero_variance:>8} "
-          f"{report.groups_guided:>6} {report.staleness_mean:>6.2f} "
+          f"{report.groups_guided:>6} {report.groups_rescued:>7} {report.staleness_mean:>6.2f} "
           f"{report.rollout_seconds:>9.1f} {report.train_seconds:>8.1f} {report.step_seconds:>7.1f}"
           + ("" if report.trained else f"  not trained: {report.reason}"))
 
@@ -85,7 +86,7 @@ async def run(args: argparse.Namespace, base_url: str) -> dict[str, Any]:
     model = art.TrainableModel(name=args.name, base_model=DEFAULT_MODEL_ID, server=base_url,
                                lora=art.LoraConfig(rank=args.lora_rank, alpha=2 * args.lora_rank))
     await model.register()
-    eval_set = problems(seed=10_000, count=args.eval_size)
+    eval_set = problems(seed=HELD_OUT_SEED, count=args.eval_size)
     train_set = problems(seed=args.seed, count=(args.steps + args.max_steps_off_policy + 4) * args.groups)
 
     print(f"evaluating step {await model.get_step()} on {len(eval_set)} held-out problems (greedy)...")
@@ -98,7 +99,8 @@ async def run(args: argparse.Namespace, base_url: str) -> dict[str, Any]:
         model, lambda problem: rollout(model, problem), train_set, group_size=args.group_size,
         groups_per_step=args.groups, max_steps_off_policy=args.max_steps_off_policy,
         learning_rate=args.learning_rate, on_step=_print_row, progress=False,
-        guide=reference if args.guide else None)
+        guide=reference if args.guide else None,
+        retry_failed=art.RetryFailedGroups() if args.retry_failed else None)
     print_header()
     result = await trainer.run(num_steps=args.steps)
 
@@ -121,13 +123,16 @@ def main() -> None:
     parser.add_argument("--learning-rate", type=float, default=2e-4)
     parser.add_argument("--lora-rank", type=int, default=8)
     parser.add_argument("--eval-size", type=int, default=100)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=TRAINING_SEED)
     parser.add_argument("--max-steps-off-policy", type=int, default=None,
                         help="0: the sequential loop; 1: sample the next step while one trains. Default: 1 on a "
                              "GPU, 0 on a CPU, where the engine and the trainer share the same cores and overlapping "
                              "them is slower per step (bench/rl_step.py measures both)")
     parser.add_argument("--guide", action=argparse.BooleanOptionalAction, default=False,
                         help="add the right answer to a group whose samples were all wrong (off-policy guidance)")
+    parser.add_argument("--retry-failed", action=argparse.BooleanOptionalAction, default=False,
+                        help="roll a group whose samples were all wrong out again at temperature 1.5; the retry "
+                             "joins it when one of its samples is right")
     parser.add_argument("--output", type=Path, help="results JSON (default: results.json in the run's data dir)")
     args = parser.parse_args()
     if args.max_steps_off_policy is None:

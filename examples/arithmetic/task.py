@@ -17,6 +17,10 @@ WORKED_EXAMPLE = [
     {"role": "assistant", "content": "<answer>19</answer>"},
 ]
 FORMAT_CREDIT = 0.1
+# The demo's draws. Operands 0-20 make 672 distinct problems, so a held-out draw repeats many training
+# problems: bench/tables.py reports the held-out problems the training pool lacks on their own.
+TRAINING_SEED = 0
+HELD_OUT_SEED = 10_000
 _ANSWER = re.compile(r"<answer>\s*(-?\d+)\s*</answer>")
 
 

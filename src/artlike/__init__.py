@@ -42,7 +42,14 @@ from ._jobs import Jobs
 from ._judge import Judge, judge_group, judge_group_sync, judge_groups, judge_groups_sync
 from ._model import TrainableModel
 from ._pipeline import PipelineResult, PipelineStep, PipelineTrainer
-from ._remedies import CurriculumSampler, DynamicSampling, PassRateCurriculum, Schedule, rollout_temperature
+from ._remedies import (
+    CurriculumSampler,
+    DynamicSampling,
+    PassRateCurriculum,
+    RetryFailedGroups,
+    Schedule,
+    rollout_temperature,
+)
 from ._score import score, score_sync
 from ._session import TrainingSession
 from ._sft import best_of_groups
@@ -116,6 +123,7 @@ __all__ = [
     "PipelineResult",
     "PipelineStep",
     "PipelineTrainer",
+    "RetryFailedGroups",
     "RetryPolicy",
     "RewardHeadConfig",
     "RewardModelConfig",

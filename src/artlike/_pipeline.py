@@ -55,6 +55,7 @@ from ._remedies import (
     CurriculumSampler,
     DynamicSampling,
     PassRateCurriculum,
+    RetryFailedGroups,
     Schedule,
     has_signal,
     set_rollout_temperature,
@@ -93,6 +94,8 @@ class PipelineStep(BaseModel):
     groups_dropped_stale: int  # since the previous step: sampled more than max_steps_off_policy steps before
     groups_dropped_failed: int  # since the previous step: fewer than min_group_size rollouts finished, or scored None
     groups_guided: int = 0  # groups whose rollouts all failed and that trained with the guide's reference added
+    groups_retried: int = 0  # since the previous step: groups whose rollouts all failed, rolled out again hotter
+    groups_rescued: int = 0  # groups that trained with a hotter retry joined (one of its rollouts passed)
     zero_variance_groups: int  # groups whose rewards were all equal (no signal)
     logprob_mismatch: float | None = None  # mean |logπθ − logπ_behaviour| reported by the server
     clip_fraction: float | None = None  # trained tokens whose update the objective's clip limited
@@ -217,6 +220,7 @@ def staleness(trained_from: int, policy_steps: Iterable[int]) -> int:
 
 
 GUIDE_METADATA = "guide"  # a trajectory's metadata key: the guide's reference, not a rollout
+RETRY_METADATA = "retry_temperature"  # a trajectory's metadata key: a hotter retry's rollout, at this temperature
 
 
 def _mean(values: list[float]) -> float:
@@ -277,7 +281,10 @@ class PipelineTrainer(Generic[Scenario]):
     reward (e.g. the known answer as an offline `art.Trajectory`, or a stronger model's), or None: when no
     rollout of a group reaches the config's `pass_threshold`, the reference joins the group, so a problem
     the policy always fails still teaches (off-policy guidance, as in LUFFY). The step's `groups_guided`
-    counts them; its rewards and metrics are the rollouts'.
+    counts them; its rewards and metrics are the rollouts'. `retry_failed=art.RetryFailedGroups()` rolls
+    such a group out again at a hotter temperature (the rollout reads it with `art.rollout_temperature()`),
+    and a retry in which a rollout passes joins the group, with no reference needed; the step's
+    `groups_retried` and `groups_rescued` count them, and its rewards and metrics are the first rollouts'.
     """
 
     def __init__(
@@ -310,6 +317,7 @@ class PipelineTrainer(Generic[Scenario]):
         group_size_schedule: Schedule | None = None,
         learning_rate_schedule: Schedule | None = None,
         guide: Callable[[Scenario], Trajectory | Awaitable[Trajectory | None] | None] | None = None,
+        retry_failed: RetryFailedGroups | None = None,
         **train_options: Any,
     ) -> None:
         for name, value, low in (("group_size", group_size, 1), ("groups_per_step", groups_per_step, 1),
@@ -352,11 +360,13 @@ class PipelineTrainer(Generic[Scenario]):
         self.dynamic_sampling, self.curriculum, self.scenario_key = dynamic_sampling, curriculum, scenario_key
         self.temperature, self.group_size_schedule = temperature, group_size_schedule
         self.learning_rate_schedule = learning_rate_schedule
-        self.guide = guide
+        self.guide, self.retry_failed = guide, retry_failed
         # A rollout passes when its reward reaches the config's pass_threshold (the group objectives have one).
         self.pass_threshold: float | None = getattr(self.config, "pass_threshold", None)
-        if guide is not None and self.pass_threshold is None:
-            raise ValueError(f"a guide needs a group objective with a pass_threshold, not {self.config.objective!r}")
+        for name, option in (("a guide", guide), ("retry_failed", retry_failed)):
+            if option is not None and self.pass_threshold is None:
+                raise ValueError(f"{name} needs a group objective with a pass_threshold, "
+                                 f"not {self.config.objective!r}")
         self._sampler: CurriculumSampler | None = None  # built on the first run, kept over the next ones
 
     def curriculum_sampler(self) -> CurriculumSampler | None:
@@ -416,6 +426,7 @@ class _Run(Generic[Scenario]):
         self.dropped_stale = 0
         self.dropped_failed = 0
         self.dropped_zero_variance = 0  # since the previous step: without reward variance (dynamic sampling)
+        self.retried = 0  # since the previous step: all-failed groups rolled out again hotter
         self.sampler = trainer.curriculum_sampler()
         self.engine, self.trainer = _Activity(), _Activity()
         self.limit = asyncio.Semaphore(trainer.rollout_concurrency) if trainer.rollout_concurrency else None
@@ -541,13 +552,7 @@ class _Run(Generic[Scenario]):
         if self.t.temperature is not None:  # this task's context: its rollouts copy it
             set_rollout_temperature(self.t.temperature.at(done))
         try:
-            rollouts = [asyncio.ensure_future(self._rollout_one(scenario, policy_step))
-                        for _ in range(group_size)]
-            try:
-                outcomes = await asyncio.gather(*rollouts)
-            finally:  # one raised (past the failure budget) or this group was cancelled: stop its siblings
-                for pending in rollouts:
-                    pending.cancel()
+            outcomes = await self._rollouts(scenario, policy_step, group_size)
             finished = [o for o in outcomes if isinstance(o, Trajectory) and not o.failed]
             errors = [o if isinstance(o, Exception) else o.exception for o in outcomes
                       if not isinstance(o, Trajectory) or o.failed]
@@ -555,7 +560,11 @@ class _Run(Generic[Scenario]):
             if group is not None and len(finished) >= self.t.min_group_size and self.t.score_group is not None:
                 group = await self.t.score_group(group)
             usable = group is not None and len(group.trajectories) >= self.t.min_group_size
-            reference = await self._reference(scenario, group) if usable and group is not None else None
+            trained = group
+            if usable and group is not None:  # a hotter retry in which a rollout passed joins the group
+                retry = await self._retry(scenario, group, policy_step, group_size)
+                trained = TrajectoryGroup([*group.trajectories, *retry], exceptions=group.exceptions) if retry else group
+            reference = await self._reference(scenario, trained) if usable and trained is not None else None
         except BaseException as error:
             async with self.changed:
                 self.in_flight -= 1
@@ -565,18 +574,27 @@ class _Run(Generic[Scenario]):
             raise
         async with self.changed:
             self.in_flight -= 1
-            if usable and group is not None:
-                if self.sampler is not None:
+            if usable and group is not None and trained is not None:
+                if self.sampler is not None:  # the pass rate of the policy's own rollouts
                     self.sampler.record(index, [t.reward for t in group.trajectories])
                 if reference is not None:
-                    group = TrajectoryGroup([*group.trajectories, reference], exceptions=group.exceptions)
-                self.ready.append(_FinishedGroup(index, group, policy_step, started, time.perf_counter()))
+                    trained = TrajectoryGroup([*trained.trajectories, reference], exceptions=trained.exceptions)
+                self.ready.append(_FinishedGroup(index, trained, policy_step, started, time.perf_counter()))
             else:
                 self.dropped_failed += 1
                 self.outstanding -= 1
                 self.useful -= 1
                 self.state.mark_used(index)
             self.changed.notify_all()
+
+    async def _rollouts(self, scenario: Scenario, policy_step: int, count: int) -> list[Trajectory | Exception]:
+        """`count` rollouts of `scenario` at once, each a trajectory or the exception it failed with."""
+        rollouts = [asyncio.ensure_future(self._rollout_one(scenario, policy_step)) for _ in range(count)]
+        try:
+            return await asyncio.gather(*rollouts)
+        finally:  # one raised (past the failure budget) or this group was cancelled: stop its siblings
+            for pending in rollouts:
+                pending.cancel()
 
     async def _rollout_one(self, scenario: Scenario, policy_step: int) -> Trajectory | Exception:
         async with bounded(self.limit):
@@ -597,11 +615,35 @@ class _Run(Generic[Scenario]):
             self._count_failure(result.exception)
         return result
 
+    def _none_passed(self, group: TrajectoryGroup) -> bool:
+        threshold = self.t.pass_threshold
+        return threshold is not None and not any(
+            t.reward is not None and t.reward >= threshold for t in group.trajectories)
+
+    async def _retry(self, scenario: Scenario, group: TrajectoryGroup, policy_step: int,
+                     group_size: int) -> list[Trajectory]:
+        """A hotter retry's rollouts for a group none of whose rollouts passed: the first retry in which one
+        passes (marked with its temperature), else none."""
+        retry = self.t.retry_failed
+        if retry is None or not self._none_passed(group):
+            return []
+        self.retried += 1
+        set_rollout_temperature(retry.temperature)  # this group's task only: its retries copy it
+        for _ in range(retry.attempts):
+            outcomes = await self._rollouts(scenario, policy_step, retry.group_size or group_size)
+            again: TrajectoryGroup | None = TrajectoryGroup(
+                [o for o in outcomes if isinstance(o, Trajectory) and not o.failed])
+            if again is not None and self.t.score_group is not None and again.trajectories:
+                again = await self.t.score_group(again)
+            if again is not None and again.trajectories and not self._none_passed(again):
+                for trajectory in again.trajectories:
+                    trajectory.metadata[RETRY_METADATA] = retry.temperature
+                return list(again.trajectories)
+        return []
+
     async def _reference(self, scenario: Scenario, group: TrajectoryGroup) -> Trajectory | None:
         """The guide's reference for a group none of whose rollouts passed; None without a guide or a failure."""
-        threshold = self.t.pass_threshold
-        if self.t.guide is None or threshold is None or any(
-                t.reward is not None and t.reward >= threshold for t in group.trajectories):
+        if self.t.guide is None or not self._none_passed(group):
             return None
         reference = self.t.guide(scenario)
         if isawaitable(reference):
@@ -693,7 +735,7 @@ class _Run(Generic[Scenario]):
             self.changed.notify_all()
         self.state.steps_done += 1
         report = self._report(batch, result, from_step, waited, train_seconds, since_previous)
-        self.dropped_stale = self.dropped_failed = self.dropped_zero_variance = 0
+        self.dropped_stale = self.dropped_failed = self.dropped_zero_variance = self.retried = 0
         if not result.trained:
             logger.info("artlike: pipeline step %d trained nothing: %s", report.index, result.done.reason)
         if self.t.evaluate is not None and self.t.eval_every and self.state.steps_done % self.t.eval_every == 0:
@@ -711,8 +753,9 @@ class _Run(Generic[Scenario]):
 
     def _report(self, batch: list[_FinishedGroup], result: TrainResult, from_step: int, waited: float,
                 train_seconds: float, since_previous: float) -> PipelineStep:
-        trajectories = [t for finished in batch for t in finished.group.trajectories
-                        if not t.metadata.get(GUIDE_METADATA)]  # the rollouts: a guide's reference is no sample
+        trajectories = [t for finished in batch for t in finished.group.trajectories  # the first rollouts: a
+                        if not t.metadata.get(GUIDE_METADATA) and RETRY_METADATA not in t.metadata]  # reference
+        # is no sample, and a hotter retry's are not the step's policy at its temperature
         rewards = [t.reward for t in trajectories if t.reward is not None]
         ages = [staleness(from_step, [f.policy_step]) for f in batch]
         keys = sorted({key for t in trajectories for key in t.metrics})
@@ -733,6 +776,8 @@ class _Run(Generic[Scenario]):
             metrics=metrics, staleness_mean=_mean([float(a) for a in ages]), staleness_max=max(ages, default=0),
             groups_dropped_stale=self.dropped_stale, groups_dropped_failed=self.dropped_failed,
             groups_guided=sum(any(t.metadata.get(GUIDE_METADATA) for t in f.group.trajectories) for f in batch),
+            groups_retried=self.retried,
+            groups_rescued=sum(any(RETRY_METADATA in t.metadata for t in f.group.trajectories) for f in batch),
             zero_variance_groups=zero_variance,
             logprob_mismatch=_mean([s.logprob_mismatch for s in steps]) if steps else None,
             clip_fraction=_mean([s.clip_fraction for s in steps]) if steps else None,

@@ -6,6 +6,8 @@ most groups are all-right or all-wrong and the step carries little signal. The o
 - `DynamicSampling` (DAPO): a step drops groups without reward variance and waits for more, up to a bound.
 - `PassRateCurriculum` with `CurriculumSampler`: the next scenario is one whose recent pass rate is strictly
   between 0 and 1 (unseen scenarios first, so the whole pool is explored).
+- `RetryFailedGroups`: a group none of whose rollouts passed is rolled out again at a hotter temperature,
+  and a retry in which one passes joins it (exploration where the policy is sure and wrong).
 - `Schedule`: a value over the run's steps, linear or cosine, with warmup: the sampling temperature, the
   group size, and the learning rate of each step (a run-level schedule: each `model.train` call of the
   pipeline is one step, so the train config's own `lr_schedule` acts within one call only).
@@ -22,7 +24,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-__all__ = ["CurriculumSampler", "DynamicSampling", "PassRateCurriculum", "Schedule", "rollout_temperature"]
+__all__ = ["CurriculumSampler", "DynamicSampling", "PassRateCurriculum", "RetryFailedGroups", "Schedule",
+           "rollout_temperature"]
 
 
 class _Options(BaseModel):
@@ -93,6 +96,22 @@ class DynamicSampling(_Options):
         20
         """
         return max(groups_per_step, math.ceil(self.max_resample_factor * groups_per_step))
+
+
+class RetryFailedGroups(_Options):
+    """Exploration where the policy is sure and wrong. When none of a group's rollouts passes (by the
+    objective's `pass_threshold`), the scenario is rolled out again at the hotter `temperature` (the rollout
+    reads it with `art.rollout_temperature()`), `group_size` more times (default: the group's size), up to
+    `attempts` times until a rollout passes. The retry in which one passes joins the group, which then carries
+    a signal where the all-wrong group would have trained nothing; a retry in which none passes is dropped (it
+    would only rank wrong answers against each other).
+
+    The engine records each token's logprob under the policy itself, before temperature, so the retried
+    samples train as the policy's own: a flatter draw from the same distribution that found a right answer."""
+
+    temperature: float = Field(1.5, gt=0.0, le=4.0, description="The retries' sampling temperature.")
+    attempts: int = Field(1, ge=1, le=8, description="Retries of one group at most, until a rollout passes.")
+    group_size: int | None = Field(None, ge=1, le=1024, description="Rollouts per retry (default: the group's).")
 
 
 def has_signal(rewards: Sequence[float | None]) -> bool:

@@ -11,6 +11,7 @@ import pytest
 
 from bench import tables
 from bench.machine import describe, instruction_sets
+from examples.arithmetic.task import HELD_OUT_SEED, TRAINING_SEED, problems
 
 
 @pytest.mark.parametrize("document", sorted(tables.documents()), ids=lambda path: str(path.relative_to(tables.ROOT)))
@@ -64,11 +65,22 @@ def test_a_plateau_row_is_read_against_its_own_runs_baseline() -> None:
               "runs": {"baseline": run("0000", "1000"), "curriculum": run("0000", "1100")}}
     rendered = tables.plateau("plateau_test.json")(result)
     # paired: differences 0, 1, 0, 0 give +25 points ± 1.96·√(0.25/4) = 49 points
-    assert "| `curriculum` | 0.0% / 0.0% | 50.0% / 50.0% | 3 | — | — | +25.0 ± 49.0 points |" in rendered
+    # held-out problems 0, 1 and 3 are not among the 8 training problems: 2 of those 3 right
+    assert "| `curriculum` | 0.0% / 0.0% | 50.0% / 50.0% | 66.7% of 3 | 3 | — | — | +25.0 ± 49.0 points |" in rendered
     for point in (*result["runs"]["baseline"]["checkpoints"], *result["runs"]["curriculum"]["checkpoints"]):
         del point["greedy_right"]
     # without the answers: as if independent, 1.96·√((0.5·0.5 + 0.25·0.75)/4) = 64.8 points
     assert "+25.0 ± 64.8 points" in tables.plateau("plateau_test.json")(result)
+
+
+def test_the_unseen_held_out_problems_are_those_the_training_pool_lacks() -> None:
+    pool, held_out = set(problems(TRAINING_SEED, 1024)), problems(HELD_OUT_SEED, 200)
+    indices = tables.unseen(1024, 200)
+    assert [i for i, problem in enumerate(held_out) if problem not in pool] == list(indices)
+    assert 0 < len(indices) < 200
+    right = "".join("0" if i in indices else "1" for i in range(200))
+    assert tables.unseen_accuracy({"greedy_right": right}, {"pool_size": 1024, "eval_size": 200}) == "0.0% of 44"
+    assert tables.unseen_accuracy({"greedy": 0.5}, {"pool_size": 1024, "eval_size": 200}) == "—"
 
 
 def test_a_plateau_table_names_where_its_ceiling_was_measured() -> None:

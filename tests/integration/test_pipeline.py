@@ -144,3 +144,32 @@ async def test_a_guide_reference_joins_and_trains_a_group_whose_rollouts_all_fai
     [line] = [line for line in history if "event" not in line]
     # The server trained each group with its reference: one trajectory of three passing in each.
     assert line["groups_mixed"] == 2 and line["groups_skipped"] == 0 and line["pass_rate"] == pytest.approx(1 / 3)
+
+
+async def test_a_hotter_retry_joins_and_trains_a_group_whose_rollouts_all_failed(server: ServerProcess) -> None:
+    model = trainable_model(server, "retried", lora={"rank": 8})
+    await model.register()
+    temperatures: list[float] = []
+
+    async def rollout(question: str) -> art.Trajectory:  # a task only a hotter sample solves
+        temperature = art.rollout_temperature(1.0)
+        temperatures.append(temperature)
+        async with model.trajectory() as t:
+            await t.async_openai_client(timeout=300).chat.completions.create(
+                model=t.model, messages=[{"role": "user", "content": INSTRUCTION + question}],  # type: ignore[list-item]
+                max_tokens=4, temperature=temperature)
+            t.reward = float(temperature >= 1.5)
+        return t
+
+    result = await art.PipelineTrainer(model, rollout, TRAIN[:2], group_size=2, groups_per_step=2,
+                                       max_steps_off_policy=0, retry_failed=art.RetryFailedGroups(temperature=1.5),
+                                       progress=False, learning_rate=LEARNING_RATE).run(num_steps=1)
+    [step] = result.steps
+    assert sorted(temperatures) == [1.0] * 4 + [1.5] * 4
+    assert step.trained and (step.groups_retried, step.groups_rescued) == (2, 2), step
+    assert step.trajectories == 4 and step.reward_mean == 0.0, step  # the first rollouts'
+    async with async_http_client(server, timeout=60) as http:
+        history = (await http.get("/v1/trainable_models/retried/history")).json()["data"]
+    [line] = [line for line in history if "event" not in line]
+    # The server trained each group with its retry: two of its four trajectories passing.
+    assert line["groups_mixed"] == 2 and line["groups_skipped"] == 0 and line["pass_rate"] == pytest.approx(0.5)

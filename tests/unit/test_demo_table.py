@@ -1,5 +1,5 @@
 """The arithmetic demo's step table: a row lines up under its header and shows the plateau's two signs and the
-guided groups; the guide's reference is the right answer, which the task's reward passes."""
+guided and rescued groups; the guide's reference is the right answer, which the task's reward passes."""
 
 from __future__ import annotations
 
@@ -21,12 +21,12 @@ def step(**fields: object) -> art.PipelineStep:
 def test_a_row_shows_entropy_and_the_zero_variance_fraction_under_their_headers(
         capsys: pytest.CaptureFixture[str]) -> None:
     demo.print_header()
-    demo._print_row(step(entropy=0.4321, zero_variance_fraction=0.25, groups_guided=2))
+    demo._print_row(step(entropy=0.4321, zero_variance_fraction=0.25, groups_guided=2, groups_rescued=1))
     demo._print_row(step())  # not reported: a dash, the columns still line up
     header, first, second = capsys.readouterr().out.strip("\n").splitlines()
     columns = header.split()
-    assert columns[5:8] == ["entropy", "zero-var", "guided"]
-    assert first.split()[5:8] == ["0.432", "25%", "2"] and second.split()[5:8] == ["—", "—", "0"]
+    assert columns[5:9] == ["entropy", "zero-var", "guided", "rescued"]
+    assert first.split()[5:9] == ["0.432", "25%", "2", "1"] and second.split()[5:9] == ["—", "—", "0", "0"]
     assert len(first) == len(second) == len(header)
 
 

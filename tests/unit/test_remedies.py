@@ -255,6 +255,80 @@ def test_a_guide_follows_the_configs_pass_threshold() -> None:
     assert result.steps[0].groups_guided == 2
 
 
+@dataclass
+class SureAndWrong:
+    """Scenario s in `stuck`: every rollout at temperature below `hot` fails (reward 0); at `hot` or above, the
+    `passing`-th rollout of each hot batch passes. Other scenarios: rewards alternate 1, 0."""
+
+    stuck: set[int]
+    hot: float = 1.5
+    passing: int = 2
+    temperatures: list[tuple[int, float]] = field(default_factory=list)
+    hot_calls: dict[int, int] = field(default_factory=dict)
+
+    async def __call__(self, scenario: int) -> art.Trajectory:
+        temperature = art.rollout_temperature(1.0)
+        self.temperatures.append((scenario, temperature))
+        if scenario not in self.stuck:
+            reward = float(sum(s == scenario for s, _ in self.temperatures) % 2)
+        elif temperature < self.hot:
+            reward = 0.0
+        else:
+            self.hot_calls[scenario] = self.hot_calls.get(scenario, 0) + 1
+            reward = float(self.hot_calls[scenario] % self.passing == 0) if self.passing else 0.0
+        return art.Trajectory([{"role": "user", "content": str(scenario)}], reward=reward, metrics={"hot": temperature})
+
+
+def test_a_group_that_failed_everywhere_is_retried_hotter_and_a_passing_retry_joins_it() -> None:
+    server = RecordingServer()
+    rollouts = SureAndWrong(stuck={0})
+    result = make(server, rollouts, range(100), max_steps_off_policy=0,  # type: ignore[arg-type]
+                  retry_failed=art.RetryFailedGroups(temperature=1.5)).run_sync(num_steps=2)
+    trained = {int(g.trajectories[0].messages()[0]["content"]): g for batch in server.trained_batches for g in batch}
+    # scenario 0: its two rollouts at temperature 1 failed, its retry of two at 1.5 (the second passed) joined
+    assert [t.reward for t in trained[0].trajectories] == [0.0, 0.0, 0.0, 1.0]
+    assert [t.metadata.get("retry_temperature") for t in trained[0].trajectories] == [None, None, 1.5, 1.5]
+    assert sorted(t for s, t in rollouts.temperatures if s == 0) == [1.0, 1.0, 1.5, 1.5]
+    assert {t for s, t in rollouts.temperatures if s != 0} == {1.0}  # only the failed group is retried
+    assert [(s.groups_retried, s.groups_rescued) for s in result.steps] == [(1, 1), (0, 0)]
+    # the step's rewards and metrics are the first rollouts' (0, 0 | 1, 0), not the retry's
+    assert result.steps[0].trajectories == 4 and result.steps[0].reward_mean == pytest.approx(0.25)
+    assert result.steps[0].metrics["hot"] == pytest.approx(1.0)
+
+
+def test_a_retry_in_which_nothing_passes_is_dropped_after_its_attempts() -> None:
+    server = RecordingServer()
+    rollouts = SureAndWrong(stuck={0}, passing=0)  # never passes, however hot
+    result = make(server, rollouts, range(100), max_steps_off_policy=0,  # type: ignore[arg-type]
+                  retry_failed=art.RetryFailedGroups(temperature=2.0, attempts=3, group_size=4)).run_sync(num_steps=1)
+    trained = {int(g.trajectories[0].messages()[0]["content"]): g for batch in server.trained_batches for g in batch}
+    assert [t.reward for t in trained[0].trajectories] == [0.0, 0.0]  # trained as it was (no signal)
+    assert sorted(t for s, t in rollouts.temperatures if s == 0) == [1.0] * 2 + [2.0] * 12  # 3 retries of 4
+    assert (result.steps[0].groups_retried, result.steps[0].groups_rescued) == (1, 0)
+
+
+def test_a_rescued_group_needs_no_guide_and_a_retry_needs_a_pass_threshold() -> None:
+    server = RecordingServer()
+    asked: list[int] = []
+
+    def guide(scenario: int) -> art.Trajectory:
+        asked.append(scenario)
+        return reference(scenario)
+
+    result = make(server, SureAndWrong(stuck={0, 1}, passing=0), range(2), max_steps_off_policy=0,  # type: ignore[arg-type]
+                  retry_failed=art.RetryFailedGroups(), guide=guide).run_sync(num_steps=1)
+    assert sorted(asked) == [0, 1] and result.steps[0].groups_guided == 2  # the retries found nothing
+    asked.clear()
+    make(RecordingServer(), SureAndWrong(stuck={0, 1}), range(2), max_steps_off_policy=0,  # type: ignore[arg-type]
+         retry_failed=art.RetryFailedGroups(), guide=guide).run_sync(num_steps=1)
+    assert asked == []  # both rescued by their retries
+    with pytest.raises(ValueError, match="retry_failed needs a group objective"):
+        make(server, SureAndWrong(stuck=set()), range(5), retry_failed=art.RetryFailedGroups(),  # type: ignore[arg-type]
+             objective="sft")
+    with pytest.raises(ValidationError):
+        art.RetryFailedGroups(temperature=0.0)
+
+
 def test_bad_remedy_options_fail_before_anything_runs() -> None:
     server = RecordingServer()
     rollouts = ScriptedRollouts()
