@@ -586,6 +586,7 @@ TABLES: dict[str, tuple[str, Callable[[Result], str]]] = {
     "plateau_clip": ("plateau_clip.json", plateau("plateau_clip.json")),
     "plateau_clip_2": ("plateau_clip_2.json", plateau("plateau_clip_2.json")),
     "plateau_clip_3": ("plateau_clip_3.json", plateau("plateau_clip_3.json")),
+    "plateau_explore": ("plateau_explore.json", plateau("plateau_explore.json")),
 }
 
 
