@@ -54,6 +54,8 @@ bench: setup
 	$(PY) -m bench.plateau --configs baseline clip_higher clip_higher_entropy --output bench/results/plateau_clip.json
 	$(PY) -m bench.plateau --configs clip_higher --output bench/results/plateau_clip_3.json
 	$(PY) -m bench.plateau --configs baseline higher_lr retry_failed --output bench/results/plateau_explore.json
+	$(PY) -m bench.plateau --configs baseline clip_cov --output bench/results/plateau_clip_cov.json
+	$(PY) -m bench.plateau --configs baseline --output bench/results/plateau_clip_cov_2.json
 	$(PY) -m pytest -q -ra -m learning
 
 # The CPU run whose results examples/email_agent/README.md reports (GRPO on subject questions, shaped

@@ -5,13 +5,14 @@ Starts its own `artlike serve` (default model). For each named config it registe
 LoRA budget), evaluates held-out problems (the demo's; greedy, and one sample at temperature 1), then trains
 with `art.PipelineTrainer` on the demo's training pool (the demo's rollout, reward and group shape) and
 evaluates again at each checkpoint (`--checkpoints`, minutes of training; evaluations are not counted).
-Configs (`--configs` picks some): baseline (the demo's settings, GRPO's defaults), dynamic_sampling, curriculum,
-entropy_bonus, clip_higher (`epsilon_high` 0.4 instead of 0.28), clip_higher_entropy (the wider clip with a
-stronger entropy bonus), temperature (a schedule from hot to 1), group_size (a growing group), lr_schedule (a
-cosine over the run's steps), higher_lr (a constant 2.5x the demo's learning rate), guidance (the known
-answer joins a group whose rollouts all failed), retry_failed (such a group is rolled out again at
-temperature 1.5, and joined by that retry where one of its rollouts passed), combined (the schedules,
-dynamic sampling, the curriculum, the entropy bonus and the wider clip). Schedules span `--schedule-steps` steps
+Configs (`--configs` picks some, run in the order given with the baseline first): baseline (the demo's settings,
+GRPO's defaults), dynamic_sampling, curriculum, entropy_bonus, clip_higher (`epsilon_high` 0.4 instead of 0.28),
+clip_higher_entropy (the wider clip with a stronger entropy bonus), temperature (a schedule from hot to 1),
+group_size (a growing group), lr_schedule (a cosine over the run's steps), higher_lr (a constant 2.5x the demo's
+learning rate), guidance (the known answer joins a group whose rollouts all failed), retry_failed (such a group is
+rolled out again at temperature 1.5, and joined by that retry where one of its rollouts passed), clip_cov (Clip-Cov
+on 2% of a step's tokens), combined (the schedules, dynamic sampling, the curriculum, the entropy bonus and the
+wider clip). Schedules span `--schedule-steps` steps
 (default: the steps the run's baseline took by its last checkpoint). Sampling is not seeded, so two runs of a
 config differ: `--repeats N` trains every config N times (rounds `name`, `name-2`, ...), each round read
 against its own baseline, to show the spread between runs next to the differences between configs.
@@ -85,6 +86,8 @@ def remedies(schedule_steps: int) -> list[Remedy]:
         Remedy("guidance", {"guide": reference}),
         # exploration without the answers: an all-wrong group rolled out again at temperature 1.5
         Remedy("retry_failed", {"retry_failed": art.RetryFailedGroups(temperature=1.5)}),
+        # Clip-Cov: a few tokens whose update would sharpen the policy most leave the loss (2% of a step's)
+        Remedy("clip_cov", train={"clip_cov_fraction": 0.02}),
         Remedy("combined", {**dynamic, **curriculum, **temperature, **group_size, **lr},
                {**entropy, "epsilon_high": 0.4}),
     ]
@@ -110,6 +113,15 @@ def run_keys(configs: list[str], repeats: int) -> list[str]:
     ['baseline', 'clip_higher', 'baseline-2', 'clip_higher-2']
     """
     return [name if round_ == 1 else f"{name}-{round_}" for round_ in range(1, repeats + 1) for name in configs]
+
+
+def run_order(configs: list[str]) -> list[str]:
+    """The configs in the order given, but the baseline first (the schedules of the others span its steps).
+
+    >>> run_order(["clip_cov", "higher_lr", "baseline", "clip_cov"])
+    ['baseline', 'clip_cov', 'higher_lr']
+    """
+    return sorted(dict.fromkeys(configs), key=lambda name: name != "baseline")
 
 
 async def train_one(remedy: Remedy, key: str, args: argparse.Namespace, base_url: str, base_model: str,
@@ -149,6 +161,7 @@ async def train_one(remedy: Remedy, key: str, args: argparse.Namespace, base_url
                        "groups_rescued": s.groups_rescued,
                        "sampling_entropy": s.sampling_entropy, "response_tokens_mean": s.response_tokens_mean,
                        "loss": s.loss, "clip_fraction": s.clip_fraction, "logprob_mismatch": s.logprob_mismatch,
+                       "clip_cov_fraction": s.objective_metrics.get("clip_cov_fraction"),
                        "entropy": s.entropy, "rollout_seconds": round(s.rollout_seconds, 2),
                        "train_seconds": round(s.train_seconds, 2), "step_seconds": round(s.step_seconds, 2)}
                       for s in steps]}
@@ -182,7 +195,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k not in ("resume",)}
     speed = matmul_speed()  # before the server starts: nothing else running
     kept = resumed(args.output, settings, speed) if args.resume else {"configs": {}, "runs": {}}
-    wanted = [name for name in names if not args.configs or name in args.configs]
+    wanted = run_order(args.configs or names)
     chosen = [key for key in run_keys(wanted, args.repeats) if key not in kept["runs"]]
     settings["configs"] = list(dict.fromkeys(config_of(key) for key in [*kept["runs"], *chosen]))  # all it holds
     runs: dict[str, dict[str, Any]] = dict(kept["runs"])

@@ -587,6 +587,8 @@ TABLES: dict[str, tuple[str, Callable[[Result], str]]] = {
     "plateau_clip_2": ("plateau_clip_2.json", plateau("plateau_clip_2.json")),
     "plateau_clip_3": ("plateau_clip_3.json", plateau("plateau_clip_3.json")),
     "plateau_explore": ("plateau_explore.json", plateau("plateau_explore.json")),
+    "plateau_clip_cov": ("plateau_clip_cov.json", plateau("plateau_clip_cov.json")),
+    "plateau_clip_cov_2": ("plateau_clip_cov_2.json", plateau("plateau_clip_cov_2.json")),
 }
 
 

@@ -100,6 +100,7 @@ class PipelineStep(BaseModel):
     logprob_mismatch: float | None = None  # mean |logπθ − logπ_behaviour| reported by the server
     clip_fraction: float | None = None  # trained tokens whose update the objective's clip limited
     loss: float | None = None
+    objective_metrics: dict[str, float] = Field(default_factory=dict)  # the objective's own (StepEvent.metrics), mean
     # Why learning slows, as the train call reported it (None where it did not: see `StartEvent`/`StepEvent`).
     # A step refused for lack of signal has no report; its pass distribution is counted from its rewards.
     zero_variance_fraction: float | None = None  # zero_variance_groups / groups
@@ -782,6 +783,8 @@ class _Run(Generic[Scenario]):
             logprob_mismatch=_mean([s.logprob_mismatch for s in steps]) if steps else None,
             clip_fraction=_mean([s.clip_fraction for s in steps]) if steps else None,
             loss=_mean([s.loss for s in steps]) if steps else None,
+            objective_metrics={key: _mean([s.metrics[key] for s in steps if key in s.metrics])
+                               for key in sorted({key for s in steps for key in s.metrics})},
             zero_variance_fraction=(start.zero_variance_fraction if start is not None
                                     else zero_variance / len(batch) if batch else None),
             groups_all_wrong=start.groups_all_wrong if start else local.all_wrong if local else None,

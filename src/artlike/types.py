@@ -276,6 +276,19 @@ class GRPOConfig(_TokenLevelOptions):
     objective: Literal["grpo"] = "grpo"
     epsilon_low: float = Field(0.2, ge=0.0, le=1.0)
     epsilon_high: float = Field(0.28, ge=0.0, le=10.0)
+    clip_cov_fraction: float = Field(0.0, ge=0.0, le=1.0, description="Clip-Cov, against entropy collapse: the "
+                                     "share of a batch's trained tokens, chosen at random among those whose "
+                                     "covariance of logprob and advantage lies in clip_cov_range, that are left "
+                                     "out of the loss. 0: off.")
+    clip_cov_range: tuple[FiniteFloat, FiniteFloat] = Field((1.0, 5.0), description="The covariance bounds "
+                                                            "(low, high) of Clip-Cov's candidate tokens.")
+
+    @model_validator(mode="after")
+    def _clip_cov_range_is_ordered(self) -> GRPOConfig:
+        low, high = self.clip_cov_range
+        if not low < high:
+            raise ValueError(f"clip_cov_range must be (low, high) with low < high, got {self.clip_cov_range}")
+        return self
 
 
 class CISPOConfig(_TokenLevelOptions):

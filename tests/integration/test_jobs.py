@@ -277,6 +277,7 @@ async def test_a_job_against_a_flat_curve_samples_more_rows_and_follows_its_sche
         "learningRate": 1e-4, "trainingData": [{"prompt": "Say something.", "fixed": 0.5},
                                                {"prompt": "Tell me a story."}],
         "dynamicSampling": {"max_resample_factor": 2}, "entropyCoef": 0.001, "epsilonHigh": 0.4,
+        "clipCovFraction": 0.05,
         "temperatureSchedule": {"start": 1.2, "end": 1.0, "steps": 1},
         "groupSizeSchedule": {"start": 3, "end": 4, "steps": 1},
         "learningRateSchedule": {"start": 1e-4, "end": 5e-5, "steps": 1}})
@@ -296,6 +297,7 @@ async def test_a_job_against_a_flat_curve_samples_more_rows_and_follows_its_sche
         assert m["groups_all_wrong"] + m["groups_mixed"] + m["groups_all_right"] == m["groups"]
         assert m["zero_variance_fraction"] == pytest.approx(m["zero_variance_groups"] / m["groups"])
         assert m["entropy"] > 0 and m["sampling_entropy"] > 0 and 1 <= m["response_tokens_mean"] <= 8, m
+        assert 0.0 <= m["clip_cov_fraction"] <= 0.5, m  # Clip-Cov reached the trainer's loss
 
 
 async def test_a_row_the_policy_always_fails_trains_on_its_reference_answer(

@@ -160,6 +160,9 @@ def test_the_config_union_picks_the_objective_and_defaults_to_grpo() -> None:
     {"objective": "gspo", "loss_aggregation": "token"},  # GSPO is sequence-level by definition
     {"loss_aggregation": "constant"},  # needs loss_normalizer
     {"objective": "cispo", "epsilon_hi": 0.3},  # typo: unknown fields are errors
+    {"clip_cov_range": [5.0, 1.0]},  # Clip-Cov's bounds must be (low, high)
+    {"clip_cov_fraction": 1.5},
+    {"objective": "cispo", "clip_cov_fraction": 0.1},  # Clip-Cov is a GRPO option
 ])
 def test_bad_configs_are_rejected(options: dict[str, object]) -> None:
     with pytest.raises(ValidationError):
@@ -171,6 +174,8 @@ def test_bad_configs_are_rejected(options: dict[str, object]) -> None:
 
 @pytest.mark.parametrize(("config", "metric"), [
     (GRPOConfig(learning_rate=0.1, micro_batch_tokens=64, max_grad_norm=None), None),
+    (GRPOConfig(learning_rate=0.1, micro_batch_tokens=64, max_grad_norm=None, clip_cov_fraction=0.5,
+                clip_cov_range=(-100.0, 100.0)), "clip_cov_fraction"),
     (CISPOConfig(learning_rate=0.1, micro_batch_tokens=64, max_grad_norm=None), "is_weight"),
     (GSPOConfig(learning_rate=0.1, micro_batch_tokens=64, max_grad_norm=None, kl_beta=0.05), "sequence_ratio"),
 ])

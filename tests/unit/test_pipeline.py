@@ -57,12 +57,13 @@ class FakeServer:
                            groups_skipped=0, sequences=8, trainable_tokens=100, zero_variance_fraction=0.5,
                            groups_all_wrong=1, groups_mixed=1, groups_all_right=0, pass_rate=0.25,
                            response_tokens_mean=12.0, sampling_entropy=0.8)
-        metric = StepEvent(gradient_step=1, num_gradient_steps=1, loss=0.5, policy_loss=0.5, kl=0.0, entropy=1.0,
+        metric = StepEvent(gradient_step=1, num_gradient_steps=2, loss=0.5, policy_loss=0.5, kl=0.0, entropy=1.0,
                            grad_norm=1.0, clip_fraction=0.0, learning_rate=1e-5, tokens=100, seconds=0.01,
-                           logprob_mismatch=0.02, kl_to_base=0.01)
+                           logprob_mismatch=0.02, kl_to_base=0.01, metrics={"clip_cov_fraction": 0.03, "nll": 2.0})
+        second = metric.model_copy(update={"gradient_step": 2, "metrics": {"clip_cov_fraction": 0.01}})
         done = DoneEvent(model=f"m@{self.step}", step=self.step, adapter_path="/x", train_seconds=0.05,
                          swap_seconds=0.0)
-        return art.TrainResult(step=self.step, model=done.model, metrics=[metric], start=start, done=done)
+        return art.TrainResult(step=self.step, model=done.model, metrics=[metric, second], start=start, done=done)
 
     async def set_retention(self, retention: StepRetention) -> None:
         self.retention = retention
@@ -173,6 +174,8 @@ def test_reports_carry_rewards_metrics_mismatch_and_timings() -> None:
     assert (report.zero_variance_fraction, report.groups_all_wrong, report.groups_mixed, report.groups_all_right,
             report.pass_rate, report.response_tokens_mean, report.sampling_entropy) == (0.5, 1, 1, 0, 0.25, 12.0, 0.8)
     assert report.entropy == pytest.approx(1.0) and report.kl_to_base == pytest.approx(0.01)
+    # the objective's own statistics: each averaged over the gradient steps that reported it
+    assert report.objective_metrics == {"clip_cov_fraction": pytest.approx(0.02), "nll": 2.0}
     assert report.train_seconds >= 0.05 and report.rollout_seconds > 0 and report.step_seconds >= report.train_seconds
 
 

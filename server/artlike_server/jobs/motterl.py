@@ -59,6 +59,7 @@ class StartTraining(BaseModel):
     dynamic_sampling: bool | DynamicSampling | None = Field(None, alias="dynamicSampling")
     entropy_coef: float | None = Field(None, alias="entropyCoef")
     epsilon_high: float | None = Field(None, alias="epsilonHigh")
+    clip_cov_fraction: float | None = Field(None, alias="clipCovFraction")
     temperature_schedule: Schedule | None = Field(None, alias="temperatureSchedule")
     group_size_schedule: Schedule | None = Field(None, alias="groupSizeSchedule")
     learning_rate_schedule: Schedule | None = Field(None, alias="learningRateSchedule")

@@ -145,10 +145,13 @@ def _has_signal(group: art.TrajectoryGroup) -> bool:
 
 
 def _step_metrics(result: art.TrainResult) -> dict[str, float]:
-    """The trainer's side of a step: the policy's entropy and, when measured, the KL to the base model."""
+    """The trainer's side of a step: the policy's entropy, the objective's own statistics (`clip_cov_fraction`)
+    and, when measured, the KL to the base model."""
     metrics: dict[str, float] = {}
     if result.metrics:
         metrics["entropy"] = statistics.fmean(s.entropy for s in result.metrics)
+        for name in sorted({name for s in result.metrics for name in s.metrics}):
+            metrics[name] = statistics.fmean(s.metrics[name] for s in result.metrics if name in s.metrics)
         kl = [s.kl_to_base for s in result.metrics if s.kl_to_base is not None]
         if kl:
             metrics["kl_to_base"] = statistics.fmean(kl)

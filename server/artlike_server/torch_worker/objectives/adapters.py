@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from artlike.types import CISPOConfig, GRPOConfig, ImportanceSamplingConfig
 from artlike_server.torch_worker.objectives.base import (
@@ -48,9 +48,13 @@ class TokenLevel(BaseObjective):
         out = type(self).loss_function(
             batch.logprobs, batch.behaviour_logprobs, batch.advantages, batch.mask,
             epsilon_low=c.epsilon_low, epsilon_high=c.epsilon_high, aggregation=c.loss_aggregation,
-            ref_logprobs=batch.ref_logprobs, kl_beta=c.kl_beta, normalizer=normalizer,
+            ref_logprobs=batch.ref_logprobs, kl_beta=c.kl_beta, normalizer=normalizer, **self.loss_options(),
         )  # fmt: skip
         return self.with_entropy_bonus(out, batch, normalizer)
+
+    def loss_options(self) -> dict[str, Any]:
+        """Keywords only this objective's loss function takes (none here)."""
+        return {}
 
     def with_entropy_bonus(self, out: LossOutput, batch: PolicyBatch, normalizer: float) -> LossOutput:
         """`out` with `entropy_coef` × the aggregated entropy subtracted from its loss (unchanged at 0)."""

@@ -13,15 +13,20 @@ aggregated over the step's trainable tokens as `tokens.py` says ("token", "seque
 "constant"). The ratio makes the first update exactly on-policy even though vLLM and the trainer compute
 slightly different numbers (bf16 kernels, batch composition), and corrects data sampled by an older
 adapter. Behaviour logprobs that are unknown (NaN, e.g. offline data without logprobs; or infinite) count
-as the current detached logprob: ρ = 1.
+as the current detached logprob: ρ = 1. With `clip_cov_fraction` > 0, Clip-Cov (`clip_cov.py`) leaves a few
+tokens whose update would sharpen the policy most out of the loss, against entropy collapse.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
+from artlike.types import GRPOConfig
 from artlike_server.torch_worker.objectives.adapters import TokenLevel
 from artlike_server.torch_worker.objectives.base import LossOutput
+from artlike_server.torch_worker.objectives.clip_cov import tokens_to_exclude
 from artlike_server.torch_worker.objectives.tokens import (
     Aggregation,
     behaviour_or_current,
@@ -46,6 +51,9 @@ def policy_loss(
     kl_beta: float = 0.0,
     normalizer: float | None = None,
     loss_normalizer: int | None = None,
+    clip_cov_fraction: float = 0.0,
+    clip_cov_range: tuple[float, float] = (1.0, 5.0),
+    generator: torch.Generator | None = None,
 ) -> LossOutput:
     """The GRPO loss of a micro-batch of B sequences of T tokens (see the module docstring).
 
@@ -60,6 +68,10 @@ def policy_loss(
     unclipped = ratio * adv  # [B, T]
     clipped = ratio.clamp(1.0 - epsilon_low, 1.0 + epsilon_high) * adv  # [B, T]
     per_token_policy = -torch.minimum(unclipped, clipped)  # [B, T]
+    clip_limited = (unclipped > clipped) & (mask > 0)  # [B, T] min() chose the constant clip
+    excluded = tokens_to_exclude(logprobs, advantages, mask, clip_limited, fraction=clip_cov_fraction,
+                                 low=clip_cov_range[0], high=clip_cov_range[1], generator=generator)  # [B, T]
+    per_token_policy = per_token_policy.masked_fill(excluded, 0.0)
     per_token_kl = k3_kl(logprobs, ref_logprobs)  # [B, T]
 
     weights = token_weights(mask, aggregation)  # [B, T]
@@ -73,10 +85,11 @@ def policy_loss(
         loss=policy + kl_beta * kl,
         policy_loss=policy.detach(),
         kl=kl.detach(),
-        clipped=((unclipped > clipped) & (mask > 0)).sum().to(logprobs.dtype),  # min() chose the constant clip
+        clipped=clip_limited.sum().to(logprobs.dtype),
         tokens=mask.sum(),
         mismatch_sum=mismatch_sum,
         mismatch_tokens=mismatch_tokens,
+        metrics={"clip_cov_fraction": (excluded.sum().to(logprobs.dtype), mask.sum())} if clip_cov_fraction else {},
     )
 
 
@@ -85,3 +98,8 @@ class GRPO(TokenLevel):
 
     name = "grpo"
     loss_function = staticmethod(policy_loss)
+
+    def loss_options(self) -> dict[str, Any]:
+        config = self.config
+        assert isinstance(config, GRPOConfig)
+        return {"clip_cov_fraction": config.clip_cov_fraction, "clip_cov_range": config.clip_cov_range}
