@@ -12,10 +12,10 @@ group_size (a growing group), lr_schedule (a cosine over the run's steps), highe
 learning rate), guidance (the known answer joins a group whose rollouts all failed), retry_failed (such a group is
 rolled out again at temperature 1.5, and joined by that retry where one of its rollouts passed), clip_cov (Clip-Cov
 on 2% of a step's tokens), combined (the schedules, dynamic sampling, the curriculum, the entropy bonus and the
-wider clip). Schedules span `--schedule-steps` steps
-(default: the steps the run's baseline took by its last checkpoint). Sampling is not seeded, so two runs of a
-config differ: `--repeats N` trains every config N times (rounds `name`, `name-2`, ...), each round read
-against its own baseline, to show the spread between runs next to the differences between configs.
+wider clip). Schedules span `--schedule-steps` steps (default: the steps the run's baseline took by its last
+checkpoint). Sampling is not seeded, so two runs of a config differ: `--repeats N` trains every config N times
+(rounds `name`, `name-2`, ...), each round read against its own baseline, to show the spread between runs next to
+the differences between configs.
 
     python -m bench.plateau [--checkpoints 15 30] [--configs baseline combined] [--repeats 1]
                             [--output FILE [--resume]]

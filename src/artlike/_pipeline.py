@@ -783,8 +783,7 @@ class _Run(Generic[Scenario]):
             logprob_mismatch=_mean([s.logprob_mismatch for s in steps]) if steps else None,
             clip_fraction=_mean([s.clip_fraction for s in steps]) if steps else None,
             loss=_mean([s.loss for s in steps]) if steps else None,
-            objective_metrics={key: _mean([s.metrics[key] for s in steps if key in s.metrics])
-                               for key in sorted({key for s in steps for key in s.metrics})},
+            objective_metrics=result.objective_metrics,
             zero_variance_fraction=(start.zero_variance_fraction if start is not None
                                     else zero_variance / len(batch) if batch else None),
             groups_all_wrong=start.groups_all_wrong if start else local.all_wrong if local else None,

@@ -11,6 +11,7 @@ Stream rules, enforced here:
 
 from __future__ import annotations
 
+import statistics
 import warnings
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Generator, Iterable
 from contextlib import aclosing
@@ -78,6 +79,14 @@ class TrainResult(BaseModel):
     def trained(self) -> bool:
         """False when the server trained nothing (`done.reason` says why, e.g. every group had equal rewards)."""
         return self.done.trained
+
+    @property
+    def objective_metrics(self) -> dict[str, float]:
+        """The objective's own statistics (`StepEvent.metrics`), each the mean over the gradient steps that
+        reported it."""
+        names = sorted({name for step in self.metrics for name in step.metrics})
+        return {name: statistics.fmean(step.metrics[name] for step in self.metrics if name in step.metrics)
+                for name in names}
 
 
 def parse_event(line: str | bytes) -> AnyEvent:

@@ -150,8 +150,7 @@ def _step_metrics(result: art.TrainResult) -> dict[str, float]:
     metrics: dict[str, float] = {}
     if result.metrics:
         metrics["entropy"] = statistics.fmean(s.entropy for s in result.metrics)
-        for name in sorted({name for s in result.metrics for name in s.metrics}):
-            metrics[name] = statistics.fmean(s.metrics[name] for s in result.metrics if name in s.metrics)
+        metrics |= result.objective_metrics
         kl = [s.kl_to_base for s in result.metrics if s.kl_to_base is not None]
         if kl:
             metrics["kl_to_base"] = statistics.fmean(kl)
