@@ -11,11 +11,11 @@ clip_higher_entropy (the wider clip with a stronger entropy bonus), temperature 
 group_size (a growing group), lr_schedule (a cosine over the run's steps), higher_lr (a constant 2.5x the demo's
 learning rate), guidance (the known answer joins a group whose rollouts all failed), retry_failed (such a group is
 rolled out again at temperature 1.5, and joined by that retry where one of its rollouts passed), clip_cov (Clip-Cov
-on 2% of a step's tokens), combined (the schedules, dynamic sampling, the curriculum, the entropy bonus and the
-wider clip). Schedules span `--schedule-steps` steps (default: the steps the run's baseline took by its last
-checkpoint). Sampling is not seeded, so two runs of a config differ: `--repeats N` trains every config N times
-(rounds `name`, `name-2`, ...), each round read against its own baseline, to show the spread between runs next to
-the differences between configs.
+on 2% of a step's tokens), w_reinforce (positive advantages weigh a tenth), combined (the schedules, dynamic
+sampling, the curriculum, the entropy bonus and the wider clip). Schedules span `--schedule-steps` steps (default:
+the steps the run's baseline took by its last checkpoint). Sampling is not seeded, so two runs of a config differ:
+`--repeats N` trains every config N times (rounds `name`, `name-2`, ...), each round read against its own
+baseline, to show the spread between runs next to the differences between configs.
 
     python -m bench.plateau [--checkpoints 15 30] [--configs baseline combined] [--repeats 1]
                             [--output FILE [--resume]]
@@ -88,6 +88,8 @@ def remedies(schedule_steps: int) -> list[Remedy]:
         Remedy("retry_failed", {"retry_failed": art.RetryFailedGroups(temperature=1.5)}),
         # Clip-Cov: a few tokens whose update would sharpen the policy most leave the loss (2% of a step's)
         Remedy("clip_cov", train={"clip_cov_fraction": 0.02}),
+        # W-REINFORCE: the right samples' advantages weigh a tenth, the wrong ones' in full
+        Remedy("w_reinforce", train={"positive_advantage_weight": 0.1}),
         Remedy("combined", {**dynamic, **curriculum, **temperature, **group_size, **lr},
                {**entropy, "epsilon_high": 0.4}),
     ]

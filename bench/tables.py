@@ -589,6 +589,7 @@ TABLES: dict[str, tuple[str, Callable[[Result], str]]] = {
     "plateau_explore": ("plateau_explore.json", plateau("plateau_explore.json")),
     "plateau_clip_cov": ("plateau_clip_cov.json", plateau("plateau_clip_cov.json")),
     "plateau_clip_cov_2": ("plateau_clip_cov_2.json", plateau("plateau_clip_cov_2.json")),
+    "plateau_w_reinforce": ("plateau_w_reinforce.json", plateau("plateau_w_reinforce.json")),
 }
 
 

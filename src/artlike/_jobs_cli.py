@@ -47,7 +47,8 @@ def add_parser(commands: Any) -> None:
     start.add_argument("--method", choices=["reinforcement", "supervised", "dpo"], default="reinforcement")
     for name, kind in (("iterations", int), ("batch-size", int), ("group-size", int), ("learning-rate", float),
                        ("max-tokens", int), ("n-epochs", int), ("eval-interval", int), ("seed", int),
-                       ("entropy-coef", float), ("epsilon-high", float), ("clip-cov-fraction", float)):
+                       ("entropy-coef", float), ("epsilon-high", float), ("clip-cov-fraction", float),
+                       ("positive-advantage-weight", float)):
         start.add_argument(f"--{name}", type=kind)
     start.add_argument("--dynamic-sampling", action="store_true", default=None,
                        help="roll out more rows when too few groups' rewards differ")
@@ -123,7 +124,8 @@ def run(arguments: argparse.Namespace, out: Any = sys.stdout, *, jobs: Jobs | No
         if arguments.action == "start":
             hyper = {k: getattr(arguments, k) for k in ("iterations", "batch_size", "group_size", "learning_rate",
                                                         "max_tokens", "n_epochs", "eval_interval", "entropy_coef",
-                                                        "epsilon_high", "clip_cov_fraction", "dynamic_sampling",
+                                                        "epsilon_high", "clip_cov_fraction",
+                                                        "positive_advantage_weight", "dynamic_sampling",
                                                         "guide_field")}
             hyper |= dict(arguments.hyperparameter)
             job = jobs.start_sync(data=arguments.data, validation_data=arguments.validation_data,

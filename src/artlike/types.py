@@ -242,6 +242,10 @@ class _PolicyGradientOptions(_TrainOptions):
 
     kl_beta: float = Field(0.0, ge=0.0, description="Weight of the k3 KL penalty to the base model.")
     scale_rewards: bool = True  # False: advantages not divided by the group std (Dr. GRPO)
+    positive_advantage_weight: float = Field(1.0, ge=0.0, le=10.0, description="The positive advantages are "
+                                             "multiplied by this (W-REINFORCE: 0.1), against a policy collapsing "
+                                             "onto one answer per prompt: below 1 a step learns more from the "
+                                             "samples that failed than from those that passed. 1: off.")
     mask_truncated: bool = False  # drop completions that hit max_tokens (finish_reason "length")
     pass_threshold: FiniteFloat = Field(0.5, description="A trajectory whose reward is at least this passes: the "
                                   "start event counts groups all-wrong, mixed and all-right by it.")

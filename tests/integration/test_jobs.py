@@ -277,7 +277,7 @@ async def test_a_job_against_a_flat_curve_samples_more_rows_and_follows_its_sche
         "learningRate": 1e-4, "trainingData": [{"prompt": "Say something.", "fixed": 0.5},
                                                {"prompt": "Tell me a story."}],
         "dynamicSampling": {"max_resample_factor": 2}, "entropyCoef": 0.001, "epsilonHigh": 0.4,
-        "clipCovFraction": 0.05,
+        "clipCovFraction": 0.05, "positiveAdvantageWeight": 0.5,
         "temperatureSchedule": {"start": 1.2, "end": 1.0, "steps": 1},
         "groupSizeSchedule": {"start": 3, "end": 4, "steps": 1},
         "learningRateSchedule": {"start": 1e-4, "end": 5e-5, "steps": 1}})

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import doctest
 import math
 
 import pytest
 import torch
 from artlike_server.torch_worker.objectives.grpo import policy_loss
+from artlike_server.training import advantages
 from artlike_server.training.advantages import group_advantages, is_zero_variance
 
 EPS_LOW, EPS_HIGH = 0.2, 0.28
@@ -231,3 +233,16 @@ def test_a_wildly_wrong_behaviour_logprob_keeps_the_loss_finite() -> None:
     out.loss.backward()
     assert math.isfinite(out.loss.item())
     assert logprobs.grad is not None and torch.isfinite(logprobs.grad).all()
+
+
+def test_positive_weight_scales_only_the_positive_advantages() -> None:
+    # one right of four: mean 0.25, population std √0.1875 ≈ 0.4330; W-REINFORCE's λ = 0.1 on the right one
+    std = math.sqrt(0.1875) + 1e-4
+    assert group_advantages([1.0, 0.0, 0.0, 0.0], positive_weight=0.1) == pytest.approx(
+        [0.1 * 0.75 / std, -0.25 / std, -0.25 / std, -0.25 / std])
+    assert group_advantages([1.0, 0.0], scale_rewards=False, positive_weight=0.0) == [0.0, -0.5]  # only the wrong
+    assert group_advantages([0.5, 0.5], positive_weight=0.1) == [0.0, 0.0]
+
+
+def test_advantages_doctests() -> None:
+    assert doctest.testmod(advantages, raise_on_error=True).attempted >= 2

@@ -163,6 +163,7 @@ def test_the_config_union_picks_the_objective_and_defaults_to_grpo() -> None:
     {"clip_cov_range": [5.0, 1.0]},  # Clip-Cov's bounds must be (low, high)
     {"clip_cov_fraction": 1.5},
     {"objective": "cispo", "clip_cov_fraction": 0.1},  # Clip-Cov is a GRPO option
+    {"positive_advantage_weight": -0.5},  # a weight, not a sign flip
 ])
 def test_bad_configs_are_rejected(options: dict[str, object]) -> None:
     with pytest.raises(ValidationError):

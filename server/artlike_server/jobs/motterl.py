@@ -60,6 +60,7 @@ class StartTraining(BaseModel):
     entropy_coef: float | None = Field(None, alias="entropyCoef")
     epsilon_high: float | None = Field(None, alias="epsilonHigh")
     clip_cov_fraction: float | None = Field(None, alias="clipCovFraction")
+    positive_advantage_weight: float | None = Field(None, alias="positiveAdvantageWeight")
     temperature_schedule: Schedule | None = Field(None, alias="temperatureSchedule")
     group_size_schedule: Schedule | None = Field(None, alias="groupSizeSchedule")
     learning_rate_schedule: Schedule | None = Field(None, alias="learningRateSchedule")

@@ -4,8 +4,9 @@ objects as `openai-openapi.yaml` shapes them.
 artlike's extensions ride in `method.reinforcement.hyperparameters` (the SDK's `extra_body` or a plain dict):
 `iterations`, `group_size`, `learning_rate` (absolute), `max_tokens`, `temperature`, `max_turns`,
 `multi_step`, and against a flattening curve `dynamic_sampling` (true, or `{"min_signal_groups",
-"max_resample_factor"}`), `entropy_coef`, `epsilon_high`, `clip_cov_fraction`, `temperature_schedule`,
-`group_size_schedule`, `learning_rate_schedule` (each `{"start", "end", "steps", "shape", "warmup_steps"}` over iterations).
+"max_resample_factor"}`), `entropy_coef`, `epsilon_high`, `clip_cov_fraction`, `positive_advantage_weight`,
+`temperature_schedule`, `group_size_schedule`, `learning_rate_schedule` (each `{"start", "end", "steps",
+"shape", "warmup_steps"}` over iterations).
 `fine_tuned_model` is the trainable model's name on this server: chat with it, or with a checkpoint's
 `name@N`.
 """
@@ -72,6 +73,7 @@ class Hyperparameters(_Open):
     entropy_coef: float | None = None  # these are checked by RemedySettings
     epsilon_high: float | None = None
     clip_cov_fraction: float | None = None
+    positive_advantage_weight: float | None = None
     temperature_schedule: Schedule | None = None
     group_size_schedule: Schedule | None = None
     learning_rate_schedule: Schedule | None = None

@@ -85,6 +85,7 @@ class RemedySettings(_Frozen):
     entropy_coef: float | None = Field(None, ge=0.0)  # the GRPO step's entropy bonus
     epsilon_high: float | None = Field(None, ge=0.0, le=10.0)  # the GRPO clip's upper bound (clip-higher)
     clip_cov_fraction: float | None = Field(None, ge=0.0, le=1.0)  # Clip-Cov: tokens left out against entropy collapse
+    positive_advantage_weight: float | None = Field(None, ge=0.0, le=10.0)  # W-REINFORCE: right samples weigh less
     temperature_schedule: Schedule | None = None  # the rollouts' temperature (replaces rollout.temperature)
     group_size_schedule: Schedule | None = None  # rollouts per row (replaces rollout.group_size)
     learning_rate_schedule: Schedule | None = None  # each step's learning rate (replaces learning_rate)
@@ -109,7 +110,8 @@ class RemedySettings(_Frozen):
     def train_options(self) -> dict[str, float]:
         """The step's GRPO options that these settings set."""
         options = {"entropy_coef": self.entropy_coef, "epsilon_high": self.epsilon_high,
-                   "clip_cov_fraction": self.clip_cov_fraction}
+                   "clip_cov_fraction": self.clip_cov_fraction,
+                   "positive_advantage_weight": self.positive_advantage_weight}
         return {name: value for name, value in options.items() if value is not None}
 
 

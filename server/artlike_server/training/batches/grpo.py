@@ -20,10 +20,12 @@ Advantages = Callable[[list[float]], list[float] | None]
 def build(request: TrainRequest, records: Records, context: BatchContext) -> Batch:
     config = request.config
     assert not isinstance(config, SFTConfig | DPOConfig | RewardModelConfig | PPOConfig), "a group-relative one"
-    scale = config.scale_rewards
+    scale, positive_weight = config.scale_rewards, config.positive_advantage_weight
 
     def relative(rewards: list[float]) -> list[float] | None:
-        return None if is_zero_variance(rewards) else group_advantages(rewards, scale_rewards=scale)
+        if is_zero_variance(rewards):
+            return None
+        return group_advantages(rewards, scale_rewards=scale, positive_weight=positive_weight)
 
     return build_groups(request, records, context, relative)
 
