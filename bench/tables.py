@@ -492,6 +492,22 @@ def unseen_accuracy(point: Result, settings: Result) -> str:
     return f"{percent(right / len(indices))} of {len(indices)}" if indices else "—"
 
 
+def seconds_a_step(run: Result) -> str:
+    """A run's mean seconds a step, rollout / train ("—" where it recorded no steps). Two configs that sample
+    the same completions take the same rollout time on one host: where they do not, the host changed speed
+    between them and their steps in the budget do not compare.
+
+    >>> seconds_a_step({"steps": [{"rollout_seconds": 4.0, "train_seconds": 3.0},
+    ...                           {"rollout_seconds": 5.0, "train_seconds": 2.0}]})
+    '4.5 / 2.5'
+    """
+    steps = [s for s in run.get("steps", []) if "rollout_seconds" in s]
+    if not steps:
+        return "—"
+    return (f"{statistics.fmean(s['rollout_seconds'] for s in steps):.1f} / "
+            f"{statistics.fmean(s['train_seconds'] for s in steps):.1f}")
+
+
 def ceiling_source(result: Result) -> str:
     """Where a plateau run's ceiling comes from: the ceiling's result file, and its machine where that differs."""
     if "ceiling_file" not in result:
@@ -527,7 +543,8 @@ def plateau(result_file: str) -> Callable[[Result], str]:
         checkpoints = settings["checkpoints"]
         compared = "baseline" in result["runs"]
         header = ["config", "before: greedy / T=1"] + [f"{m:g} min: greedy / T=1" for m in checkpoints]
-        header += ["last: greedy on unseen problems", "steps", "groups trained", "zero-variance groups"]
+        header += ["last: greedy on unseen problems", "steps", "seconds a step: rollout / train", "groups trained",
+                   "zero-variance groups"]
         header += (["last vs baseline"] if compared else []) + ([] if top is None else ["last vs ceiling"])
         rows = []
         for name, run in result["runs"].items():
@@ -536,7 +553,7 @@ def plateau(result_file: str) -> Callable[[Result], str]:
             row = [f"`{name}`", f"{percent(run['before']['greedy'])} / {percent(run['before']['sampled'])}"]
             row += [f"{percent(p['greedy'])} / {percent(p['sampled'])}" for p in points]
             row += ["—"] * (len(checkpoints) - len(points))
-            row += [unseen_accuracy(last, settings), last["steps"], last.get("groups_trained", "—"),
+            row += [unseen_accuracy(last, settings), last["steps"], seconds_a_step(run), last.get("groups_trained", "—"),
                     last.get("zero_variance_groups", "—")]
             if compared:
                 baseline = baseline_of(name, result["runs"])
