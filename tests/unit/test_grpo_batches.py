@@ -3,29 +3,22 @@ advantage, the config's options applied (positive_advantage_weight), and tied gr
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import cast
 
 import pytest
-from artlike_server.training.batches import BatchContext, builder_for
+from artlike_server.training.batches import Batch, BatchContext, builder_for
 from artlike_server.training.tokenizer_service import TokenizerService
+from pydantic import ValidationError
 
-from artlike.types import CompletionRecord, GRPOConfig, TrainGroup, TrainRequest, TrajectoryRef
-
-EOS = 2
-
-
-def recorded(trajectory_id: str, output: list[int]) -> CompletionRecord:
-    return CompletionRecord(id=1, trajectory_id=trajectory_id, request_id=f"chatcmpl-{trajectory_id}",
-                            choice_index=0, endpoint="chat.completions", model="m", served_model="m@0", step=0,
-                            request={}, prompt_token_ids=[1, 10, 11], output_token_ids=output,
-                            logprobs=[-0.5] * len(output), finish_reason="stop", created_at=0.0,
-                            latency_seconds=0.1)
+from artlike.types import CISPOConfig, GRPOConfig, GSPOConfig, TrainGroup, TrainRequest, TrajectoryRef
+from tests.unit.test_sequences import EOS, record
 
 
-def build(config: GRPOConfig, groups: list[list[tuple[str, float]]]) -> Any:
+def build(config: GRPOConfig, groups: list[list[tuple[str, float]]]) -> Batch:
     request = TrainRequest(model="m", config=config, groups=[
         TrainGroup(trajectories=[TrajectoryRef(trajectory_id=t, reward=r) for t, r in group]) for group in groups])
-    records = {t: [recorded(t, [20 + i, EOS])] for i, (t, _) in enumerate(p for g in groups for p in g)}
+    records = {t: [record([1, 10, 11], [20 + i, EOS]).model_copy(update={"trajectory_id": t})]
+               for i, (t, _) in enumerate(p for g in groups for p in g)}
     # recorded trajectories never reach the tokenizer (only offline ones are rendered)
     context = BatchContext(tokenizer=cast(TokenizerService, None), max_sequence_tokens=64)
     return builder_for(request)(request, records, context)
@@ -41,10 +34,6 @@ def test_the_right_samples_advantage_is_weighted_and_the_wrong_ones_kept(weight:
 
 
 def test_the_weight_is_a_bounded_option_of_every_group_relative_objective() -> None:
-    from pydantic import ValidationError
-
-    from artlike.types import CISPOConfig, GSPOConfig
-
     assert GRPOConfig().positive_advantage_weight == 1.0  # off by default
     assert CISPOConfig(positive_advantage_weight=0.1).positive_advantage_weight == 0.1
     assert GSPOConfig(positive_advantage_weight=0.1).positive_advantage_weight == 0.1
