@@ -11,7 +11,8 @@ clip_higher_entropy (the wider clip with a stronger entropy bonus), temperature 
 group_size (a growing group), lr_schedule (a cosine over the run's steps), higher_lr (a constant 2.5x the demo's
 learning rate), guidance (the known answer joins a group whose rollouts all failed), retry_failed (such a group is
 rolled out again at temperature 1.5, and joined by that retry where one of its rollouts passed), clip_cov (Clip-Cov
-on 2% of a step's tokens), w_reinforce (positive advantages weigh a tenth), combined (the schedules, dynamic
+on 2% of a step's tokens), w_reinforce (positive advantages weigh a tenth), entropy_control (an entropy bonus
+that rises while the sampling entropy is under 0.2 nats a token and falls while over), combined (the schedules, dynamic
 sampling, the curriculum, the entropy bonus and the wider clip). Schedules span `--schedule-steps` steps (default:
 the steps the run's baseline took by its last checkpoint). Sampling is not seeded, so two runs of a config differ:
 `--repeats N` trains every config N times (rounds `name`, `name-2`, ...), each round read against its own
@@ -90,6 +91,8 @@ def remedies(schedule_steps: int) -> list[Remedy]:
         Remedy("clip_cov", train={"clip_cov_fraction": 0.02}),
         # W-REINFORCE: the right samples' advantages weigh a tenth, the wrong ones' in full
         Remedy("w_reinforce", train={"positive_advantage_weight": 0.1}),
+        # adaptive entropy control: the bonus moves by 0.005 a step towards holding 0.2 nats a token
+        Remedy("entropy_control", {"entropy_control": art.EntropyControl(target=0.2)}),
         Remedy("combined", {**dynamic, **curriculum, **temperature, **group_size, **lr},
                {**entropy, "epsilon_high": 0.4}),
     ]
@@ -164,7 +167,7 @@ async def train_one(remedy: Remedy, key: str, args: argparse.Namespace, base_url
                        "sampling_entropy": s.sampling_entropy, "response_tokens_mean": s.response_tokens_mean,
                        "loss": s.loss, "clip_fraction": s.clip_fraction, "logprob_mismatch": s.logprob_mismatch,
                        "clip_cov_fraction": s.objective_metrics.get("clip_cov_fraction"),
-                       "entropy": s.entropy, "rollout_seconds": round(s.rollout_seconds, 2),
+                       "entropy": s.entropy, "entropy_coef": s.entropy_coef, "rollout_seconds": round(s.rollout_seconds, 2),
                        "train_seconds": round(s.train_seconds, 2), "step_seconds": round(s.step_seconds, 2)}
                       for s in steps]}
 

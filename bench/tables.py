@@ -607,6 +607,7 @@ TABLES: dict[str, tuple[str, Callable[[Result], str]]] = {
     "plateau_clip_cov": ("plateau_clip_cov.json", plateau("plateau_clip_cov.json")),
     "plateau_clip_cov_2": ("plateau_clip_cov_2.json", plateau("plateau_clip_cov_2.json")),
     "plateau_w_reinforce": ("plateau_w_reinforce.json", plateau("plateau_w_reinforce.json")),
+    "plateau_entropy_control": ("plateau_entropy_control.json", plateau("plateau_entropy_control.json")),
 }
 
 

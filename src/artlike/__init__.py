@@ -45,6 +45,7 @@ from ._pipeline import PipelineResult, PipelineStep, PipelineTrainer
 from ._remedies import (
     CurriculumSampler,
     DynamicSampling,
+    EntropyControl,
     PassRateCurriculum,
     RetryFailedGroups,
     Schedule,
@@ -101,6 +102,7 @@ __all__ = [
     "DPOConfig",
     "DoneEvent",
     "DynamicSampling",
+    "EntropyControl",
     "ErrorEvent",
     "GRPOConfig",
     "GSPOConfig",

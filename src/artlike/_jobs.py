@@ -133,9 +133,10 @@ class Jobs:
         OpenAI's (`n_epochs`, `batch_size`, `learning_rate_multiplier`, `eval_interval`) and artlike's
         (`iterations`, `group_size`, `learning_rate`, `max_tokens`, `temperature`, `max_turns`, `multi_step`),
         and against a flattening curve `dynamic_sampling` (True or an `art.DynamicSampling`), `entropy_coef`,
-        `epsilon_high`, `clip_cov_fraction`, `positive_advantage_weight`, `temperature_schedule`,
-        `group_size_schedule`, `learning_rate_schedule` (`art.Schedule`s over iterations) and `guide_field` (a row
-        field with a reference answer for rows no rollout passes)."""
+        `entropy_control` (an `art.EntropyControl`), `epsilon_high`, `clip_cov_fraction`,
+        `positive_advantage_weight`, `temperature_schedule`, `group_size_schedule`, `learning_rate_schedule`
+        (`art.Schedule`s over iterations) and `guide_field` (a row field with a reference answer for rows no
+        rollout passes)."""
         options: dict[str, Any] = {"reward": reward, "grader": grader, "model": model, "method": method, "suffix": suffix,
                    "seed": seed, "metadata": metadata, "hyperparameters": hyperparameters}
         reinforcement_body(model="check", training_file="check", validation_file=None,  # fail before uploading

@@ -50,6 +50,9 @@ def add_parser(commands: Any) -> None:
                        ("entropy-coef", float), ("epsilon-high", float), ("clip-cov-fraction", float),
                        ("positive-advantage-weight", float)):
         start.add_argument(f"--{name}", type=kind)
+    start.add_argument("--entropy-target", type=float, metavar="NATS",
+                       help="hold the sampling entropy near this (nats a token) with an entropy bonus that "
+                            "moves after each iteration; -H entropy_control=... sets its step and bound too")
     start.add_argument("--dynamic-sampling", action="store_true", default=None,
                        help="roll out more rows when too few groups' rewards differ")
     start.add_argument("--guide-field", metavar="FIELD",
@@ -127,6 +130,8 @@ def run(arguments: argparse.Namespace, out: Any = sys.stdout, *, jobs: Jobs | No
                                                         "epsilon_high", "clip_cov_fraction",
                                                         "positive_advantage_weight", "dynamic_sampling",
                                                         "guide_field")}
+            if arguments.entropy_target is not None:
+                hyper["entropy_control"] = {"target": arguments.entropy_target}
             hyper |= dict(arguments.hyperparameter)
             job = jobs.start_sync(data=arguments.data, validation_data=arguments.validation_data,
                                   reward=arguments.reward, grader=arguments.grader,

@@ -28,7 +28,8 @@ Against a flattening curve (`_remedies.py`): `dynamic_sampling` drops groups wit
 waits for more (bounded); `curriculum` draws scenarios from the pool by their recent pass rate (preferring
 those strictly between 0 and 1); `temperature`, `group_size_schedule` and `learning_rate_schedule` vary the
 sampling temperature (read in the rollout with `art.rollout_temperature()`), the group size and the step's
-learning rate over the run's steps.
+learning rate over the run's steps; `entropy_control` moves the entropy bonus after each step towards a
+target sampling entropy.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ from ._gather import exception_budget
 from ._remedies import (
     CurriculumSampler,
     DynamicSampling,
+    EntropyControl,
     PassRateCurriculum,
     RetryFailedGroups,
     Schedule,
@@ -111,6 +113,7 @@ class PipelineStep(BaseModel):
     response_tokens_mean: float | None = None  # completion tokens per trajectory
     sampling_entropy: float | None = None  # mean −logprob of the sampled tokens (the sampling policy's entropy)
     entropy: float | None = None  # the trained policy's mean token entropy over the step's gradient steps
+    entropy_coef: float | None = None  # the entropy bonus the step trained with (`entropy_control` moves it)
     kl_to_base: float | None = None  # mean k3 KL to the base model over the gradient steps, when measured
     rollout_seconds: float  # from the first rollout start to the last rollout end of the step's groups
     wait_seconds: float  # the trainer waited this long for the step's groups
@@ -278,7 +281,9 @@ class PipelineTrainer(Generic[Scenario]):
     scenario, default its position) the ones whose recent pass rate is strictly between 0 and 1;
     `temperature`, `group_size_schedule` and `learning_rate_schedule` are `art.Schedule`s over the steps
     done (the rollout reads its temperature with `art.rollout_temperature()`; the learning rate replaces
-    the config's for each step). `guide(scenario)` (sync or async) returns a reference trajectory with its
+    the config's for each step). `entropy_control=art.EntropyControl(target=...)` raises the entropy bonus
+    after each step whose sampling entropy is under the target and lowers it when over (the step's
+    `entropy_coef` says what it trained with). `guide(scenario)` (sync or async) returns a reference trajectory with its
     reward (e.g. the known answer as an offline `art.Trajectory`, or a stronger model's), or None: when no
     rollout of a group reaches the config's `pass_threshold`, the reference joins the group, so a problem
     the policy always fails still teaches (off-policy guidance, as in LUFFY). The step's `groups_guided`
@@ -317,6 +322,7 @@ class PipelineTrainer(Generic[Scenario]):
         temperature: Schedule | None = None,
         group_size_schedule: Schedule | None = None,
         learning_rate_schedule: Schedule | None = None,
+        entropy_control: EntropyControl | None = None,
         guide: Callable[[Scenario], Trajectory | Awaitable[Trajectory | None] | None] | None = None,
         retry_failed: RetryFailedGroups | None = None,
         **train_options: Any,
@@ -360,7 +366,10 @@ class PipelineTrainer(Generic[Scenario]):
         self.config = config if config is not None else train_config(**train_options)  # validated now
         self.dynamic_sampling, self.curriculum, self.scenario_key = dynamic_sampling, curriculum, scenario_key
         self.temperature, self.group_size_schedule = temperature, group_size_schedule
-        self.learning_rate_schedule = learning_rate_schedule
+        self.learning_rate_schedule, self.entropy_control = learning_rate_schedule, entropy_control
+        if entropy_control is not None and not hasattr(self.config, "entropy_coef"):
+            raise ValueError(f"entropy_control needs an objective with an entropy bonus (grpo, cispo, "
+                             f"importance_sampling), not {self.config.objective!r}")
         self.guide, self.retry_failed = guide, retry_failed
         # A rollout passes when its reward reaches the config's pass_threshold (the group objectives have one).
         self.pass_threshold: float | None = getattr(self.config, "pass_threshold", None)
@@ -718,12 +727,13 @@ class _Run(Generic[Scenario]):
     async def _train(self, batch: list[_FinishedGroup], *, waited: float, since_previous: float) -> PipelineStep:
         from_step = self.state.served_step
         groups = [finished.group for finished in batch]
+        config = self._step_config()
         self.trainer.enter()
         started = time.perf_counter()
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", NoSignalWarning)  # reported in the step's row instead
-                result = await self.t.model.train(groups, config=self._step_config(), progress=False)
+                result = await self.t.model.train(groups, config=config, progress=False)
         finally:
             self.trainer.exit()
         train_seconds = time.perf_counter() - started
@@ -735,7 +745,7 @@ class _Run(Generic[Scenario]):
                 self.state.mark_used(finished.index)
             self.changed.notify_all()
         self.state.steps_done += 1
-        report = self._report(batch, result, from_step, waited, train_seconds, since_previous)
+        report = self._report(batch, result, config, from_step, waited, train_seconds, since_previous)
         self.dropped_stale = self.dropped_failed = self.dropped_zero_variance = self.retried = 0
         if not result.trained:
             logger.info("artlike: pipeline step %d trained nothing: %s", report.index, result.done.reason)
@@ -746,14 +756,28 @@ class _Run(Generic[Scenario]):
         return report
 
     def _step_config(self) -> TrainConfig:
-        """The train config of the next step: the run's learning-rate schedule, when set, gives its rate."""
+        """The train config of the next step: the run's learning-rate schedule, when set, gives its rate, and
+        the entropy control its entropy bonus."""
+        update: dict[str, float] = {}
         schedule = self.t.learning_rate_schedule
-        if schedule is None:
-            return self.t.config
-        return self.t.config.model_copy(update={"learning_rate": schedule.at(self.state.steps_done)})
+        if schedule is not None:
+            update["learning_rate"] = schedule.at(self.state.steps_done)
+        coef = self._entropy_coef()
+        if self.t.entropy_control is not None and coef is not None:
+            update["entropy_coef"] = coef
+        return self.t.config.model_copy(update=update) if update else self.t.config
 
-    def _report(self, batch: list[_FinishedGroup], result: TrainResult, from_step: int, waited: float,
-                train_seconds: float, since_previous: float) -> PipelineStep:
+    def _entropy_coef(self) -> float | None:
+        """The entropy bonus of the next step: the config's, moved by the entropy control after each step
+        (read back from the step reports, so a resumed run goes on from where it stopped)."""
+        configured: float | None = getattr(self.t.config, "entropy_coef", None)
+        control, last = self.t.entropy_control, self.state.reports[-1] if self.state.reports else None
+        if control is None or configured is None or last is None or last.entropy_coef is None:
+            return configured
+        return control.next_coef(last.entropy_coef, last.sampling_entropy)
+
+    def _report(self, batch: list[_FinishedGroup], result: TrainResult, config: TrainConfig, from_step: int,
+                waited: float, train_seconds: float, since_previous: float) -> PipelineStep:
         trajectories = [t for finished in batch for t in finished.group.trajectories  # the first rollouts: a
                         if not t.metadata.get(GUIDE_METADATA) and RETRY_METADATA not in t.metadata]  # reference
         # is no sample, and a hotter retry's are not the step's policy at its temperature
@@ -793,6 +817,7 @@ class _Run(Generic[Scenario]):
             response_tokens_mean=start.response_tokens_mean if start else None,
             sampling_entropy=start.sampling_entropy if start else None,
             entropy=_mean([s.entropy for s in steps]) if steps else None,
+            entropy_coef=getattr(config, "entropy_coef", None),
             kl_to_base=_mean(kl_to_base) if kl_to_base else None,
             rollout_seconds=max(f.finished for f in batch) - min(f.started for f in batch),
             wait_seconds=waited, train_seconds=train_seconds, step_seconds=time.perf_counter() - since_previous,

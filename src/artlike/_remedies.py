@@ -8,6 +8,9 @@ most groups are all-right or all-wrong and the step carries little signal. The o
   between 0 and 1 (unseen scenarios first, so the whole pool is explored).
 - `RetryFailedGroups`: a group none of whose rollouts passed is rolled out again at a hotter temperature,
   and a retry in which one passes joins it (exploration where the policy is sure and wrong).
+- `EntropyControl`: an entropy bonus whose coefficient rises while the sampled tokens' entropy is under a
+  target and falls while it is over (adaptive entropy control, as in Skywork-OR1), where a fixed coefficient
+  fades as the policy sharpens.
 - `Schedule`: a value over the run's steps, linear or cosine, with warmup: the sampling temperature, the
   group size, and the learning rate of each step (a run-level schedule: each `model.train` call of the
   pipeline is one step, so the train config's own `lr_schedule` acts within one call only).
@@ -24,7 +27,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-__all__ = ["CurriculumSampler", "DynamicSampling", "PassRateCurriculum", "RetryFailedGroups", "Schedule",
+__all__ = ["CurriculumSampler", "DynamicSampling", "EntropyControl", "PassRateCurriculum", "RetryFailedGroups", "Schedule",
            "rollout_temperature"]
 
 
@@ -112,6 +115,38 @@ class RetryFailedGroups(_Options):
     temperature: float = Field(1.5, gt=0.0, le=4.0, description="The retries' sampling temperature.")
     attempts: int = Field(1, ge=1, le=8, description="Retries of one group at most, until a rollout passes.")
     group_size: int | None = Field(None, ge=1, le=1024, description="Rollouts per retry (default: the group's).")
+
+
+class EntropyControl(_Options):
+    """An entropy bonus that holds the sampling entropy near `target` (adaptive entropy control, from the
+    Skywork-OR1 report). After each step the coefficient (`entropy_coef` of the GRPO family, starting at the
+    train config's) rises by `coef_step` when the step's sampling entropy (the mean −logprob of its sampled
+    tokens, nats a token) is under `target`, and falls by `coef_step` when it is over, within
+    [0, `max_coef`].
+
+    Why not a fixed coefficient: the bonus's gradient, −p·(log p + H), vanishes as the policy sharpens, so a
+    coefficient that weighs against the policy gradient early is too weak once the policy is nearly sure of
+    one answer; one small enough to leave early learning alone does nothing late. The controller raises it
+    only while the entropy is under the target, and lets it fall back when the entropy recovers."""
+
+    target: float = Field(gt=0.0, le=10.0, description="The sampling entropy to hold, nats a token.")
+    coef_step: float = Field(5e-3, gt=0.0, le=1.0, description="The coefficient's change after each step.")
+    max_coef: float = Field(0.1, gt=0.0, le=10.0, description="The coefficient's upper bound.")
+
+    def next_coef(self, coef: float, sampling_entropy: float | None) -> float:
+        """The coefficient of the next step, after a step that trained with `coef` and sampled at
+        `sampling_entropy` (None: not measured, the coefficient stays).
+
+        >>> control = EntropyControl(target=0.2, coef_step=0.01, max_coef=0.025)
+        >>> control.next_coef(0.0, 0.6), control.next_coef(0.0, 0.05), control.next_coef(0.02, 0.05)
+        (0.0, 0.01, 0.025)
+        >>> control.next_coef(0.025, 0.3), control.next_coef(0.01, None)
+        (0.015, 0.01)
+        """
+        if sampling_entropy is None:
+            return coef
+        moved = coef + self.coef_step if sampling_entropy < self.target else coef - self.coef_step
+        return round(min(self.max_coef, max(0.0, moved)), 12)
 
 
 def has_signal(rewards: Sequence[float | None]) -> bool:

@@ -278,6 +278,7 @@ async def test_a_job_against_a_flat_curve_samples_more_rows_and_follows_its_sche
                                                {"prompt": "Tell me a story."}],
         "dynamicSampling": {"max_resample_factor": 2}, "entropyCoef": 0.001, "epsilonHigh": 0.4,
         "clipCovFraction": 0.05, "positiveAdvantageWeight": 0.5,
+        "entropyControl": {"target": 10.0, "coef_step": 0.002},  # any sampling entropy is under 10 nats a token
         "temperatureSchedule": {"start": 1.2, "end": 1.0, "steps": 1},
         "groupSizeSchedule": {"start": 3, "end": 4, "steps": 1},
         "learningRateSchedule": {"start": 1e-4, "end": 5e-5, "steps": 1}})
@@ -288,6 +289,8 @@ async def test_a_job_against_a_flat_curve_samples_more_rows_and_follows_its_sche
     metrics = [e["data"] for e in await events_of(async_http, job_id) if e["type"] == "metrics"]
     assert [(m["temperature"], m["group_size"]) for m in metrics] == [(1.2, 3), (1.0, 4)]
     assert [m["learning_rate"] for m in metrics] == pytest.approx([1e-4, 5e-5], rel=1e-9)
+    # the entropy bonus starts at entropyCoef and rises by the control's step after an iteration under target
+    assert [m["entropy_coef"] for m in metrics] == pytest.approx([0.001, 0.003], rel=1e-9)
     for m in metrics:
         # Every batch holds the fixed row, so each iteration drew more rows: until two groups differed, or
         # it had looked at twice the batch (the bound).

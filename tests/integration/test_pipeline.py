@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from artlike_server.launcher import ServerProcess
@@ -27,8 +28,9 @@ pytestmark = pytest.mark.integration
 
 async def run_pipeline(server: ServerProcess, tmp_path: Path, name: str, *, steps: int, group_size: int,
                        groups_per_step: int, evaluate_on: int, score: Callable[[str], float] = reward,
-                       ) -> tuple[art.TrainableModel, art.PipelineResult]:
-    """Runs the pipeline and checks its mechanics; returns the model and the result for what a caller adds."""
+                       **options: Any) -> tuple[art.TrainableModel, art.PipelineResult]:
+    """Runs the pipeline (`options`: more `PipelineTrainer` keywords) and checks its mechanics; returns the
+    model and the result for what a caller adds."""
     model = trainable_model(server, name, lora={"rank": 8})
     await model.register()
 
@@ -54,7 +56,7 @@ async def run_pipeline(server: ServerProcess, tmp_path: Path, name: str, *, step
     trainer = art.PipelineTrainer(
         model, rollout, TRAIN * 4, group_size=group_size, groups_per_step=groups_per_step, max_steps_off_policy=1,
         score_group=keep, evaluate=evaluate, eval_every=steps, keep_last=1, state_path=state, progress=False,
-        learning_rate=LEARNING_RATE)
+        learning_rate=LEARNING_RATE, **options)
     result = await trainer.run(num_steps=steps)
     print([step.model_dump(exclude={"metrics"}) for step in result.steps], result.evaluations)
 
@@ -81,6 +83,7 @@ async def run_pipeline(server: ServerProcess, tmp_path: Path, name: str, *, step
         assert evals == {0: {"reward": before}, result.final_step: {"reward": after}}
         configs = [line["config"] for line in history if "event" not in line]  # what each step trained with
         assert configs and all(c["objective"] == "grpo" and c["learning_rate"] == LEARNING_RATE for c in configs)
+        assert [c["entropy_coef"] for c in configs] == [s.entropy_coef for s in result.steps if s.trained]
         bad = await http.post(f"/v1/trainable_models/{name}/evaluations", json={"step": 99, "metrics": {"r": 1}})
         assert bad.status_code == 404 and bad.json()["error"]["code"] == "step_not_found"
         bad = await http.post(f"/v1/trainable_models/{name}/evaluations", json={"step": 1, "metrics": {}})
@@ -102,8 +105,13 @@ async def test_pipeline_samples_while_training_within_its_staleness_bound(server
                                                                          tmp_path: Path) -> None:
     # The reward is the answer's length: sampled answers of the stand-in model differ in length, so no step's
     # groups all tie (a step that does not train would break the staleness check below).
-    await run_pipeline(server, tmp_path, "pipeliner", steps=2, group_size=8, groups_per_step=2, evaluate_on=2,
-                       score=lambda text: len(text) / 100)
+    # The entropy control raises the bonus after a step whose sampling entropy is under its target (any is
+    # under 10 nats a token), and the server trains each step with the coefficient its report names.
+    _, result = await run_pipeline(server, tmp_path, "pipeliner", steps=2, group_size=8, groups_per_step=2,
+                                   evaluate_on=2, score=lambda text: len(text) / 100, entropy_coef=0.001,
+                                   entropy_control=art.EntropyControl(target=10.0, coef_step=0.002))
+    assert [s.entropy_coef for s in result.steps] == pytest.approx([0.001, 0.003], rel=1e-9)
+    assert all(s.sampling_entropy is not None and 0 < s.sampling_entropy < 10 for s in result.steps), result.steps
 
 
 @pytest.mark.learning

@@ -18,7 +18,7 @@ EXPECTED_EXPORTS = {
     "TrainableModel", "Trajectory", "TrajectoryGroup", "gather_trajectory_groups", "choice_to_message",
     "RetryPolicy", "__version__", "best_of_groups", "preference_pairs", "score", "score_sync",
     "Judge", "judge_group", "judge_group_sync", "judge_groups", "judge_groups_sync",
-    "PipelineTrainer", "PipelineStep", "PipelineResult", "DynamicSampling", "PassRateCurriculum", "RetryFailedGroups", "CurriculumSampler",
+    "PipelineTrainer", "PipelineStep", "PipelineResult", "DynamicSampling", "EntropyControl", "PassRateCurriculum", "RetryFailedGroups", "CurriculumSampler",
     "Schedule", "rollout_temperature",
     # low-level primitives
     "TrainingSession", "Jobs", "Job", "JobEvent", "Checkpoint", "AdamParams", "PassResult", "OptimStepResult", "SavedState", "SessionInfo", "SessionSequence",

@@ -135,14 +135,15 @@ def test_cli_exit_codes(fake: FakeServer, tmp_path: Path,
     rows.write_text('{"prompt": "hi"}\n')
     code, out = cli(fake, "start", "--data", str(rows), "--grader", json.dumps({"type": "math_accuracy"}),
                     "--iterations", "2", "--dynamic-sampling", "--entropy-coef", "0.003", "--guide-field", "answer",
-                    "--clip-cov-fraction", "0.02", "--positive-advantage-weight", "0.1", "-H", 'temperature_schedule={"start": 1.2, "end": 1.0, "steps": 50}', "-f")
+                    "--clip-cov-fraction", "0.02", "--positive-advantage-weight", "0.1", "-H", 'temperature_schedule={"start": 1.2, "end": 1.0, "steps": 50}',
+                    "--entropy-target", "0.2", "-f")
     assert code == 0 and "started ftjob-1" in out and "iteration 2: reward 0.500" in out
     created = json.loads(next(r for r in fake.requests if r.url.path == "/v1/fine_tuning/jobs").content)
     assert created["model"] == "base"  # asked /v1/models for the base model
     assert created["method"]["reinforcement"]["hyperparameters"] == {
         "iterations": 2, "entropy_coef": 0.003, "clip_cov_fraction": 0.02, "positive_advantage_weight": 0.1,
         "dynamic_sampling": True,
-        "guide_field": "answer",
+        "guide_field": "answer", "entropy_control": {"target": 0.2},
         "temperature_schedule": {"start": 1.2, "end": 1.0, "steps": 50}}
     fake.final_status = "failed"
     code, _ = cli(fake, "logs", "-f", "ftjob-1")

@@ -27,7 +27,7 @@ from artlike_server.jobs.spec import JobSpec, RemedySettings, RolloutSettings
 from artlike_server.jobs.store import JobStore
 
 import artlike as art
-from artlike import DynamicSampling, Schedule
+from artlike import DynamicSampling, EntropyControl, Schedule
 from tests.openapi_schema import assert_valid
 
 MOTTERL_PAYLOAD = {
@@ -229,22 +229,25 @@ def test_remedies_from_both_doors_reach_the_spec_and_survive_the_store(tmp_path:
     hyperparameters = openai_jobs.Hyperparameters.model_validate({
         "dynamic_sampling": True, "entropy_coef": 0.003, "epsilon_high": 0.4, "clip_cov_fraction": 0.02,
         "positive_advantage_weight": 0.1, "temperature_schedule": schedule,
+        "entropy_control": {"target": 0.2, "max_coef": 0.05},
         "group_size_schedule": {"start": 4, "end": 8, "steps": 4},
         "learning_rate_schedule": {"start": 1e-4, "end": 2e-5, "steps": 10, "shape": "cosine", "warmup_steps": 2}})
     remedies = hyperparameters.remedies()
     assert remedies.dynamic_sampling == DynamicSampling() and remedies.train_options() == {
         "entropy_coef": 0.003, "epsilon_high": 0.4, "clip_cov_fraction": 0.02, "positive_advantage_weight": 0.1}
     assert remedies.temperature_schedule == Schedule(start=1.2, end=1.0, steps=10)
+    assert remedies.entropy_control == EntropyControl(target=0.2, max_coef=0.05)  # not a train option as such
     assert openai_jobs.Hyperparameters().remedies() == RemedySettings()  # each off unless asked for
     assert openai_jobs.Hyperparameters(dynamic_sampling=False).remedies().dynamic_sampling is None
 
     start = motterl.parse_start({**MOTTERL_PAYLOAD, "dynamicSampling": {"max_resample_factor": 2},
                                  "temperatureSchedule": schedule, "entropyCoef": 0.01, "clipCovFraction": 0.05,
-                                 "positiveAdvantageWeight": 0.2})
+                                 "positiveAdvantageWeight": 0.2, "entropyControl": {"target": 0.1}})
     new = motterl.new_job(start, models=ModelStore(tmp_path), served_base="base-model")
     assert new.spec.remedies == RemedySettings(dynamic_sampling=DynamicSampling(max_resample_factor=2),
                                                temperature_schedule=Schedule(**schedule), entropy_coef=0.01,
-                                               clip_cov_fraction=0.05, positive_advantage_weight=0.2)
+                                               clip_cov_fraction=0.05, positive_advantage_weight=0.2,
+                                               entropy_control=EntropyControl(target=0.1))
     assert [new.spec.iteration_settings(i).temperature for i in (0, 5, 10, 50)] == [1.2, 1.1, 1.0, 1.0]
 
     store = JobStore(tmp_path / "jobs")
@@ -287,6 +290,9 @@ def test_a_bad_remedy_is_a_400_naming_it_as_the_request_spelled_it(tmp_path: Pat
     with pytest.raises(InvalidRequest) as error:
         motterl.new_job(start, models=ModelStore(tmp_path), served_base="base-model")
     assert error.value.param == "positiveAdvantageWeight"
+    with pytest.raises(InvalidRequest) as error:
+        motterl.parse_start({**MOTTERL_PAYLOAD, "entropyControl": {"target": 0.2, "max_coef": -1}})
+    assert error.value.param == "entropyControl.max_coef"
 
 
 def test_the_job_modules_doctests() -> None:

@@ -373,3 +373,60 @@ def test_the_entropy_bonus_subtracts_the_aggregated_entropy_and_pushes_it_up() -
     # "sequence": the one sequence's mean entropy 1.0, over 1 sequence: −0.2
     assert float(sequence.loss(batch, 1.0).loss.detach() - build_objective(CISPOConfig(
         loss_aggregation="sequence")).loss(batch, 1.0).loss.detach()) == pytest.approx(-0.2, abs=1e-12)
+
+
+# --------------------------------------------------------------------------------------- entropy control
+
+
+def test_the_entropy_control_moves_the_bonus_towards_its_target_within_bounds() -> None:
+    control = art.EntropyControl(target=0.2, coef_step=0.01, max_coef=0.025)
+    coef, trace = 0.0, []
+    for entropy in (0.8, 0.1, 0.1, 0.1, None, 0.3, 0.3, 0.3, 0.3):
+        coef = control.next_coef(coef, entropy)
+        trace.append(coef)
+    # over the target: stays at 0; under: +0.01 a step up to 0.025; unmeasured: kept; over: −0.01 down to 0
+    assert trace == pytest.approx([0.0, 0.01, 0.02, 0.025, 0.025, 0.015, 0.005, 0.0, 0.0])
+    for bad in ({"target": 0.0}, {"target": 0.2, "coef_step": 0.0}, {"target": 0.2, "max_coef": -1.0}):
+        with pytest.raises(ValidationError):
+            art.EntropyControl(**bad)
+
+
+@dataclass
+class SharpeningServer(RecordingServer):
+    """Reports the sampling entropy of each train call from `entropies` (None: the call finds no signal)."""
+
+    entropies: list[float | None] = field(default_factory=list)
+
+    async def _train(self, groups: list[art.TrajectoryGroup]) -> art.TrainResult:
+        entropy = self.entropies[len(self.trained_batches)]
+        if entropy is None:
+            self.no_signal_calls.add(len(self.trained_batches))
+        result = await super()._train(groups)
+        if result.start is None:
+            return result
+        return result.model_copy(update={"start": result.start.model_copy(update={"sampling_entropy": entropy})})
+
+
+def test_the_pipeline_trains_each_step_with_the_controlled_entropy_bonus_and_resumes_it(tmp_path: Any) -> None:
+    state = tmp_path / "pipeline.json"
+    control = art.EntropyControl(target=0.2, coef_step=0.01, max_coef=0.025)
+    server = SharpeningServer(entropies=[0.8, 0.1, None, 0.1, 0.1, 0.3, 0.3])
+    result = make(server, ScriptedRollouts(), range(100), max_steps_off_policy=0,  # type: ignore[arg-type]
+                  entropy_control=control, entropy_coef=0.005, state_path=state).run_sync(num_steps=4)
+    # starts at the config's 0.005; 0.8 is over the target (down), 0.1 under (up), a step without signal keeps it
+    assert [c.entropy_coef for c in server.configs] == pytest.approx([0.005, 0.0, 0.01, 0.01])
+    assert [s.entropy_coef for s in result.steps] == pytest.approx([0.005, 0.0, 0.01, 0.01])
+    resumed = make(server, ScriptedRollouts(), range(100), max_steps_off_policy=0,  # type: ignore[arg-type]
+                   entropy_control=control, entropy_coef=0.005, state_path=state).run_sync(num_steps=7)
+    assert [c.entropy_coef for c in server.configs[4:]] == pytest.approx([0.02, 0.025, 0.015])
+    assert [s.entropy_coef for s in resumed.steps] == pytest.approx([0.005, 0.0, 0.01, 0.01, 0.02, 0.025, 0.015])
+
+
+def test_without_a_control_the_bonus_is_the_configs_and_an_objective_without_one_is_refused() -> None:
+    server = RecordingServer()
+    result = make(server, ScriptedRollouts(), range(100), entropy_coef=0.003).run_sync(num_steps=2)  # type: ignore[arg-type]
+    assert [c.entropy_coef for c in server.configs] == [0.003, 0.003]
+    assert [s.entropy_coef for s in result.steps] == [0.003, 0.003]
+    with pytest.raises(ValueError, match="entropy_control needs an objective with an entropy bonus"):
+        make(server, ScriptedRollouts(), range(5), objective="gspo",  # type: ignore[arg-type]
+             entropy_control=art.EntropyControl(target=0.2))

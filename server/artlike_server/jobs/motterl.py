@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from artlike import DynamicSampling, Schedule
+from artlike import DynamicSampling, EntropyControl, Schedule
 
 from ..errors import InvalidRequest
 from ..http_body import validate
@@ -58,6 +58,7 @@ class StartTraining(BaseModel):
     seed: int = 0
     dynamic_sampling: bool | DynamicSampling | None = Field(None, alias="dynamicSampling")
     entropy_coef: float | None = Field(None, alias="entropyCoef")
+    entropy_control: EntropyControl | None = Field(None, alias="entropyControl")
     epsilon_high: float | None = Field(None, alias="epsilonHigh")
     clip_cov_fraction: float | None = Field(None, alias="clipCovFraction")
     positive_advantage_weight: float | None = Field(None, alias="positiveAdvantageWeight")

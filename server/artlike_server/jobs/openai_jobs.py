@@ -4,9 +4,10 @@ objects as `openai-openapi.yaml` shapes them.
 artlike's extensions ride in `method.reinforcement.hyperparameters` (the SDK's `extra_body` or a plain dict):
 `iterations`, `group_size`, `learning_rate` (absolute), `max_tokens`, `temperature`, `max_turns`,
 `multi_step`, and against a flattening curve `dynamic_sampling` (true, or `{"min_signal_groups",
-"max_resample_factor"}`), `entropy_coef`, `epsilon_high`, `clip_cov_fraction`, `positive_advantage_weight`,
-`temperature_schedule`, `group_size_schedule`, `learning_rate_schedule` (each `{"start", "end", "steps",
-"shape", "warmup_steps"}` over iterations).
+"max_resample_factor"}`), `entropy_coef`, `entropy_control` (`{"target", "coef_step", "max_coef"}`: the
+entropy bonus moved after each iteration towards a target sampling entropy), `epsilon_high`,
+`clip_cov_fraction`, `positive_advantage_weight`, `temperature_schedule`, `group_size_schedule`,
+`learning_rate_schedule` (each `{"start", "end", "steps", "shape", "warmup_steps"}` over iterations).
 `fine_tuned_model` is the trainable model's name on this server: chat with it, or with a checkpoint's
 `name@N`.
 """
@@ -19,7 +20,7 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
-from artlike import DynamicSampling, Schedule
+from artlike import DynamicSampling, EntropyControl, Schedule
 
 from ..errors import InvalidRequest
 from ..models.store import ModelStore
@@ -71,6 +72,7 @@ class Hyperparameters(_Open):
     multi_step: bool | None = None
     dynamic_sampling: bool | DynamicSampling | None = None
     entropy_coef: float | None = None  # these are checked by RemedySettings
+    entropy_control: EntropyControl | None = None
     epsilon_high: float | None = None
     clip_cov_fraction: float | None = None
     positive_advantage_weight: float | None = None

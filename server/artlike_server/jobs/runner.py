@@ -232,6 +232,10 @@ class JobRunner:
                 "reward_errors": len(errors), "rollouts": len(rewards), "rollout_seconds": round(rollout_seconds, 3),
                 "temperature": settings.temperature, "group_size": settings.group_size,
                 "learning_rate": settings.learning_rate, **self._group_metrics(groups)}
+            options: dict[str, Any] = {"learning_rate": settings.learning_rate,
+                                       "pass_threshold": self._pass_threshold(), **spec.remedies.train_options()}
+            if spec.remedies.entropy_control is not None:
+                options["entropy_coef"] = metrics["entropy_coef"] = self._controlled_entropy_coef()
             if spec.remedies.guide_field is not None:
                 guided = await self.stop.interruptible(self._guide(groups, rows, iteration))
                 groups, metrics["groups_guided"] = guided.groups, guided.guided
@@ -239,8 +243,6 @@ class JobRunner:
             informative = [g for g in groups if _has_signal(g)]
             checkpoint: str | None = None
             if informative:
-                options: dict[str, Any] = {"learning_rate": settings.learning_rate,
-                                           "pass_threshold": self._pass_threshold(), **spec.remedies.train_options()}
                 result = await self._train(partial(model.train, informative, progress=False, **options))
                 checkpoint = result.model
                 metrics |= {"loss": result.metrics[-1].loss if result.metrics else 0.0, "model_step": result.step,
@@ -283,6 +285,17 @@ class JobRunner:
                                     self.reward, self._pass_threshold())
         self._warn_first("guide", [f"iteration {iteration + 1}: {why}" for why in guided.refused])
         return guided
+
+    def _controlled_entropy_coef(self) -> float:
+        """The entropy bonus of the next iteration: `entropy_coef` (0 when unset) at first, then moved by the
+        entropy control after each iteration, from the last one's coefficient and sampling entropy (the job's
+        last metrics, so a resumed job goes on from where it stopped)."""
+        remedies = self.spec.remedies
+        assert remedies.entropy_control is not None
+        last = self.job.last_metrics
+        if "entropy_coef" not in last:
+            return remedies.entropy_coef or 0.0
+        return remedies.entropy_control.next_coef(last["entropy_coef"], last.get("sampling_entropy"))
 
     def _pass_threshold(self) -> float:
         assert self.reward is not None

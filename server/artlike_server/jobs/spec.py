@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from artlike import DynamicSampling, Schedule
+from artlike import DynamicSampling, EntropyControl, Schedule
 
 DEFAULT_LEARNING_RATE = 1e-5
 DEFAULT_GROUP_SIZE = 8
@@ -83,6 +83,8 @@ class RemedySettings(_Frozen):
 
     dynamic_sampling: DynamicSampling | None = None  # an iteration rolls out more rows until enough groups differ
     entropy_coef: float | None = Field(None, ge=0.0)  # the GRPO step's entropy bonus
+    # the entropy bonus moved after each iteration towards a target sampling entropy (starts at entropy_coef)
+    entropy_control: EntropyControl | None = None
     epsilon_high: float | None = Field(None, ge=0.0, le=10.0)  # the GRPO clip's upper bound (clip-higher)
     clip_cov_fraction: float | None = Field(None, ge=0.0, le=1.0)  # Clip-Cov: tokens left out against entropy collapse
     positive_advantage_weight: float | None = Field(None, ge=0.0, le=10.0)  # W-REINFORCE: right samples weigh less
