@@ -762,17 +762,16 @@ class _Run(Generic[Scenario]):
         schedule = self.t.learning_rate_schedule
         if schedule is not None:
             update["learning_rate"] = schedule.at(self.state.steps_done)
-        coef = self._entropy_coef()
-        if self.t.entropy_control is not None and coef is not None:
-            update["entropy_coef"] = coef
+        if self.t.entropy_control is not None:
+            update["entropy_coef"] = self._controlled_entropy_coef(self.t.entropy_control)
         return self.t.config.model_copy(update=update) if update else self.t.config
 
-    def _entropy_coef(self) -> float | None:
-        """The entropy bonus of the next step: the config's, moved by the entropy control after each step
-        (read back from the step reports, so a resumed run goes on from where it stopped)."""
-        configured: float | None = getattr(self.t.config, "entropy_coef", None)
-        control, last = self.t.entropy_control, self.state.reports[-1] if self.state.reports else None
-        if control is None or configured is None or last is None or last.entropy_coef is None:
+    def _controlled_entropy_coef(self, control: EntropyControl) -> float:
+        """The entropy bonus of the next step: the config's at first, then moved by the entropy control after
+        each step (read back from the step reports, so a resumed run goes on from where it stopped)."""
+        last = self.state.reports[-1] if self.state.reports else None
+        if last is None or last.entropy_coef is None:
+            configured: float = getattr(self.t.config, "entropy_coef", 0.0)  # the constructor checked it has one
             return configured
         return control.next_coef(last.entropy_coef, last.sampling_entropy)
 
