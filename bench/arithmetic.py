@@ -1,5 +1,5 @@
-"""What bench/ceiling.py and bench/plateau.py share: the demo task's training pool and held-out set, and the
-held-out accuracy of a served model, greedy and sampled at temperature 1."""
+"""What bench/ceiling.py and bench/plateau.py share: the demo task's training pool and held-out set, the server
+they start, and the held-out accuracy of a served model, greedy and sampled at temperature 1."""
 
 from __future__ import annotations
 
@@ -12,6 +12,18 @@ from examples.arithmetic.demo import MAX_TOKENS
 from examples.arithmetic.task import HELD_OUT_SEED, TRAINING_SEED, Problem, problems, reward
 
 LORA_RANK = 8  # the demo's
+
+
+def server_args(model: str | None) -> list[str]:
+    """`artlike serve`'s options for these benches: the machine's own dtypes (bfloat16 on a GPU or a CPU with
+    native BF16), and `model`, a Hugging Face model directory, in place of the embedded default.
+
+    >>> server_args(None)
+    ['--dtype', 'auto', '--trainer-dtype', 'auto']
+    >>> server_args("/models/Qwen2.5-0.5B-Instruct")[-2:]
+    ['--model', '/models/Qwen2.5-0.5B-Instruct']
+    """
+    return ["--dtype", "auto", "--trainer-dtype", "auto", *(["--model", model] if model else [])]
 
 
 def training_pool(size: int) -> list[Problem]:

@@ -1,13 +1,13 @@
 """The ceiling RL is measured against: the demo's model trained by SFT on the right answers of the whole
 training pool of the arithmetic task (examples/arithmetic), and its held-out greedy accuracy.
 
-Starts its own `artlike serve` (default model), registers a model with the demo's LoRA budget, then passes
+Starts its own `artlike serve` (the default model, or `--model DIR`), registers a model with the demo's LoRA budget, then passes
 over the pool (`--pool-size` problems, the demo's seed) in batches of `--batch-size` examples, one training
 step each, the prompt the demo's and the target `<answer>N</answer>`; after every pass it evaluates held-out
 problems (the demo's, greedy and at temperature 1), until `--epochs` passes or `--budget-minutes` of training
 are done. The best held-out greedy accuracy is the ceiling: what the model can hold within this LoRA budget.
 
-    python -m bench.ceiling [--budget-minutes 15] [--epochs 6] [--pool-size 1024]
+    python -m bench.ceiling [--budget-minutes 15] [--epochs 6] [--pool-size 1024] [--model DIR]
 
 Prints a table and writes `bench/results/ceiling.json` (`--output` to choose).
 """
@@ -25,7 +25,7 @@ from typing import Any
 from artlike_server.launcher import ServerProcess
 
 import artlike as art
-from bench.arithmetic import LORA_RANK, greedy_and_sampled, held_out, training_pool
+from bench.arithmetic import LORA_RANK, greedy_and_sampled, held_out, server_args, training_pool
 from bench.machine import machine
 
 RESULTS = Path(__file__).resolve().parent / "results" / "ceiling.json"
@@ -35,7 +35,7 @@ KEY = "bench"
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     pool, eval_set = training_pool(args.pool_size), held_out(args.eval_size)
     with tempfile.TemporaryDirectory() as data_dir, \
-            ServerProcess(Path(data_dir), args=["--dtype", "auto", "--trainer-dtype", "auto"], api_key=KEY) as server:
+            ServerProcess(Path(data_dir), args=server_args(args.model), api_key=KEY) as server:
         model = art.TrainableModel(name="ceiling", base_model=server.model_id, server=server.base_url, api_key=KEY,
                                    lora=art.LoraConfig(rank=LORA_RANK, alpha=2 * LORA_RANK))
         await model.register()
@@ -76,6 +76,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--budget-minutes", type=float, default=15.0, help="training time (evaluations not counted)")
     parser.add_argument("--epochs", type=int, default=6, help="passes over the pool at most")
+    parser.add_argument("--model", help="a Hugging Face model directory to serve and train (default: the embedded "
+                                        "SmolLM2-135M-Instruct)")
     parser.add_argument("--pool-size", type=int, default=1024, help="training problems (the demo's seed)")
     parser.add_argument("--eval-size", type=int, default=200, help="held-out problems (the demo's)")
     parser.add_argument("--batch-size", type=int, default=32, help="examples per training step")

@@ -1,24 +1,25 @@
 """What lifts GRPO past its plateau on the demo task: each of `art.PipelineTrainer`'s remedies alone and
 combined, the same wall-clock budget and the same seeds, against the SFT ceiling (bench/ceiling.py).
 
-Starts its own `artlike serve` (default model). For each named config it registers a fresh model (the demo's
-LoRA budget), evaluates held-out problems (the demo's; greedy, and one sample at temperature 1), then trains
-with `art.PipelineTrainer` on the demo's training pool (the demo's rollout, reward and group shape) and
-evaluates again at each checkpoint (`--checkpoints`, minutes of training; evaluations are not counted).
-Configs (`--configs` picks some, run in the order given with the baseline first): baseline (the demo's settings,
+Starts its own `artlike serve` (the default model, or `--model DIR`). For each named config it registers a
+fresh model (the demo's LoRA budget), evaluates held-out problems (the demo's; greedy, and one sample at
+temperature 1), then trains with `art.PipelineTrainer` on the demo's training pool (the demo's rollout, reward
+and group shape) and evaluates again at each checkpoint (`--checkpoints`, minutes of training; evaluations are
+not counted). Configs (`--configs` picks some, run in the order given with the baseline first): baseline (the demo's settings,
 GRPO's defaults), dynamic_sampling, curriculum, entropy_bonus, clip_higher (`epsilon_high` 0.4 instead of 0.28),
 clip_higher_entropy (the wider clip with a stronger entropy bonus), temperature (a schedule from hot to 1),
 group_size (a growing group), lr_schedule (a cosine over the run's steps), higher_lr (a constant 2.5x the demo's
 learning rate), guidance (the known answer joins a group whose rollouts all failed), retry_failed (such a group is
 rolled out again at temperature 1.5, and joined by that retry where one of its rollouts passed), clip_cov (Clip-Cov
 on 2% of a step's tokens), w_reinforce (positive advantages weigh a tenth), entropy_control (an entropy bonus
-that rises while the sampling entropy is under 0.2 nats a token and falls while over), combined (the schedules, dynamic
+that rises while the sampling entropy is under 0.2 nats a token and falls while over), entropy_control_strong
+(the same control with steps of 0.01 up to 0.4 instead of 0.005 up to 0.1), combined (the schedules, dynamic
 sampling, the curriculum, the entropy bonus and the wider clip). Schedules span `--schedule-steps` steps (default:
 the steps the run's baseline took by its last checkpoint). Sampling is not seeded, so two runs of a config differ:
 `--repeats N` trains every config N times (rounds `name`, `name-2`, ...), each round read against its own
 baseline, to show the spread between runs next to the differences between configs.
 
-    python -m bench.plateau [--checkpoints 15 30] [--configs baseline combined] [--repeats 1]
+    python -m bench.plateau [--checkpoints 15 30] [--configs baseline combined] [--repeats 1] [--model DIR]
                             [--output FILE [--resume]]
 
 Prints the table bench/README.md shows (against the SFT ceiling measured on this kind of machine, else
@@ -41,7 +42,7 @@ from artlike_server.engine.launch import detect_device
 from artlike_server.launcher import ServerProcess
 
 import artlike as art
-from bench.arithmetic import LORA_RANK, greedy_and_sampled, held_out, training_pool
+from bench.arithmetic import LORA_RANK, greedy_and_sampled, held_out, server_args, training_pool
 from bench.ceiling import RESULTS as CEILING
 from bench.machine import machine, matmul_speed, same_kind, same_speed
 from bench.tables import config_of
@@ -93,6 +94,9 @@ def remedies(schedule_steps: int) -> list[Remedy]:
         Remedy("w_reinforce", train={"positive_advantage_weight": 0.1}),
         # adaptive entropy control: the bonus moves by 0.005 a step towards holding 0.2 nats a token
         Remedy("entropy_control", {"entropy_control": art.EntropyControl(target=0.2)}),
+        # the same control, free to go four times as high and twice as fast
+        Remedy("entropy_control_strong",
+               {"entropy_control": art.EntropyControl(target=0.2, coef_step=0.01, max_coef=0.4)}),
         Remedy("combined", {**dynamic, **curriculum, **temperature, **group_size, **lr},
                {**entropy, "epsilon_high": 0.4}),
     ]
@@ -172,10 +176,12 @@ async def train_one(remedy: Remedy, key: str, args: argparse.Namespace, base_url
                       for s in steps]}
 
 
-def ceiling(results: Path = CEILING.parent) -> dict[str, Any] | None:
-    """The SFT ceiling to read the rows against: a `ceiling*.json` measured on a machine described as this one
-    (the ceiling depends on the dtype the machine trains in), else `ceiling.json`, else none."""
-    measured = {path.name: json.loads(path.read_text()) for path in sorted(results.glob("ceiling*.json"))}
+def ceiling(results: Path = CEILING.parent, model: str | None = None) -> dict[str, Any] | None:
+    """The SFT ceiling to read the rows against, among the `ceiling*.json` of the same `model` (`--model`; None:
+    the default): one measured on a machine described as this one (the ceiling depends on the dtype the machine
+    trains in), else `ceiling.json`, else none."""
+    measured = {path.name: result for path in sorted(results.glob("ceiling*.json"))
+                if (result := json.loads(path.read_text())).get("settings", {}).get("model") == model}
     here = [name for name, result in measured.items() if "machine" in result and same_kind(result["machine"], machine())]
     name = here[0] if here else CEILING.name if CEILING.name in measured else None
     return None if name is None else {"file": name, "greedy": float(measured[name]["ceiling_greedy"]),
@@ -205,12 +211,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     settings["configs"] = list(dict.fromkeys(config_of(key) for key in [*kept["runs"], *chosen]))  # all it holds
     runs: dict[str, dict[str, Any]] = dict(kept["runs"])
     configs: dict[str, Any] = dict(kept["configs"])
-    top = ceiling()
+    top = ceiling(model=args.model)
     report = {"settings": settings, "configs": configs, "ceiling_greedy": top and top["greedy"],
               "ceiling_file": top and top["file"], "ceiling_machine": top and top["machine"], "runs": runs,
               "machine": machine(), "speed": speed}
     with tempfile.TemporaryDirectory() as data_dir, \
-            ServerProcess(Path(data_dir), args=["--dtype", "auto", "--trainer-dtype", "auto"], api_key=KEY) as server:
+            ServerProcess(Path(data_dir), args=server_args(args.model), api_key=KEY) as server:
         for key in chosen:  # the baseline first, so the schedules of the others can span its steps
             remedy = next(r for r in remedies(schedule_steps(args, runs)) if r.name == config_of(key))
             configs[remedy.name] = {"pipeline": {k: getattr(v, "__name__", None) or repr(v)  # a function: its name
@@ -223,7 +229,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     return report
 
 
-COMPARABLE = ("checkpoints", "schedule_steps", "pool_size", "eval_size", "max_steps_off_policy")
+COMPARABLE = ("model", "checkpoints", "schedule_steps", "pool_size", "eval_size", "max_steps_off_policy")
 
 
 def resumed(path: Path, settings: dict[str, Any], speed: float | None = None) -> dict[str, Any]:
@@ -262,6 +268,8 @@ def main() -> None:
     parser.add_argument("--schedule-steps", type=int,
                         help="steps the schedules span (default: the steps this run's baseline took by the last "
                              "checkpoint, so that a schedule runs its course within the budget on this machine)")
+    parser.add_argument("--model", help="a Hugging Face model directory to serve and train (default: the embedded "
+                                        "SmolLM2-135M-Instruct)")
     parser.add_argument("--pool-size", type=int, default=1024, help="training problems (the demo's seed)")
     parser.add_argument("--eval-size", type=int, default=200, help="held-out problems (the demo's)")
     parser.add_argument("--max-steps-off-policy", type=int, default=None,

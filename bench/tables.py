@@ -413,6 +413,11 @@ def rl_step(result: Result) -> str:
         f"{result['pipeline_over_sequential_step_time']:.2f}×."])
 
 
+def served_model(settings: Result) -> str:
+    """The model a ceiling or plateau run trained, for its caption: nothing for the embedded default."""
+    return f", model `{settings['model']}`" if settings.get("model") else ""
+
+
 def ceiling(result_file: str) -> Callable[[Result], str]:
     """The table of one `bench/ceiling.py` run (its own file): held-out accuracy after each pass over the pool."""
     return functools.partial(ceiling_table, result_file)
@@ -424,7 +429,7 @@ def ceiling_table(result_file: str, result: Result) -> str:
     rows += [(p["pass"], p["steps"], f"{p['train_seconds']:.0f}", f"{p['loss']:.4f}", percent(p["greedy"]),
               percent(p["sampled"]), unseen_accuracy(p, settings)) for p in result["passes"]]
     return "\n\n".join([
-        caption(result_file, result, f", {settings['pool_size']} training problems in batches of "
+        caption(result_file, result, f"{served_model(settings)}, {settings['pool_size']} training problems in batches of "
                 f"{settings['batch_size']}, lr {settings['learning_rate']:g}, {settings['eval_size']} held-out problems"),
         table(["pass", "steps", "training s", "mean loss", "held-out greedy", "held-out T=1",
                "greedy on unseen problems"], rows),
@@ -566,7 +571,7 @@ def plateau(result_file: str) -> Callable[[Result], str]:
             if top is not None:
                 row.append(f"{(last['greedy'] - top) * 100:+.1f} points")
             rows.append(row)
-        parts = [caption(result_file, result, f", {settings['pool_size']} training problems, "
+        parts = [caption(result_file, result, f"{served_model(settings)}, {settings['pool_size']} training problems, "
                          f"{settings['eval_size']} held-out problems, the same problems and wall-clock budget per config"),
                  table(header, rows)]
         stopped = [f"`{name}` stopped {run['stopped']}." for name, run in result["runs"].items() if "stopped" in run]

@@ -96,6 +96,9 @@ def test_a_plateau_table_names_where_its_ceiling_was_measured() -> None:
     assert "The SFT ceiling (`bench/results/ceiling_bf16.json`, the same kind of machine): 90.0% held-out greedy." in rendered
     elsewhere = tables.plateau("plateau_test.json")({**result, "ceiling_file": "ceiling.json", "ceiling_machine": there})
     assert "(`bench/results/ceiling.json`, measured on AMD EPYC, 2 cores, AVX2): 90.0%" in elsewhere
+    assert "model" not in rendered.splitlines()[0]  # the embedded default
+    larger = tables.plateau("plateau_test.json")({**result, "settings": {**result["settings"], "model": "/m/qwen"}})
+    assert larger.startswith("`bench/results/plateau_test.json`, model `/m/qwen`, 8 training problems")
 
 
 def test_each_round_of_a_plateau_run_is_read_against_its_own_baseline() -> None:

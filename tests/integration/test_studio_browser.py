@@ -294,7 +294,7 @@ def test_dashboard_charts_history_and_the_token_view(studio: Studio, server: Ser
     for (step, value), line in zip(drawn, steps, strict=True):
         assert step == line["step"] and value == pytest.approx(line["reward"]["mean"], abs=1e-6), (drawn, line)
     for chart in ("loss", "kl", "clip_fraction", "entropy", "tokens_per_s", "groups_skipped", "zero_variance_fraction",
-                  "pass_rate", "sampling_entropy", "kl_to_base", "response_tokens"):
+                  "pass_rate", "sampling_entropy", "kl_to_base", "response_tokens", "learning_rate", "entropy_coef"):
         assert page.locator(f"svg[data-chart='{chart}'] circle").count() == 2, chart
     assert page.locator("#steps-table tbody tr").count() == 3  # steps 0, 1, 2
     assert page.inner_text("#steps-table tr[data-step='2'] td.evaluations") == "lm-eval acc 0.75"

@@ -12,7 +12,7 @@ import pytest
 from bench import plateau
 from bench.machine import machine
 
-SETTINGS = {"checkpoints": [15.0, 30.0], "schedule_steps": 40, "pool_size": 1024, "eval_size": 200,
+SETTINGS = {"model": None, "checkpoints": [15.0, 30.0], "schedule_steps": 40, "pool_size": 1024, "eval_size": 200,
             "max_steps_off_policy": 0, "configs": ["curriculum"], "output": "x.json"}
 
 
@@ -77,6 +77,18 @@ def test_the_ceiling_is_the_one_measured_on_this_machine(tmp_path: Path) -> None
     measured("ceiling_bf16.json", 0.955, platform="another kernel build")  # the same kind of machine
     assert plateau.ceiling(tmp_path) == {"file": "ceiling_bf16.json", "greedy": 0.955,
                                          "machine": {**machine(), "platform": "another kernel build"}}
+    # another model's ceiling, on this very machine, is read only by runs of that model (`--model`)
+    (tmp_path / "ceiling_qwen.json").write_text(json.dumps({"ceiling_greedy": 0.99, "machine": machine(),
+                                                            "settings": {"model": "/models/qwen"}}))
+    assert plateau.ceiling(tmp_path)["file"] == "ceiling_bf16.json"  # type: ignore[index]
+    assert plateau.ceiling(tmp_path, model="/models/qwen") == {"file": "ceiling_qwen.json", "greedy": 0.99,
+                                                               "machine": machine()}
+    assert plateau.ceiling(tmp_path, model="/models/other") is None
+
+
+def test_another_model_is_another_run(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match=r"with other \['model'\]"):
+        plateau.resumed(earlier(tmp_path / "run.json"), {**SETTINGS, "model": "/models/qwen"})
 
 
 def test_the_run_keys_worked_example() -> None:
@@ -113,3 +125,9 @@ def test_the_machine_modules_doctests() -> None:
     from bench import machine as machine_module
 
     assert doctest.testmod(machine_module, raise_on_error=True).attempted >= 1
+
+
+def test_the_benches_serve_the_model_asked_for() -> None:
+    from bench import arithmetic
+
+    assert doctest.testmod(arithmetic, raise_on_error=True).attempted >= 2

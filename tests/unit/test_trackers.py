@@ -16,11 +16,11 @@ from tests.tracker_records import mlflow_run, read_until, wandb_run
 STEP_1 = {"step": 1, "from_step": 0, "time": 1700000000.0, "reward": {"mean": 0.5, "std": 0.25}, "loss": {"mean": -0.1},
           "kl": {"mean": 0.002}, "entropy": {"mean": 1.5}, "clip_fraction": {"mean": 0.0}, "groups_skipped": 0,
           "trainable_tokens": 120, "train_seconds": 2.0, "swap_seconds": 0.05, "metrics": {"accuracy": 0.5},
-          "objective_metrics": {"kl_coef": 0.05}, "config": {"learning_rate": 1e-5}, "promoted": True,
+          "objective_metrics": {"kl_coef": 0.05}, "config": {"learning_rate": 1e-5, "entropy_coef": 0.001}, "promoted": True,
           "zero_variance_fraction": 0.25, "groups_all_wrong": 1, "groups_mixed": 3, "groups_all_right": 0,
           "pass_rate": 0.375, "response_tokens_mean": 14.5, "sampling_entropy": 0.9, "kl_to_base": {"mean": 0.004}}
 STEP_2 = {**STEP_1, "step": 2, "from_step": 1, "time": 1700000100.0, "reward": {"mean": 0.75, "std": 0.1},
-          "promoted": False}
+          "config": {"learning_rate": 1e-5, "entropy_coef": 0.006}, "promoted": False}
 EVALUATION = {"event": "eval", "step": 1, "split": "validation", "eval": {"accuracy": 0.625}, "time": 1700000200.0}
 ALIAS = {"event": "alias", "alias_step": 2, "previous_step": 1, "reason": "promoted by hand", "time": 1700000300.0}
 JOB_CONFIG = {"method": "reinforcement", "learning_rate": 2e-5, "iterations": 3, "rollout": {"group_size": 4}}
@@ -71,6 +71,9 @@ def test_step_scalars_include_the_plateau_diagnostics() -> None:
         "zero_variance_fraction": 0.25, "groups_all_wrong": 1.0, "groups_mixed": 3.0, "groups_all_right": 0.0,
         "pass_rate": 0.375, "response_tokens_mean": 14.5, "sampling_entropy": 0.9, "kl_to_base": 0.004,
         "entropy": 1.5}
+    # the settings a schedule or the entropy control moves, as the step trained with them
+    assert (scalars["config/learning_rate"], scalars["config/entropy_coef"]) == (1e-5, 0.001)
+    assert dict(step_scalars(STEP_2))["config/entropy_coef"] == 0.006
 
 
 def test_history_lines_are_routed_by_kind_and_a_failing_tracker_fails_nothing() -> None:

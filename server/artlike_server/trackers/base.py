@@ -14,7 +14,9 @@ SCALARS = ("reward.mean", "reward.std", "loss.mean", "kl.mean", "entropy.mean", 
            "swap_seconds",
            # why learning slows (rewarded groups): no-signal groups, pass distribution, length, entropy, drift
            "zero_variance_fraction", "groups_all_wrong", "groups_mixed", "groups_all_right", "pass_rate",
-           "response_tokens_mean", "sampling_entropy", "kl_to_base.mean")
+           "response_tokens_mean", "sampling_entropy", "kl_to_base.mean",
+           # the settings a schedule or a control moves from step to step (`config/learning_rate`, ...)
+           "config.learning_rate", "config.entropy_coef")
 
 
 def step_scalars(entry: dict[str, Any]) -> Iterator[tuple[str, float]]:

@@ -18,7 +18,7 @@ STEP_METRICS = ("reward*", "loss", "kl", "entropy", "grad_norm", "clip_fraction"
                 "groups_skipped", "trainable_tokens", "train_seconds", "swap_seconds", "tokens_per_second",
                 "zero_variance_fraction", "groups_all_wrong", "groups_mixed", "groups_all_right", "pass_rate",
                 "response_tokens_mean", "sampling_entropy", "kl_to_base",
-                "metrics/*", "objective/*", "eval/*", "alias/step")
+                "metrics/*", "objective/*", "eval/*", "alias/step", "config/*")
 
 
 class WandbTracker:

@@ -1323,6 +1323,9 @@
     { key: 'sampling_entropy', title: 'sampling entropy (−logprob of sampled tokens)', get: (l) => stat(l.sampling_entropy) },
     { key: 'kl_to_base', title: 'KL to base', get: (l) => stat(l.kl_to_base) },
     { key: 'response_tokens', title: 'response tokens (mean)', get: (l) => stat(l.response_tokens_mean) },
+    // The settings each step trained with, which schedules and the entropy control move from step to step.
+    { key: 'learning_rate', title: 'learning rate', get: (l) => stat(l.config && l.config.learning_rate) },
+    { key: 'entropy_coef', title: 'entropy bonus (entropy_coef)', get: (l) => stat(l.config && l.config.entropy_coef) },
   ];
 
   function renderCharts(lines) {
