@@ -583,6 +583,40 @@ def plateau(result_file: str) -> Callable[[Result], str]:
     return render
 
 
+ACCURACY_BANDS = ((0.6, 0.7), (0.7, 0.8), (0.8, 0.9), (0.9, 1.0))
+
+
+def temperature_gap(rl: Sequence[Result], sft: Sequence[Result]) -> str:
+    """How far held-out accuracy at temperature 1 trails greedy, by band of greedy accuracy: over every
+    checkpoint of the RL runs (`plateau*.json`) and every pass of SFT on the answers (`ceiling*.json`). At the
+    same greedy accuracy, a smaller gap is a policy surer of its answers; SFT's gap is what learning the task
+    alone leaves."""
+    points = {"RL": [c for r in rl for run in r["runs"].values() for c in run["checkpoints"]],
+              "SFT": [p for r in sft for p in r["passes"]]}
+
+    def cell(kind: str, low: float, high: float) -> str:
+        gaps = [(p["sampled"] - p["greedy"]) * 100 for p in points[kind]
+                if low <= p["greedy"] < high or (high == 1.0 and p["greedy"] == 1.0)]
+        if not gaps:
+            return "—"
+        return f"{statistics.fmean(gaps):+.1f} ({min(gaps):+.1f} to {max(gaps):+.1f}, {len(gaps)})"
+
+    rows = [[f"{low:.0%}–{high:.0%}"] + [cell(kind, low, high) for kind in points] for low, high in ACCURACY_BANDS]
+    machines = sorted({describe(r["machine"]) for r in [*rl, *sft]})
+    return "\n\n".join([
+        f"Every checkpoint of `bench/results/plateau*.json` ({len(rl)} files, {len(points['RL'])} checkpoints of "
+        f"{sum(len(r['runs']) for r in rl)} runs) and every pass of `bench/results/ceiling*.json` ({len(sft)} "
+        f"files), the default model, measured on {'; '.join(machines)}:",
+        table(["held-out greedy", "RL: T=1 − greedy, points (range, checkpoints)",
+               "SFT: T=1 − greedy, points (range, passes)"], rows)])
+
+
+def default_model_results(pattern: str) -> list[Result]:
+    """The result files matching `pattern` of runs of the default model (no `--model`), by name."""
+    loaded = [json.loads(path.read_text(encoding="utf-8")) for path in sorted(RESULTS.glob(pattern))]
+    return [result for result in loaded if not result.get("settings", {}).get("model")]
+
+
 TABLES: dict[str, tuple[str, Callable[[Result], str]]] = {
     "proxy_overhead": ("proxy_overhead.json", proxy_overhead),
     "proxy_cpu": ("proxy_cpu.json", proxy_cpu),
@@ -618,10 +652,12 @@ TABLES: dict[str, tuple[str, Callable[[Result], str]]] = {
 
 EMAIL_AGENT_RESULTS = (EMAIL_AGENT / "results-subject-8-inboxes.json",
                        EMAIL_AGENT / "results-subject-8-inboxes-seed1.json")
-# Tables of other documents, each from its own result files.
+# Tables of several result files each, and the document each sits in.
 EXAMPLE_TABLES: dict[str, tuple[Path, Callable[[], str]]] = {
     "email_agent": (EMAIL_AGENT / "README.md",
                     lambda: email_agent([json.loads(path.read_text(encoding="utf-8")) for path in EMAIL_AGENT_RESULTS])),
+    "temperature_gap": (README, lambda: temperature_gap(default_model_results("plateau*.json"),
+                                                        default_model_results("ceiling*.json"))),
 }
 
 

@@ -113,3 +113,18 @@ def test_each_round_of_a_plateau_run_is_read_against_its_own_baseline() -> None:
     assert rows["| `clip_higher`"].split(" | ")[-1].startswith("+10.0 ± ")
     assert rows["| `clip_higher-2`"].split(" | ")[-1].startswith("-10.0 ± ")
     assert rows["| `baseline-2`"].endswith(" |  |")
+
+
+def test_the_temperature_gap_sets_rl_checkpoints_against_sft_passes_of_the_same_accuracy() -> None:
+    machine = {"cpu": "AMD EPYC", "cores": 2, "isa": "AVX2"}
+    rl = [{"machine": machine, "runs": {
+        "baseline": {"checkpoints": [{"greedy": 0.72, "sampled": 0.71}, {"greedy": 0.85, "sampled": 0.84}]},
+        "other": {"checkpoints": [{"greedy": 0.78, "sampled": 0.75}]}}}]
+    sft = [{"machine": machine, "passes": [{"greedy": 0.75, "sampled": 0.70}, {"greedy": 1.0, "sampled": 0.96}]}]
+    rendered = tables.temperature_gap(rl, sft)
+    assert rendered.startswith("Every checkpoint of `bench/results/plateau*.json` (1 files, 3 checkpoints of 2 runs)")
+    rows = [line for line in rendered.splitlines() if line.startswith("| ") and "%–" in line]
+    assert rows == ["| 60%–70% | — | — |",
+                    "| 70%–80% | -2.0 (-3.0 to -1.0, 2) | -5.0 (-5.0 to -5.0, 1) |",
+                    "| 80%–90% | -1.0 (-1.0 to -1.0, 1) | — |",
+                    "| 90%–100% | — | -4.0 (-4.0 to -4.0, 1) |"]
