@@ -145,8 +145,9 @@ async def train_one(remedy: Remedy, key: str, args: argparse.Namespace, base_url
         model, rollout_of(model), scenarios, group_size=GROUP_SIZE, groups_per_step=GROUPS_PER_STEP,
         max_steps_off_policy=args.max_steps_off_policy, state_path=state_dir / f"{key}.json", progress=False,
         **{"learning_rate": LEARNING_RATE, **remedy.train}, **remedy.pipeline)
-    before = await greedy_and_sampled(base_url, KEY, model.name, eval_set)
-    print(f"{key}: before: greedy {before['greedy']:.1%}, T=1 {before['sampled']:.1%}")
+    before = await greedy_and_sampled(base_url, KEY, model.name, eval_set, whole_task=True)
+    print(f"{key}: before: greedy {before['greedy']:.1%}, T=1 {before['sampled']:.1%}, "
+          f"greedy over the whole task {before['greedy_task']:.1%}")
     checkpoints: list[dict[str, Any]] = []
     steps: list[art.PipelineStep] = []
     trained_seconds = 0.0
@@ -155,12 +156,12 @@ async def train_one(remedy: Remedy, key: str, args: argparse.Namespace, base_url
         result = await trainer.run(max_seconds=max(0.0, minutes * 60 - trained_seconds))
         trained_seconds += time.perf_counter() - began
         steps = result.steps  # every run's reports (the state file carries them over)
-        scores = await greedy_and_sampled(base_url, KEY, model.name, eval_set)
+        scores = await greedy_and_sampled(base_url, KEY, model.name, eval_set, whole_task=True)
         checkpoints.append({"minutes": minutes, "train_seconds": round(trained_seconds, 1), "steps": len(steps),
                             "groups_trained": sum(s.groups for s in steps),
                             "zero_variance_groups": sum(s.zero_variance_groups for s in steps), **scores})
         print(f"{key}: {minutes:g} min: {len(steps)} steps, greedy {scores['greedy']:.1%}, "
-              f"T=1 {scores['sampled']:.1%}")
+              f"T=1 {scores['sampled']:.1%}, greedy over the whole task {scores['greedy_task']:.1%}")
     await model.aclose()
     return {"before": before, "checkpoints": checkpoints,
             "train_config": trainer.config.model_dump(mode="json"),  # every option, defaults included
@@ -186,6 +187,7 @@ def ceiling(results: Path = CEILING.parent, model: str | None = None) -> dict[st
     here = [name for name, result in measured.items() if "machine" in result and same_kind(result["machine"], machine())]
     name = here[0] if here else CEILING.name if CEILING.name in measured else None
     return None if name is None else {"file": name, "greedy": float(measured[name]["ceiling_greedy"]),
+                                      "greedy_task": measured[name].get("ceiling_greedy_task"),
                                       "machine": measured[name]["machine"]}
 
 
@@ -214,6 +216,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     configs: dict[str, Any] = dict(kept["configs"])
     top = ceiling(model=args.model)
     report = {"settings": settings, "configs": configs, "ceiling_greedy": top and top["greedy"],
+              "ceiling_greedy_task": top and top["greedy_task"],
               "ceiling_file": top and top["file"], "ceiling_machine": top and top["machine"], "runs": runs,
               "machine": machine(), "speed": speed}
     with tempfile.TemporaryDirectory() as data_dir, \

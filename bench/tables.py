@@ -413,6 +413,25 @@ def rl_step(result: Result) -> str:
         f"{result['pipeline_over_sequential_step_time']:.2f}×."])
 
 
+def whole_task_accuracy(point: Result, baseline: Result | None) -> str:
+    """A checkpoint's greedy accuracy over the whole task, and its difference from its baseline's at the same
+    checkpoint: exact for the two models (no sample of problems), so without a margin; the spread between
+    runs remains.
+
+    >>> baseline = {"checkpoints": [{"minutes": 30, "greedy_task": 0.8}]}
+    >>> whole_task_accuracy({"minutes": 30, "greedy_task": 0.85}, baseline)
+    '85.0% (+5.0 points)'
+    """
+    if "greedy_task" not in point:
+        return "—"
+    same = [p for p in (baseline or {}).get("checkpoints", [])
+            if p["minutes"] == point["minutes"] and "greedy_task" in p]
+    if not same or same[0] is point:
+        return percent(point["greedy_task"])
+    difference = (point["greedy_task"] - same[0]["greedy_task"]) * 100
+    return f"{percent(point['greedy_task'])} ({difference:+.1f} points)"
+
+
 def served_model(settings: Result) -> str:
     """The model a ceiling or plateau run trained, for its caption: nothing for the embedded default."""
     return f", model `{settings['model']}`" if settings.get("model") else ""
@@ -425,16 +444,23 @@ def ceiling(result_file: str) -> Callable[[Result], str]:
 
 def ceiling_table(result_file: str, result: Result) -> str:
     settings, before = result["settings"], result["before"]
-    rows = [(0, 0, "0", "", percent(before["greedy"]), percent(before["sampled"]), unseen_accuracy(before, settings))]
-    rows += [(p["pass"], p["steps"], f"{p['train_seconds']:.0f}", f"{p['loss']:.4f}", percent(p["greedy"]),
-              percent(p["sampled"]), unseen_accuracy(p, settings)) for p in result["passes"]]
+    whole_task = "greedy_task" in before  # measured by newer runs only
+    rows = [[0, 0, "0", "", percent(before["greedy"]), percent(before["sampled"]),
+             unseen_accuracy(before, settings)]]
+    rows += [[p["pass"], p["steps"], f"{p['train_seconds']:.0f}", f"{p['loss']:.4f}", percent(p["greedy"]),
+              percent(p["sampled"]), unseen_accuracy(p, settings)] for p in result["passes"]]
+    if whole_task:
+        for row, point in zip(rows, [before, *result["passes"]], strict=True):
+            row.append(percent(point["greedy_task"]))
+    task_ceiling = (f"; over the whole task, **{percent(result['ceiling_greedy_task'])}**, from "
+                    f"{percent(before['greedy_task'])}" if whole_task else "")
     return "\n\n".join([
         caption(result_file, result, f"{served_model(settings)}, {settings['pool_size']} training problems in batches of "
                 f"{settings['batch_size']}, lr {settings['learning_rate']:g}, {settings['eval_size']} held-out problems"),
         table(["pass", "steps", "training s", "mean loss", "held-out greedy", "held-out T=1",
-               "greedy on unseen problems"], rows),
+               "greedy on unseen problems"] + (["greedy over the whole task"] if whole_task else []), rows),
         f"The ceiling (best held-out greedy accuracy): **{percent(result['ceiling_greedy'])}**, from "
-        f"{percent(before['greedy'])} before training."])
+        f"{percent(before['greedy'])} before training{task_ceiling}."])
 
 
 def difference_margin(first: float, second: float, count: int) -> float:
@@ -548,8 +574,10 @@ def plateau(result_file: str) -> Callable[[Result], str]:
         checkpoints = settings["checkpoints"]
         compared = "baseline" in result["runs"]
         header = ["config", "before: greedy / T=1"] + [f"{m:g} min: greedy / T=1" for m in checkpoints]
-        header += ["last: greedy on unseen problems", "steps", "seconds a step: rollout / train", "groups trained",
-                   "zero-variance groups"]
+        whole_task = any("greedy_task" in run["checkpoints"][-1] for run in result["runs"].values())
+        header.append("last: greedy on unseen problems")
+        header += ["last: greedy over the whole task"] if whole_task else []
+        header += ["steps", "seconds a step: rollout / train", "groups trained", "zero-variance groups"]
         header += (["last vs baseline"] if compared else []) + ([] if top is None else ["last vs ceiling"])
         rows = []
         for name, run in result["runs"].items():
@@ -558,7 +586,10 @@ def plateau(result_file: str) -> Callable[[Result], str]:
             row = [f"`{name}`", f"{percent(run['before']['greedy'])} / {percent(run['before']['sampled'])}"]
             row += [f"{percent(p['greedy'])} / {percent(p['sampled'])}" for p in points]
             row += ["—"] * (len(checkpoints) - len(points))
-            row += [unseen_accuracy(last, settings), last["steps"], seconds_a_step(run), last.get("groups_trained", "—"),
+            row.append(unseen_accuracy(last, settings))
+            if whole_task:
+                row.append(whole_task_accuracy(last, baseline_of(name, result["runs"])))
+            row += [last["steps"], seconds_a_step(run), last.get("groups_trained", "—"),
                     last.get("zero_variance_groups", "—")]
             if compared:
                 baseline = baseline_of(name, result["runs"])
@@ -576,8 +607,10 @@ def plateau(result_file: str) -> Callable[[Result], str]:
                  table(header, rows)]
         stopped = [f"`{name}` stopped {run['stopped']}." for name, run in result["runs"].items() if "stopped" in run]
         if top is not None:
-            parts.append(" ".join([f"The SFT ceiling ({ceiling_source(result)}): {percent(top)} held-out greedy.",
-                                   *stopped]))
+            task_top = result.get("ceiling_greedy_task")
+            over_task = f", {percent(task_top)} over the whole task" if task_top is not None else ""
+            parts.append(" ".join([f"The SFT ceiling ({ceiling_source(result)}): "
+                                   f"{percent(top)} held-out greedy{over_task}.", *stopped]))
         return "\n\n".join(parts)
 
     return render

@@ -59,6 +59,25 @@ def problems(seed: int, count: int, *, max_operand: int = 20) -> list[Problem]:
     return out
 
 
+def every_problem(max_operand: int = 20) -> list[tuple[Problem, float]]:
+    """Each distinct problem `problems` draws, with the chance that one draw is that problem: a policy's
+    expected accuracy on the task is the sum of the chances of the problems it answers right.
+
+    >>> task = every_problem()
+    >>> len(task), round(sum(chance for _, chance in task), 12)
+    (672, 1.0)
+    >>> {problem.question: chance for problem, chance in every_problem(1) if problem.op == "-"}
+    {'What is 0 - 0?': 0.125, 'What is 1 - 0?': 0.25, 'What is 1 - 1?': 0.125}
+    """
+    pairs = (max_operand + 1) ** 2
+    operands = range(max_operand + 1)
+    sums = [(Problem(a, b, "+"), 1 / (2 * pairs)) for a in operands for b in operands]
+    # a difference with b > a is drawn with its operands swapped, so a > b is drawn both ways
+    differences = [(Problem(a, b, "-"), (1 if a == b else 2) / (2 * pairs))
+                   for a in operands for b in range(a + 1)]
+    return sums + differences
+
+
 def parse_answer(text: str) -> int | None:
     match = _ANSWER.search(text)
     return int(match.group(1)) if match else None

@@ -128,3 +128,33 @@ def test_the_temperature_gap_sets_rl_checkpoints_against_sft_passes_of_the_same_
                     "| 70%–80% | -2.0 (-3.0 to -1.0, 2) | -5.0 (-5.0 to -5.0, 1) |",
                     "| 80%–90% | -1.0 (-1.0 to -1.0, 1) | — |",
                     "| 90%–100% | — | -4.0 (-4.0 to -4.0, 1) |"]
+
+
+def test_the_whole_tasks_greedy_accuracy_joins_the_tables_of_runs_that_measured_it() -> None:
+    machine = {"cpu": "AMD EPYC", "cores": 2, "isa": "AVX2"}
+
+    def point(greedy: float, task: float, **more: object) -> dict[str, object]:
+        return {"greedy": greedy, "sampled": greedy, "greedy_task": task, **more}
+
+    def run(task: float) -> dict[str, object]:
+        return {"before": point(0.1, 0.12), "checkpoints": [point(0.8, task, minutes=30.0, steps=9)]}
+
+    result = {"settings": {"checkpoints": [30.0], "pool_size": 8, "eval_size": 100}, "ceiling_greedy": 0.9,
+              "ceiling_greedy_task": 0.93, "ceiling_file": "ceiling.json", "ceiling_machine": machine,
+              "machine": machine, "runs": {"baseline": run(0.81), "entropy_control": run(0.85)}}
+    rendered = tables.plateau("p.json")(result)
+    assert "| last: greedy on unseen problems | last: greedy over the whole task | steps |" in rendered
+    rows = {line.split(" | ")[0]: line.split(" | ") for line in rendered.splitlines() if line[:3] == "| `"}
+    assert rows["| `baseline`"][4] == "81.0%" and rows["| `entropy_control`"][4] == "85.0% (+4.0 points)"
+    assert rendered.endswith("90.0% held-out greedy, 93.0% over the whole task.")
+    older = {**result, "runs": {"baseline": {"before": point(0.1, 0.1), "checkpoints": [
+        {"minutes": 30.0, "steps": 9, "greedy": 0.8, "sampled": 0.8}]}}, "ceiling_greedy_task": None}
+    assert "whole task" not in tables.plateau("p.json")(older)  # a run that did not measure it
+
+    ceiling = {"settings": {"pool_size": 8, "eval_size": 100, "batch_size": 4, "learning_rate": 2e-4},
+               "machine": machine, "before": point(0.1, 0.12), "ceiling_greedy": 0.9,
+               "ceiling_greedy_task": 0.93,
+               "passes": [point(0.9, 0.93, **{"pass": 1, "steps": 2, "train_seconds": 10.0, "loss": 0.5})]}
+    rendered = tables.ceiling("c.json")(ceiling)
+    assert "| 1 | 2 | 10 | 0.5000 | 90.0% | 90.0% | — | 93.0% |" in rendered
+    assert rendered.endswith("from 10.0% before training; over the whole task, **93.0%**, from 12.0%.")

@@ -1,4 +1,8 @@
-from examples.arithmetic.task import FORMAT_CREDIT, Problem, parse_answer, problems, reward
+import doctest
+from collections import Counter
+
+from examples.arithmetic import task
+from examples.arithmetic.task import FORMAT_CREDIT, Problem, every_problem, parse_answer, problems, reward
 
 
 def test_problems_are_seeded_and_non_negative() -> None:
@@ -19,3 +23,13 @@ def test_reward_levels() -> None:
     assert reward(problem, "<answer>2</answer>") == (1.0, {"correct": 1.0, "formatted": 1.0})
     assert reward(problem, "<answer>3</answer>") == (FORMAT_CREDIT, {"correct": 0.0, "formatted": 1.0})
     assert reward(problem, "2") == (0.0, {"correct": 0.0, "formatted": 0.0})
+
+
+def test_every_problem_carries_the_chance_the_draw_gives_it() -> None:
+    assert doctest.testmod(task, raise_on_error=True).attempted >= 2
+    chances = dict(every_problem())
+    draws = 300_000
+    drawn = Counter(problems(seed=7, count=draws))
+    assert set(drawn) == set(chances)
+    # total variation distance between the draw's frequencies and the chances: sampling noise only
+    assert sum(abs(drawn[p] / draws - chance) for p, chance in chances.items()) / 2 < 0.03

@@ -72,17 +72,18 @@ def test_the_ceiling_is_the_one_measured_on_this_machine(tmp_path: Path) -> None
 
     assert plateau.ceiling(tmp_path) is None
     measured("ceiling.json", 0.875, isa="elsewhere")
-    assert plateau.ceiling(tmp_path) == {"file": "ceiling.json", "greedy": 0.875,
+    assert plateau.ceiling(tmp_path) == {"file": "ceiling.json", "greedy": 0.875, "greedy_task": None,
                                          "machine": {**machine(), "isa": "elsewhere"}}
     measured("ceiling_bf16.json", 0.955, platform="another kernel build")  # the same kind of machine
-    assert plateau.ceiling(tmp_path) == {"file": "ceiling_bf16.json", "greedy": 0.955,
+    assert plateau.ceiling(tmp_path) == {"file": "ceiling_bf16.json", "greedy": 0.955, "greedy_task": None,
                                          "machine": {**machine(), "platform": "another kernel build"}}
     # another model's ceiling, on this very machine, is read only by runs of that model (`--model`)
-    (tmp_path / "ceiling_qwen.json").write_text(json.dumps({"ceiling_greedy": 0.99, "machine": machine(),
-                                                            "settings": {"model": "/models/qwen"}}))
+    qwen = {"ceiling_greedy": 0.99, "ceiling_greedy_task": 0.98, "machine": machine(),
+            "settings": {"model": "/models/qwen"}}
+    (tmp_path / "ceiling_qwen.json").write_text(json.dumps(qwen))
     assert plateau.ceiling(tmp_path)["file"] == "ceiling_bf16.json"  # type: ignore[index]
     assert plateau.ceiling(tmp_path, model="/models/qwen") == {"file": "ceiling_qwen.json", "greedy": 0.99,
-                                                               "machine": machine()}
+                                                               "greedy_task": 0.98, "machine": machine()}
     assert plateau.ceiling(tmp_path, model="/models/other") is None
 
 
