@@ -296,6 +296,14 @@ def test_dashboard_charts_history_and_the_token_view(studio: Studio, server: Ser
     for chart in ("loss", "kl", "clip_fraction", "entropy", "tokens_per_s", "groups_skipped", "zero_variance_fraction",
                   "pass_rate", "sampling_entropy", "kl_to_base", "response_tokens", "learning_rate", "entropy_coef"):
         assert page.locator(f"svg[data-chart='{chart}'] circle").count() == 2, chart
+    # the settings each step trained with: train_step's learning rate, GRPO's default entropy bonus
+    for chart, value in (("learning_rate", 1e-4), ("entropy_coef", 0.0)):
+        values = page.eval_on_selector_all(f"svg[data-chart={chart}] circle",
+                                           "points => points.map(p => Number(p.dataset.value))")
+        assert values == [pytest.approx(value), pytest.approx(value)], (chart, values)
+    labels = page.eval_on_selector_all("svg[data-chart=learning_rate] text.tick",
+                                       "ticks => ticks.map(t => t.textContent)")
+    assert len(labels) == len(set(labels)) > 2, labels  # small values keep the digits that tell ticks apart
     assert page.locator("#steps-table tbody tr").count() == 3  # steps 0, 1, 2
     assert page.inner_text("#steps-table tr[data-step='2'] td.evaluations") == "lm-eval acc 0.75"
     assert page.inner_text("#steps-table tr[data-step='1'] td.evaluations") == "—"

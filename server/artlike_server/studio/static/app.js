@@ -1346,7 +1346,8 @@
   }
 
   function fmtTick(value) {
-    if (value !== 0 && Math.abs(value) < 1e-3) return value.toExponential(0);
+    // as many digits as tell neighbouring ticks apart (9.5e-5, 1e-4, 1.05e-4)
+    if (value !== 0 && Math.abs(value) < 1e-3) return Number(value.toPrecision(3)).toExponential();
     return fmtNum(value, 3);
   }
 
