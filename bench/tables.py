@@ -680,6 +680,8 @@ TABLES: dict[str, tuple[str, Callable[[Result], str]]] = {
     "plateau_clip_cov_2": ("plateau_clip_cov_2.json", plateau("plateau_clip_cov_2.json")),
     "plateau_w_reinforce": ("plateau_w_reinforce.json", plateau("plateau_w_reinforce.json")),
     "plateau_entropy_control": ("plateau_entropy_control.json", plateau("plateau_entropy_control.json")),
+    "plateau_entropy_control_strong": ("plateau_entropy_control_strong.json",
+                                       plateau("plateau_entropy_control_strong.json")),
 }
 
 

@@ -19,7 +19,8 @@ def test_step_scalars_of_a_history_line() -> None:
     scalars = dict(step_scalars(LINE))
     assert scalars == {"reward": 0.25, "reward/std": 0.1, "loss": -0.5, "kl": 0.01, "clip_fraction": 0.0,
                        "groups_skipped": 1.0, "trainable_tokens": 300.0, "train_seconds": 3.0,
-                       "tokens_per_second": 100.0, "metrics/accuracy": 0.75, "objective/kl_coef": 0.05}
+                       "tokens_per_second": 100.0, "metrics/accuracy": 0.75, "objective/kl_coef": 0.05,
+                       "config/learning_rate": 1e-5}
     evaluation = {"event": "eval", "step": 3, "split": "validation", "eval": {"accuracy": 0.5}, "time": 1.0}
     assert dict(step_scalars(evaluation)) == {"eval/accuracy": 0.5}
 
