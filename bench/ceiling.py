@@ -4,9 +4,9 @@ training pool of the arithmetic task (examples/arithmetic), and its held-out gre
 Starts its own `artlike serve` (the default model, or `--model DIR`), registers a model with the demo's LoRA
 budget, then passes over the pool (`--pool-size` problems, the demo's seed) in batches of `--batch-size`
 examples, one training step each, the prompt the demo's and the target `<answer>N</answer>`; after every pass
-it evaluates held-out problems (the demo's, greedy and at temperature 1), until `--epochs` passes or
-`--budget-minutes` of training are done. The best held-out greedy accuracy is the ceiling: what the model can
-hold within this LoRA budget.
+it evaluates held-out problems (the demo's, greedy and at temperature 1) and greedy decoding over the whole
+task, until `--epochs` passes or `--budget-minutes` of training are done. The best held-out greedy accuracy is
+the ceiling: what the model can hold within this LoRA budget.
 
     python -m bench.ceiling [--budget-minutes 15] [--epochs 6] [--pool-size 1024] [--model DIR]
 

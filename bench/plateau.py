@@ -3,22 +3,22 @@ combined, the same wall-clock budget and the same seeds, against the SFT ceiling
 
 Starts its own `artlike serve` (the default model, or `--model DIR`). For each named config it registers a
 fresh model (the demo's LoRA budget), evaluates held-out problems (the demo's; greedy, and one sample at
-temperature 1), then trains with `art.PipelineTrainer` on the demo's training pool (the demo's rollout, reward
-and group shape) and evaluates again at each checkpoint (`--checkpoints`, minutes of training; evaluations are
-not counted). Configs (`--configs` picks some, run in the order given with the baseline first): baseline (the
-demo's settings, GRPO's defaults), dynamic_sampling, curriculum, entropy_bonus, clip_higher (`epsilon_high`
-0.4 instead of 0.28), clip_higher_entropy (the wider clip with a stronger entropy bonus), temperature (a
-schedule from hot to 1), group_size (a growing group), lr_schedule (a cosine over the run's steps), higher_lr
-(a constant 2.5x the demo's learning rate), guidance (the known answer joins a group whose rollouts all
-failed), retry_failed (such a group is rolled out again at temperature 1.5, and joined by that retry where one
-of its rollouts passed), clip_cov (Clip-Cov on 2% of a step's tokens), w_reinforce (positive advantages weigh
-a tenth), entropy_control (an entropy bonus that rises while the sampling entropy is under 0.2 nats a token
-and falls while over), entropy_control_strong (the same control with steps of 0.01 up to 0.4 instead of 0.005
-up to 0.1), combined (the schedules, dynamic sampling, the curriculum, the entropy bonus and the wider clip).
-Schedules span `--schedule-steps` steps (default: the steps the run's baseline took by its last checkpoint).
-Sampling is not seeded, so two runs of a config differ: `--repeats N` trains every config N times (rounds
-`name`, `name-2`, ...), each round read against its own baseline, to show the spread between runs next to the
-differences between configs.
+temperature 1) and greedy decoding over the whole task, then trains with `art.PipelineTrainer` on the demo's
+training pool (the demo's rollout, reward and group shape) and evaluates again at each checkpoint
+(`--checkpoints`, minutes of training; evaluations are not counted). Configs (`--configs` picks some, run in
+the order given with the baseline first): baseline (the demo's settings, GRPO's defaults), dynamic_sampling,
+curriculum, entropy_bonus, clip_higher (`epsilon_high` 0.4 instead of 0.28), clip_higher_entropy (the wider
+clip with a stronger entropy bonus), temperature (a schedule from hot to 1), group_size (a growing group),
+lr_schedule (a cosine over the run's steps), higher_lr (a constant 2.5x the demo's learning rate), guidance
+(the known answer joins a group whose rollouts all failed), retry_failed (such a group is rolled out again at
+temperature 1.5, and joined by that retry where one of its rollouts passed), clip_cov (Clip-Cov on 2% of a
+step's tokens), w_reinforce (positive advantages weigh a tenth), entropy_control (an entropy bonus that rises
+while the sampling entropy is under 0.2 nats a token and falls while over), entropy_control_strong (the same
+control with steps of 0.01 up to 0.4 instead of 0.005 up to 0.1), combined (the schedules, dynamic sampling,
+the curriculum, the entropy bonus and the wider clip). Schedules span `--schedule-steps` steps (default: the
+steps the run's baseline took by its last checkpoint). Sampling is not seeded, so two runs of a config differ:
+`--repeats N` trains every config N times (rounds `name`, `name-2`, ...), each round read against its own
+baseline, to show the spread between runs next to the differences between configs.
 
     python -m bench.plateau [--checkpoints 15 30] [--configs baseline combined] [--repeats 1] [--model DIR]
                             [--output FILE [--resume]]
