@@ -60,20 +60,17 @@ async def accuracy(base_url: str, api_key: str, model: str, eval_set: list[Probl
     return sum(right) / len(right)
 
 
-async def greedy_and_sampled(base_url: str, api_key: str, model: str, eval_set: list[Problem], *,
-                             whole_task: bool = False) -> dict[str, Any]:
+async def greedy_and_sampled(base_url: str, api_key: str, model: str, eval_set: list[Problem]) -> dict[str, Any]:
     """Greedy and temperature-1 accuracy, and which problems greedy decoding got right (`greedy_right`, a string
     of 0s and 1s in `eval_set`'s order: two models' differences can then be compared problem by problem).
 
-    `whole_task` adds the expected greedy accuracy over the task itself (`greedy_task`): every distinct
+    It adds the expected greedy accuracy over the task itself (`greedy_task`): every distinct
     problem, each weighted by the chance a draw is that problem. Held-out accuracy estimates it from a sample
     of the problems, with a sampling error of a few points; this is the model's exact value."""
     greedy = await answers(base_url, api_key, model, eval_set, temperature=0.0)
-    scores = {"greedy": sum(greedy) / len(greedy),
-              "sampled": await accuracy(base_url, api_key, model, eval_set, temperature=1.0),
-              "greedy_right": "".join(map(str, greedy))}
-    if whole_task:
-        task = every_problem()
-        right = await answers(base_url, api_key, model, [problem for problem, _ in task], temperature=0.0)
-        scores["greedy_task"] = sum(chance for (_, chance), one in zip(task, right, strict=True) if one)
-    return scores
+    task = every_problem()
+    right = await answers(base_url, api_key, model, [problem for problem, _ in task], temperature=0.0)
+    return {"greedy": sum(greedy) / len(greedy),
+            "sampled": await accuracy(base_url, api_key, model, eval_set, temperature=1.0),
+            "greedy_right": "".join(map(str, greedy)),
+            "greedy_task": sum(chance for (_, chance), one in zip(task, right, strict=True) if one)}

@@ -40,7 +40,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         model = art.TrainableModel(name="ceiling", base_model=server.model_id, server=server.base_url, api_key=KEY,
                                    lora=art.LoraConfig(rank=LORA_RANK, alpha=2 * LORA_RANK))
         await model.register()
-        before = await greedy_and_sampled(server.base_url, KEY, model.name, eval_set, whole_task=True)
+        before = await greedy_and_sampled(server.base_url, KEY, model.name, eval_set)
         print(f"{'pass':>4} {'steps':>5} {'train s':>8} {'loss':>7} {'greedy':>7} {'T=1':>6} "
               f"{'whole task':>11}")
         print(f"{0:>4} {0:>5} {0.0:>8.0f} {'':>7} {before['greedy']:>7.1%} {before['sampled']:>6.1%} "
@@ -60,7 +60,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 trained_seconds += time.perf_counter() - began
                 steps += 1
                 losses.extend(m.loss for m in result.metrics)
-            scores = await greedy_and_sampled(server.base_url, KEY, model.name, eval_set, whole_task=True)
+            scores = await greedy_and_sampled(server.base_url, KEY, model.name, eval_set)
             loss = sum(losses) / len(losses) if losses else float("nan")
             passes.append({"pass": epoch, "steps": steps, "train_seconds": round(trained_seconds, 1),
                            "loss": loss, **scores})

@@ -145,7 +145,7 @@ async def train_one(remedy: Remedy, key: str, args: argparse.Namespace, base_url
         model, rollout_of(model), scenarios, group_size=GROUP_SIZE, groups_per_step=GROUPS_PER_STEP,
         max_steps_off_policy=args.max_steps_off_policy, state_path=state_dir / f"{key}.json", progress=False,
         **{"learning_rate": LEARNING_RATE, **remedy.train}, **remedy.pipeline)
-    before = await greedy_and_sampled(base_url, KEY, model.name, eval_set, whole_task=True)
+    before = await greedy_and_sampled(base_url, KEY, model.name, eval_set)
     print(f"{key}: before: greedy {before['greedy']:.1%}, T=1 {before['sampled']:.1%}, "
           f"greedy over the whole task {before['greedy_task']:.1%}")
     checkpoints: list[dict[str, Any]] = []
@@ -156,7 +156,7 @@ async def train_one(remedy: Remedy, key: str, args: argparse.Namespace, base_url
         result = await trainer.run(max_seconds=max(0.0, minutes * 60 - trained_seconds))
         trained_seconds += time.perf_counter() - began
         steps = result.steps  # every run's reports (the state file carries them over)
-        scores = await greedy_and_sampled(base_url, KEY, model.name, eval_set, whole_task=True)
+        scores = await greedy_and_sampled(base_url, KEY, model.name, eval_set)
         checkpoints.append({"minutes": minutes, "train_seconds": round(trained_seconds, 1), "steps": len(steps),
                             "groups_trained": sum(s.groups for s in steps),
                             "zero_variance_groups": sum(s.zero_variance_groups for s in steps), **scores})
