@@ -14,11 +14,13 @@ lr_schedule (a cosine over the run's steps), higher_lr (a constant 2.5x the demo
 temperature 1.5, and joined by that retry where one of its rollouts passed), clip_cov (Clip-Cov on 2% of a
 step's tokens), w_reinforce (positive advantages weigh a tenth), entropy_control (an entropy bonus that rises
 while the sampling entropy is under 0.2 nats a token and falls while over), entropy_control_strong (the same
-control with steps of 0.01 up to 0.4 instead of 0.005 up to 0.1), combined (the schedules, dynamic sampling,
-the curriculum, the entropy bonus and the wider clip). Schedules span `--schedule-steps` steps (default: the
-steps the run's baseline took by its last checkpoint). Sampling is not seeded, so two runs of a config differ:
-`--repeats N` trains every config N times (rounds `name`, `name-2`, ...), each round read against its own
-baseline, to show the spread between runs next to the differences between configs.
+control with steps of 0.01 up to 0.4 instead of 0.005 up to 0.1), entropy_control_answer (the strong control
+holding 0.1 nats a token, with the rollout's sampling stopped at the answer's closing tag), combined (the
+schedules, dynamic sampling, the curriculum, the entropy bonus and the wider clip). Schedules span
+`--schedule-steps` steps (default: the steps the run's baseline took by its last checkpoint). Sampling is not
+seeded, so two runs of a config differ: `--repeats N` trains every config N times (rounds `name`, `name-2`,
+...), each round read against its own baseline, to show the spread between runs next to the differences
+between configs.
 
     python -m bench.plateau [--checkpoints 15 30] [--configs baseline combined] [--repeats 1] [--model DIR]
                             [--output FILE [--resume]]
@@ -58,11 +60,13 @@ GROUP_SIZE, GROUPS_PER_STEP, LEARNING_RATE = 8, 8, 2e-4  # the demo's
 
 @dataclass(frozen=True)
 class Remedy:
-    """A named config: `PipelineTrainer` keywords and training options on top of the baseline's."""
+    """A named config: `PipelineTrainer` keywords and training options on top of the baseline's, and stop
+    strings for the rollout's sampling (none: it ends at the end-of-turn token or `max_tokens`)."""
 
     name: str
     pipeline: dict[str, Any] = field(default_factory=dict)
     train: dict[str, Any] = field(default_factory=dict)
+    stop: tuple[str, ...] = ()
 
 
 def remedies(schedule_steps: int) -> list[Remedy]:
@@ -98,18 +102,27 @@ def remedies(schedule_steps: int) -> list[Remedy]:
         # the same control, free to go four times as high and twice as fast
         Remedy("entropy_control_strong",
                {"entropy_control": art.EntropyControl(target=0.2, coef_step=0.01, max_coef=0.4)}),
+        # the same control holding 0.1 nats a token, with sampling ended at the answer's closing tag: every
+        # sampled token is one the reward reads, so the entropy it holds is the answer's
+        Remedy("entropy_control_answer",
+               {"entropy_control": art.EntropyControl(target=0.1, coef_step=0.01, max_coef=0.4)},
+               stop=("</answer>",)),
         Remedy("combined", {**dynamic, **curriculum, **temperature, **group_size, **lr},
                {**entropy, "epsilon_high": 0.4}),
     ]
 
 
-def rollout_of(model: art.TrainableModel) -> Callable[[Problem], Any]:
+def rollout_of(model: art.TrainableModel, stop: tuple[str, ...] = ()) -> Callable[[Problem], Any]:
+    # vLLM leaves a stop string out of the text unless asked: the reward reads the closing tag
+    stopping: dict[str, Any] = (
+        {"stop": list(stop), "extra_body": {"include_stop_str_in_output": True}} if stop else {})
+
     async def rollout(problem: Problem) -> art.Trajectory:
         async with model.trajectory() as t:
             client = t.async_openai_client()
             completion = await client.chat.completions.create(
                 model=model.name, messages=problem.messages(), max_tokens=MAX_TOKENS,  # type: ignore[arg-type]
-                temperature=art.rollout_temperature(1.0))
+                temperature=art.rollout_temperature(1.0), **stopping)
             t.reward, t.metrics = reward(problem, completion.choices[0].message.content or "")
         return t
     return rollout
@@ -142,7 +155,7 @@ async def train_one(remedy: Remedy, key: str, args: argparse.Namespace, base_url
     # The curriculum draws from the pool; otherwise the pool is walked once, in the same order for every config.
     scenarios = pool if "curriculum" in remedy.pipeline else pool * 4
     trainer = art.PipelineTrainer(
-        model, rollout_of(model), scenarios, group_size=GROUP_SIZE, groups_per_step=GROUPS_PER_STEP,
+        model, rollout_of(model, remedy.stop), scenarios, group_size=GROUP_SIZE, groups_per_step=GROUPS_PER_STEP,
         max_steps_off_policy=args.max_steps_off_policy, state_path=state_dir / f"{key}.json", progress=False,
         **{"learning_rate": LEARNING_RATE, **remedy.train}, **remedy.pipeline)
     before = await greedy_and_sampled(base_url, KEY, model.name, eval_set)
@@ -225,7 +238,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             remedy = next(r for r in remedies(schedule_steps(args, runs)) if r.name == config_of(key))
             configs[remedy.name] = {"pipeline": {k: getattr(v, "__name__", None) or repr(v)  # a function: its name
                                                  for k, v in remedy.pipeline.items()},
-                                    "train": remedy.train}
+                                    "train": remedy.train,
+                                    **({"stop": list(remedy.stop)} if remedy.stop else {})}
             runs[key] = await train_one(remedy, key, args, server.base_url, server.model_id, pool, eval_set,
                                         Path(data_dir) / "pipeline-state")
             write(args.output, report)  # after every config: a long run stopped midway keeps what it measured

@@ -669,6 +669,7 @@ TABLES: dict[str, tuple[str, Callable[[Result], str]]] = {
     "rl_step_core_split": ("rl_step.json", rl_step_core_split),
     "ceiling": ("ceiling.json", ceiling("ceiling.json")),
     "ceiling_bf16": ("ceiling_bf16.json", ceiling("ceiling_bf16.json")),
+    "ceiling_float32_xeon": ("ceiling_float32_xeon.json", ceiling("ceiling_float32_xeon.json")),
     "plateau": ("plateau.json", plateau("plateau.json")),
     "plateau_sampling": ("plateau_sampling.json", plateau("plateau_sampling.json")),
     "plateau_guidance": ("plateau_guidance.json", plateau("plateau_guidance.json")),
@@ -682,6 +683,8 @@ TABLES: dict[str, tuple[str, Callable[[Result], str]]] = {
     "plateau_entropy_control": ("plateau_entropy_control.json", plateau("plateau_entropy_control.json")),
     "plateau_entropy_control_strong": ("plateau_entropy_control_strong.json",
                                        plateau("plateau_entropy_control_strong.json")),
+    "plateau_entropy_control_answer": ("plateau_entropy_control_answer.json",
+                                       plateau("plateau_entropy_control_answer.json")),
 }
 
 

@@ -112,6 +112,20 @@ def test_the_guidance_config_guides_with_the_worked_answer_the_tasks_reward_pass
     assert "guide" not in next(r for r in plateau.remedies(100) if r.name == "combined").pipeline
 
 
+def test_a_rollout_stopped_at_the_answer_keeps_what_the_reward_reads() -> None:
+    from examples.arithmetic.task import problems, reward
+
+    stopped = [r for r in plateau.remedies(100) if r.stop]
+    assert [r.name for r in stopped] == ["entropy_control_answer"]
+    problem = problems(seed=3, count=1)[0]
+    answer = problem.solved()[-1]["content"]
+    for stop in stopped[0].stop:
+        # sampling ends with the stop string, which the rollout keeps in the text: the right answer still scores
+        ended = answer[:answer.index(stop) + len(stop)]
+        assert ended == answer and reward(problem, ended)[0] == 1.0
+        assert reward(problem, ended.removesuffix(stop))[0] == 0.0  # the reason it is kept
+
+
 def test_a_machine_described_the_same_but_of_another_speed_is_refused(tmp_path: Path) -> None:
     path = earlier(tmp_path / "run.json")
     recorded = json.loads(path.read_text())
