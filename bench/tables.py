@@ -650,6 +650,12 @@ def default_model_results(pattern: str) -> list[Result]:
     return [result for result in loaded if not result.get("settings", {}).get("model")]
 
 
+def one_file_tables(make: Callable[[str], Callable[[Result], str]],
+                    names: list[str]) -> dict[str, tuple[str, Callable[[Result], str]]]:
+    """Tables named after their result file (`name`.json), each made by `make` from that file's name."""
+    return {name: (f"{name}.json", make(f"{name}.json")) for name in names}
+
+
 TABLES: dict[str, tuple[str, Callable[[Result], str]]] = {
     "proxy_overhead": ("proxy_overhead.json", proxy_overhead),
     "proxy_cpu": ("proxy_cpu.json", proxy_cpu),
@@ -667,24 +673,11 @@ TABLES: dict[str, tuple[str, Callable[[Result], str]]] = {
     "job_learning": ("job_learning.json", job_learning),
     "rl_step": ("rl_step.json", rl_step),
     "rl_step_core_split": ("rl_step.json", rl_step_core_split),
-    "ceiling": ("ceiling.json", ceiling("ceiling.json")),
-    "ceiling_bf16": ("ceiling_bf16.json", ceiling("ceiling_bf16.json")),
-    "ceiling_float32_xeon": ("ceiling_float32_xeon.json", ceiling("ceiling_float32_xeon.json")),
-    "plateau": ("plateau.json", plateau("plateau.json")),
-    "plateau_sampling": ("plateau_sampling.json", plateau("plateau_sampling.json")),
-    "plateau_guidance": ("plateau_guidance.json", plateau("plateau_guidance.json")),
-    "plateau_clip": ("plateau_clip.json", plateau("plateau_clip.json")),
-    "plateau_clip_2": ("plateau_clip_2.json", plateau("plateau_clip_2.json")),
-    "plateau_clip_3": ("plateau_clip_3.json", plateau("plateau_clip_3.json")),
-    "plateau_explore": ("plateau_explore.json", plateau("plateau_explore.json")),
-    "plateau_clip_cov": ("plateau_clip_cov.json", plateau("plateau_clip_cov.json")),
-    "plateau_clip_cov_2": ("plateau_clip_cov_2.json", plateau("plateau_clip_cov_2.json")),
-    "plateau_w_reinforce": ("plateau_w_reinforce.json", plateau("plateau_w_reinforce.json")),
-    "plateau_entropy_control": ("plateau_entropy_control.json", plateau("plateau_entropy_control.json")),
-    "plateau_entropy_control_strong": ("plateau_entropy_control_strong.json",
-                                       plateau("plateau_entropy_control_strong.json")),
-    "plateau_entropy_control_answer": ("plateau_entropy_control_answer.json",
-                                       plateau("plateau_entropy_control_answer.json")),
+    **one_file_tables(ceiling, ["ceiling", "ceiling_bf16", "ceiling_float32_xeon"]),
+    **one_file_tables(plateau, [
+        "plateau", "plateau_sampling", "plateau_guidance", "plateau_clip", "plateau_clip_2",
+        "plateau_clip_3", "plateau_explore", "plateau_clip_cov", "plateau_clip_cov_2", "plateau_w_reinforce",
+        "plateau_entropy_control", "plateau_entropy_control_strong", "plateau_entropy_control_answer"]),
 }
 
 
