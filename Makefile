@@ -60,6 +60,7 @@ bench: setup
 	$(PY) -m bench.plateau --configs baseline entropy_control --output bench/results/plateau_entropy_control.json
 	$(PY) -m bench.plateau --configs baseline entropy_control_strong --output bench/results/plateau_entropy_control_strong.json
 	$(PY) -m bench.plateau --configs baseline entropy_control_answer --output bench/results/plateau_entropy_control_answer.json
+	$(PY) -m bench.plateau --configs baseline kl_penalty --output bench/results/plateau_kl_penalty.json
 	$(PY) -m pytest -q -ra -m learning
 
 # The CPU run whose results examples/email_agent/README.md reports (GRPO on subject questions, shaped

@@ -15,12 +15,12 @@ temperature 1.5, and joined by that retry where one of its rollouts passed), cli
 step's tokens), w_reinforce (positive advantages weigh a tenth), entropy_control (an entropy bonus that rises
 while the sampling entropy is under 0.2 nats a token and falls while over), entropy_control_strong (the same
 control with steps of 0.01 up to 0.4 instead of 0.005 up to 0.1), entropy_control_answer (the strong control
-holding 0.1 nats a token, with the rollout's sampling stopped at the answer's closing tag), combined (the
-schedules, dynamic sampling, the curriculum, the entropy bonus and the wider clip). Schedules span
-`--schedule-steps` steps (default: the steps the run's baseline took by its last checkpoint). Sampling is not
-seeded, so two runs of a config differ: `--repeats N` trains every config N times (rounds `name`, `name-2`,
-...), each round read against its own baseline, to show the spread between runs next to the differences
-between configs.
+holding 0.1 nats a token, with the rollout's sampling stopped at the answer's closing tag), kl_penalty (a k3
+KL penalty to the base model weighed 0.1), combined (the schedules, dynamic sampling, the curriculum, the
+entropy bonus and the wider clip). Schedules span `--schedule-steps` steps (default: the steps the run's
+baseline took by its last checkpoint). Sampling is not seeded, so two runs of a config differ: `--repeats N`
+trains every config N times (rounds `name`, `name-2`, ...), each round read against its own baseline, to show
+the spread between runs next to the differences between configs.
 
     python -m bench.plateau [--checkpoints 15 30] [--configs baseline combined] [--repeats 1] [--model DIR]
                             [--output FILE [--resume]]
@@ -107,6 +107,9 @@ def remedies(schedule_steps: int) -> list[Remedy]:
         Remedy("entropy_control_answer",
                {"entropy_control": art.EntropyControl(target=0.1, coef_step=0.01, max_coef=0.4)},
                stop=("</answer>",)),
+        # a k3 KL penalty to the base model, weighed 0.1: it pulls every sampled token's probability back
+        # towards the base's, with a gradient that does not vanish as the policy grows sure of a token
+        Remedy("kl_penalty", train={"kl_beta": 0.1}),
         Remedy("combined", {**dynamic, **curriculum, **temperature, **group_size, **lr},
                {**entropy, "epsilon_high": 0.4}),
     ]
@@ -186,7 +189,8 @@ async def train_one(remedy: Remedy, key: str, args: argparse.Namespace, base_url
                        "sampling_entropy": s.sampling_entropy, "response_tokens_mean": s.response_tokens_mean,
                        "loss": s.loss, "clip_fraction": s.clip_fraction, "logprob_mismatch": s.logprob_mismatch,
                        "clip_cov_fraction": s.objective_metrics.get("clip_cov_fraction"),
-                       "entropy": s.entropy, "entropy_coef": s.entropy_coef, "rollout_seconds": round(s.rollout_seconds, 2),
+                       "entropy": s.entropy, "entropy_coef": s.entropy_coef, "kl_to_base": s.kl_to_base,
+                       "rollout_seconds": round(s.rollout_seconds, 2),
                        "train_seconds": round(s.train_seconds, 2), "step_seconds": round(s.step_seconds, 2)}
                       for s in steps]}
 

@@ -677,7 +677,8 @@ TABLES: dict[str, tuple[str, Callable[[Result], str]]] = {
     **one_file_tables(plateau, [
         "plateau", "plateau_sampling", "plateau_guidance", "plateau_clip", "plateau_clip_2",
         "plateau_clip_3", "plateau_explore", "plateau_clip_cov", "plateau_clip_cov_2", "plateau_w_reinforce",
-        "plateau_entropy_control", "plateau_entropy_control_strong", "plateau_entropy_control_answer"]),
+        "plateau_entropy_control", "plateau_entropy_control_strong", "plateau_entropy_control_answer",
+        "plateau_kl_penalty"]),
 }
 
 

@@ -126,6 +126,17 @@ def test_a_rollout_stopped_at_the_answer_keeps_what_the_reward_reads() -> None:
         assert reward(problem, ended.removesuffix(stop))[0] == 0.0  # the reason it is kept
 
 
+def test_every_configs_training_options_are_ones_the_trainer_takes() -> None:
+    from artlike.types import train_config
+
+    for remedy in plateau.remedies(100):
+        # a misspelt option would fail only when its run starts, after the runs before it
+        config = train_config(**{"learning_rate": plateau.LEARNING_RATE, **remedy.train})
+        assert {name: getattr(config, name) for name in remedy.train} == remedy.train, remedy.name
+    [kl] = [r for r in plateau.remedies(100) if r.name == "kl_penalty"]
+    assert train_config(**kl.train).kl_beta == 0.1 and train_config().kl_beta == 0.0  # on only where asked
+
+
 def test_a_machine_described_the_same_but_of_another_speed_is_refused(tmp_path: Path) -> None:
     path = earlier(tmp_path / "run.json")
     recorded = json.loads(path.read_text())
