@@ -108,7 +108,8 @@ def remedies(schedule_steps: int) -> list[Remedy]:
                {"entropy_control": art.EntropyControl(target=0.1, coef_step=0.01, max_coef=0.4)},
                stop=("</answer>",)),
         # a k3 KL penalty to the base model, weighed 0.1: it pulls every sampled token's probability back
-        # towards the base's, with a gradient that does not vanish as the policy grows sure of a token
+        # towards the base's, and its gradient fades far more slowly than an entropy bonus's as the policy
+        # grows sure of a token
         Remedy("kl_penalty", train={"kl_beta": 0.1}),
         Remedy("combined", {**dynamic, **curriculum, **temperature, **group_size, **lr},
                {**entropy, "epsilon_high": 0.4}),
